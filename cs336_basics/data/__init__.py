@@ -1,0 +1,18 @@
+"""Data: tokenizer, corpora and caching, and batches of training windows."""
+
+from cs336_basics.data.batching import BatchSampler, get_batch, load_token_array, token_dtype_for_vocab
+from cs336_basics.data.sources import PreparedData, default_cache_dir, prepare_data, stdlib_source_files
+from cs336_basics.data.tokenizer import END_OF_TEXT, BPETokenizer
+
+__all__ = [
+    "END_OF_TEXT",
+    "BPETokenizer",
+    "BatchSampler",
+    "PreparedData",
+    "default_cache_dir",
+    "get_batch",
+    "load_token_array",
+    "prepare_data",
+    "stdlib_source_files",
+    "token_dtype_for_vocab",
+]

@@ -1,0 +1,173 @@
+"""Token arrays on disk and random training windows drawn from them.
+
+Token arrays are memory-mapped: a multi-GB corpus costs no RAM up front, and the OS page cache keeps the
+hot parts resident. Batches are gathered with one vectorised fancy index, so drawing a batch costs
+microseconds next to a training step.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from cs336_basics.errors import ConfigError
+
+# Largest vocabulary whose ids all fit in uint16 (ids 0..65535).
+_UINT16_VOCAB_LIMIT = 1 << 16
+# Elements per np.max call when validating ids: 64 Mi uint16 = 128 MiB, bounded memory for any file size.
+_SCAN_CHUNK = 1 << 26
+
+
+def token_dtype_for_vocab(vocab_size: int) -> np.dtype:
+    """The narrowest unsigned dtype that holds every id of the vocabulary (the course's convention)."""
+    if vocab_size < 1:
+        raise ConfigError(f"vocab_size must be a positive integer, got {vocab_size}.")
+    return np.dtype(np.uint16) if vocab_size <= _UINT16_VOCAB_LIMIT else np.dtype(np.uint32)
+
+
+def _reencode_hint(path: Path, vocab_size: int) -> str:
+    dtype = token_dtype_for_vocab(vocab_size).name
+    return f"re-encode it with np.save({str(path)!r}, np.asarray(tokens).astype(np.{dtype}))"
+
+
+def _max_token_id(arr: np.ndarray) -> int:
+    # Chunked so a memmap larger than RAM is streamed through once instead of materialised.
+    return max(int(arr[i : i + _SCAN_CHUNK].max()) for i in range(0, len(arr), _SCAN_CHUNK))
+
+
+def load_token_array(path: str | Path, vocab_size: int) -> np.ndarray:
+    """Memory-map a 1-D array of token ids (``.npy``, or headerless ``.bin`` of the vocab's dtype).
+
+    Every id is checked against ``vocab_size`` here, once, because an out-of-range id would otherwise
+    surface much later as an opaque CUDA indexing assert in the embedding layer.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"Token file {path} does not exist; check the path given to --train_data/--val_data.")
+    if not path.is_file():
+        raise ConfigError(f"Token file {path} is not a regular file; pass the path of a .npy or .bin file.")
+    suffix = path.suffix.lower()
+    if suffix == ".npy":
+        try:
+            arr = np.load(path, mmap_mode="r", allow_pickle=False)
+        except PermissionError as exc:
+            raise ConfigError(f"Cannot read token file {path} ({exc}); check its permissions.") from exc
+        except (OSError, ValueError, EOFError) as exc:
+            raise ConfigError(
+                f"Cannot read token file {path} as a .npy array ({exc}); check that it was written with np.save."
+            ) from exc
+        if not isinstance(arr, np.ndarray):
+            raise ConfigError(f"Token file {path} holds {type(arr).__name__}, not one array; save one 1-D array.")
+        # Any byte order is fine (numpy converts on read); only the width and signedness matter.
+        if arr.dtype.kind != "u" or arr.dtype.itemsize not in (2, 4):
+            raise ConfigError(
+                f"Token file {path} has dtype {arr.dtype}, but token arrays must be uint16 or uint32; "
+                f"{_reencode_hint(path, vocab_size)}."
+            )
+    elif suffix == ".bin":
+        dtype = token_dtype_for_vocab(vocab_size)
+        size = path.stat().st_size
+        if size % dtype.itemsize:
+            raise ConfigError(
+                f"Token file {path} is {size} bytes, not a whole number of {dtype.name} tokens; a raw .bin is "
+                f"read as {dtype.name} because --vocab_size is {vocab_size} (uint16 up to 65536, uint32 above). "
+                "Check --vocab_size, or save the tokens as .npy so the dtype travels with them."
+            )
+        if size == 0:
+            raise ConfigError(f"Token file {path} is empty; it needs at least context_length + 1 tokens.")
+        try:
+            arr = np.memmap(path, dtype=dtype, mode="r")
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"Cannot read token file {path} ({exc}); check its permissions.") from exc
+    else:
+        raise ConfigError(
+            f"Token file {path} has unsupported extension {path.suffix!r}; use .npy (np.save of a uint16/uint32 "
+            "array) or .bin (raw uint16/uint32 tokens), or pass a .txt file to have it tokenised."
+        )
+    if arr.ndim != 1:
+        raise ConfigError(
+            f"Token file {path} has shape {arr.shape}, but token arrays must be 1-D (one long token stream); "
+            f"flatten it with arr.reshape(-1) and save it again."
+        )
+    if arr.size == 0:
+        raise ConfigError(f"Token file {path} is empty; it needs at least context_length + 1 tokens.")
+    max_id = _max_token_id(arr)
+    if max_id >= vocab_size:
+        raise ConfigError(
+            f"Token file {path} contains token id {max_id}, but vocab_size is {vocab_size} (ids must be "
+            f"< vocab_size); pass --vocab_size {max_id + 1} or larger (the tokenizer's vocabulary size)."
+        )
+    return arr
+
+
+def get_batch(
+    data: np.ndarray,
+    batch_size: int,
+    context_length: int,
+    device: str | torch.device,
+    rng: np.random.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sample ``batch_size`` random windows: inputs ``x`` and next-token targets ``y``, int64 ``(B, T)``.
+
+    Without ``rng`` the global ``np.random`` state is used, so ``np.random.seed`` controls it as in the
+    course's reference tests.
+    """
+    n = len(data)
+    if n <= context_length:
+        raise ConfigError(
+            f"context_length {context_length} is longer than the data ({n} tokens); every window needs "
+            f"context_length + 1 tokens. Use a smaller --context_length or more data."
+        )
+    # Highest start whose window (context_length inputs + 1 shifted target) still ends inside the data.
+    high = n - context_length - 1
+    if rng is None:
+        starts = np.random.randint(0, high + 1, size=batch_size)
+    else:
+        starts = rng.integers(0, high + 1, size=batch_size)
+    # One gather of (B, T + 1) ids; x and y are the two overlapping views of it, so each token is read once.
+    windows = np.asarray(data[starts[:, None] + np.arange(context_length + 1)]).astype(np.int64)
+    batch = torch.from_numpy(windows)
+    device = torch.device(device)
+    if device.type == "cuda":
+        # Pinned host memory lets the copy run asynchronously, overlapping the previous step's compute.
+        batch = batch.pin_memory().to(device, non_blocking=True)
+    elif device.type != "cpu":
+        batch = batch.to(device)
+    return batch[:, :-1].contiguous(), batch[:, 1:].contiguous()
+
+
+class BatchSampler:
+    """Random training batches with their own seeded generator, so a resumed run sees the same batches."""
+
+    def __init__(
+        self,
+        data: np.ndarray,
+        batch_size: int,
+        context_length: int,
+        device: str | torch.device,
+        seed: int = 0,
+    ) -> None:
+        if len(data) <= context_length:
+            # Fail at construction, before any training work, rather than at the first step.
+            raise ConfigError(
+                f"context_length {context_length} is longer than the data ({len(data)} tokens); every window "
+                f"needs context_length + 1 tokens. Use a smaller --context_length or more data."
+            )
+        self.data = data
+        self.batch_size = batch_size
+        self.context_length = context_length
+        self.device = torch.device(device)
+        self.rng = np.random.default_rng(seed)
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return get_batch(self.data, self.batch_size, self.context_length, self.device, rng=self.rng)
+
+    def state_dict(self) -> dict[str, Any]:
+        # The bit generator state is plain dicts and ints: safe for torch.save(weights_only) and JSON.
+        return {"bit_generator": self.rng.bit_generator.state}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.rng.bit_generator.state = state["bit_generator"]

@@ -1,0 +1,309 @@
+"""Where training tokens come from: built-in corpora, the user's text, or ready-made token arrays.
+
+Everything expensive (BPE training, encoding) is cached under one folder, keyed by what it was built from,
+so the second run with the same inputs starts in well under a second.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import shutil
+import sys
+import sysconfig
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from cs336_basics.config import DataConfig
+from cs336_basics.data.batching import load_token_array
+from cs336_basics.data.tokenizer import BPETokenizer
+from cs336_basics.errors import ConfigError
+
+# Bump when the cached files' format or the way they are built changes: old entries are then ignored.
+CACHE_VERSION = 1
+DATASETS = ("stdlib", "tinystories")
+# Every VAL_EVERY-th standard-library file (in sorted order) is validation: a file-level split, so no
+# source file contributes to both sides.
+VAL_EVERY = 20
+# Share of the train tokens held out for validation when no validation data is given.
+HOLDOUT_FRACTION = 0.05
+
+TINYSTORIES_REPO = "roneneldan/TinyStories"
+TINYSTORIES_FILES = ("TinyStoriesV2-GPT4-train.txt", "TinyStoriesV2-GPT4-valid.txt")
+
+_TEXT_SUFFIXES = (".txt",)
+_TOKEN_SUFFIXES = (".npy", ".bin")
+
+
+def default_cache_dir() -> Path:
+    """``$CS336_CACHE_DIR``, or ``~/.cache/cs336_basics``."""
+    env = os.environ.get("CS336_CACHE_DIR")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "cs336_basics"
+
+
+def stdlib_source_files() -> list[Path]:
+    """The running interpreter's standard-library ``*.py`` files (third-party packages excluded), sorted."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    # Third-party packages live inside the stdlib folder on most installs and can outnumber it many
+    # times over: prune them during the walk rather than filtering afterwards.
+    excluded = {"site-packages", "dist-packages", "__pycache__"}
+    files = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if d not in excluded]
+        files.extend(Path(dirpath, f) for f in filenames if f.endswith(".py"))
+    files = [p for p in files if p.is_file()]  # drops dangling symlinks
+    if not files:
+        raise ConfigError(
+            f"Found no standard-library sources under {root} (a stripped Python install?); "
+            "use --dataset tinystories or pass your own --train_data."
+        )
+    # Sorted by relative path so the split and the cache key are the same on every machine and run.
+    return sorted(files, key=lambda p: p.relative_to(root).as_posix())
+
+
+@dataclass
+class PreparedData:
+    train: np.ndarray
+    val: np.ndarray
+    # None when the data came as token arrays: there is no tokenizer to decode with.
+    tokenizer: BPETokenizer | None
+    # One line for the run's config summary.
+    description: str
+
+
+def _log(msg: str) -> None:
+    # stderr, like the progress bars, so stdout stays clean for whatever the caller prints.
+    print(f"[data] {msg}", file=sys.stderr, flush=True)
+
+
+def _key(payload: Any) -> str:
+    blob = json.dumps({"version": CACHE_VERSION, "payload": payload}, sort_keys=True).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def _file_identity(path: Path) -> list[Any]:
+    # Size + mtime instead of a content hash: hashing a multi-GB corpus on every start would cost more
+    # than the cache saves, and an edited file always gets a new mtime.
+    st = path.stat()
+    return [str(path.resolve()), st.st_size, st.st_mtime_ns]
+
+
+def _count(n: int) -> str:
+    if n >= 1_000_000:
+        return f"{n / 1e6:.1f}M"
+    if n >= 1_000:
+        return f"{n / 1e3:.1f}K"
+    return str(n)
+
+
+def _megabytes(nbytes: int) -> str:
+    return f"{nbytes / 1e6:.1f} MB"
+
+
+def _ensure_cache(cache: Path) -> None:
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=cache):
+            pass
+    except OSError as exc:
+        raise ConfigError(
+            f"Cannot write to the data cache {cache} ({exc}); point it somewhere writable with "
+            "--cache_dir or $CS336_CACHE_DIR."
+        ) from exc
+
+
+def _open_cached(path: Path) -> np.ndarray:
+    # Arrays in the cache were written by encode_files with a known vocabulary: skip the id scan.
+    return np.load(path, mmap_mode="r")
+
+
+def _cached_tokenizer(directory: Path, files: list[Path], vocab_size: int, what: str) -> BPETokenizer:
+    """Load the tokenizer cached in ``directory``, or train it on ``files`` and cache it there."""
+    if (directory / "tokenizer.json").is_file():
+        return BPETokenizer.load(directory)
+    _log(f"training a BPE tokenizer (vocab {vocab_size:,}) on {what} ...")
+    start = time.perf_counter()
+    tok = BPETokenizer.train(files, vocab_size)
+    _log(f"trained BPE (vocab {tok.vocab_size:,}) in {time.perf_counter() - start:.1f} s")
+    # Save to a private folder and rename it into place, so concurrent runs never see half a tokenizer.
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=directory.parent, prefix=f".tmp-{directory.name}-"))
+    try:
+        tok.save(tmp)
+        if directory.is_dir() and not (directory / "tokenizer.json").is_file():
+            shutil.rmtree(directory)  # debris from an interrupted manual copy; ours are renamed in whole
+        try:
+            os.replace(tmp, directory)
+        except OSError:
+            # Another run cached the same tokenizer first: keep theirs, so encodings stay consistent.
+            if not (directory / "tokenizer.json").is_file():
+                raise
+            return BPETokenizer.load(directory)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return tok
+
+
+def _cached_encoding(tok: BPETokenizer, files: list[Path], out: Path, what: str) -> np.ndarray:
+    if not out.is_file():
+        _log(f"encoding {what} ...")
+        start = time.perf_counter()
+        tok.encode_files(files, out)
+        _log(f"encoded {what} in {time.perf_counter() - start:.1f} s")
+    return _open_cached(out)
+
+
+def _hold_out(tokens: np.ndarray, source: Path) -> tuple[np.ndarray, np.ndarray]:
+    """Split off the last HOLDOUT_FRACTION of the tokens as validation (views: no copy)."""
+    n_val = max(1, math.ceil(len(tokens) * HOLDOUT_FRACTION))
+    if len(tokens) - n_val < 1:
+        raise ConfigError(
+            f"{source} has only {len(tokens)} tokens, too few to hold out validation data; "
+            "pass --val_data or use more data."
+        )
+    return tokens[:-n_val], tokens[-n_val:]
+
+
+def _prepare_stdlib(cache: Path, vocab_size: int) -> PreparedData:
+    _ensure_cache(cache)
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files = stdlib_source_files()
+    sizes = [p.stat().st_size for p in files]
+    key = _key(
+        {
+            "kind": "stdlib",
+            "vocab_size": vocab_size,
+            "val_every": VAL_EVERY,
+            "files": [[p.relative_to(root).as_posix(), s] for p, s in zip(files, sizes, strict=True)],
+        }
+    )
+    folder = cache / f"stdlib-{key}"
+    val_files = files[VAL_EVERY - 1 :: VAL_EVERY]
+    val_set = set(val_files)
+    train_files = [p for p in files if p not in val_set]
+    what = f"Python stdlib source ({len(files):,} files, {_megabytes(sum(sizes))})"
+    # The tokenizer sees only the training files, so validation text is truly unseen.
+    tok = _cached_tokenizer(folder / "tokenizer", train_files, vocab_size, what)
+    train = _cached_encoding(tok, train_files, folder / "train.npy", f"{len(train_files):,} train files")
+    val = _cached_encoding(tok, val_files, folder / "val.npy", f"{len(val_files):,} val files")
+    desc = (
+        f"{what} -> {_count(len(train))} train / {_count(len(val))} val tokens "
+        f"(every {VAL_EVERY}th file is val), BPE vocab {tok.vocab_size:,}, cached in {folder}"
+    )
+    return PreparedData(train=train, val=val, tokenizer=tok, description=desc)
+
+
+def _prepare_text(train_path: Path, val_path: Path | None, vocab_size: int, cache: Path, label: str) -> PreparedData:
+    _ensure_cache(cache)
+    # The tokenizer depends only on the training text; each encoded file is keyed by itself as well,
+    # so changing only --val_data re-encodes only the validation file.
+    folder = cache / f"text-{_key({'kind': 'text', 'vocab_size': vocab_size, 'train': _file_identity(train_path)})}"
+    size = train_path.stat().st_size
+    tok = _cached_tokenizer(folder / "tokenizer", [train_path], vocab_size, f"{train_path} ({_megabytes(size)})")
+
+    def encoded(path: Path) -> np.ndarray:
+        out = folder / f"{path.stem}-{_key(_file_identity(path))}.npy"
+        return _cached_encoding(tok, [path], out, str(path))
+
+    train = encoded(train_path)
+    if val_path is None:
+        train, val = _hold_out(train, train_path)
+        val_note = f"last {HOLDOUT_FRACTION:.0%} of train held out as val"
+    else:
+        val = encoded(val_path)
+        val_note = f"val from {val_path.name}"
+    desc = (
+        f"{label} ({_megabytes(size)}) -> {_count(len(train))} train / {_count(len(val))} val tokens "
+        f"({val_note}), BPE vocab {tok.vocab_size:,}, cached in {folder}"
+    )
+    return PreparedData(train=train, val=val, tokenizer=tok, description=desc)
+
+
+def _prepare_arrays(train_path: Path, val_path: Path | None, vocab_size: int) -> PreparedData:
+    train = load_token_array(train_path, vocab_size)
+    if val_path is None:
+        train, val = _hold_out(train, train_path)
+        val_note = f"last {HOLDOUT_FRACTION:.0%} of train held out as val"
+    else:
+        val = load_token_array(val_path, vocab_size)
+        val_note = f"val from {val_path.name}"
+    desc = (
+        f"token arrays {train_path.name} -> {_count(len(train))} train / {_count(len(val))} val tokens "
+        f"({val_note}), vocab {vocab_size:,}, no tokenizer"
+    )
+    return PreparedData(train=train, val=val, tokenizer=None, description=desc)
+
+
+def _download_tinystories() -> tuple[Path, Path]:
+    # Imported here: only this dataset needs the hub client, and importing it costs a noticeable moment.
+    from huggingface_hub import constants, hf_hub_download
+
+    # The hub reads HF_HUB_OFFLINE once at import; re-read it so a value set later is still honoured.
+    offline = constants.HF_HUB_OFFLINE or os.environ.get("HF_HUB_OFFLINE", "").upper() in {"1", "ON", "YES", "TRUE"}
+    try:
+        paths = [
+            Path(hf_hub_download(TINYSTORIES_REPO, name, repo_type="dataset", local_files_only=offline))
+            for name in TINYSTORIES_FILES
+        ]
+    except Exception as exc:  # the hub raises many error types (network, auth, offline); all mean the same here
+        reason = f"{type(exc).__name__}: {exc}"
+        if exc.__cause__ is not None:
+            reason += f" (caused by {type(exc.__cause__).__name__}: {exc.__cause__})"
+        reason = reason.rstrip(". ")
+        raise ConfigError(
+            f"Downloading TinyStories from the Hugging Face Hub (dataset {TINYSTORIES_REPO}) failed: {reason}. "
+            "Connect to the internet and run again (the files are cached after one download; unset "
+            "HF_HUB_OFFLINE if it is set), or pass local files with --train_data/--val_data, or use the "
+            "offline default --dataset stdlib."
+        ) from exc
+    return paths[0], paths[1]
+
+
+def _classify(path: Path, flag: str) -> str:
+    suffix = path.suffix.lower()
+    if suffix in _TEXT_SUFFIXES:
+        if not path.is_file():
+            raise ConfigError(f"{flag} file {path} does not exist; check the path.")
+        return "text"
+    if suffix in _TOKEN_SUFFIXES:
+        return "tokens"  # load_token_array reports a missing file itself
+    raise ConfigError(
+        f"{flag} file {path} has unsupported extension {path.suffix!r}; pass raw text (.txt) or token "
+        "arrays (.npy, or raw .bin of uint16/uint32)."
+    )
+
+
+def prepare_data(cfg: DataConfig, vocab_size: int) -> PreparedData:
+    """Resolve ``cfg`` to train/val token arrays (memory-mapped), training and caching a tokenizer if needed."""
+    cache = Path(cfg.cache_dir).expanduser() if cfg.cache_dir else default_cache_dir()
+    if cfg.train_data is None:
+        if cfg.val_data is not None:
+            raise ConfigError("--val_data was given without --train_data; pass both, or only --train_data.")
+        if cfg.dataset == "stdlib":
+            return _prepare_stdlib(cache, vocab_size)
+        if cfg.dataset == "tinystories":
+            train_path, val_path = _download_tinystories()
+            return _prepare_text(train_path, val_path, vocab_size, cache, "TinyStories V2 (GPT-4)")
+        raise ConfigError(
+            f"Unknown dataset {cfg.dataset!r}; choose one of {', '.join(DATASETS)}, or pass your own --train_data."
+        )
+
+    train_path = Path(cfg.train_data).expanduser()
+    val_path = Path(cfg.val_data).expanduser() if cfg.val_data else None
+    kind = _classify(train_path, "--train_data")
+    if val_path is not None and _classify(val_path, "--val_data") != kind:
+        raise ConfigError(
+            f"--train_data ({train_path.name}) and --val_data ({val_path.name}) must both be text (.txt) or "
+            "both token arrays (.npy/.bin): text is tokenised with a BPE trained on the train file, which "
+            "token arrays made elsewhere would not match."
+        )
+    if kind == "text":
+        return _prepare_text(train_path, val_path, vocab_size, cache, str(train_path))
+    return _prepare_arrays(train_path, val_path, vocab_size)

@@ -1,0 +1,128 @@
+"""Causal self-attention with three interchangeable kernels: SDPA, flash-attn, and an explicit reference."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from cs336_basics.config import ATTENTION_BACKENDS, ModelConfig
+from cs336_basics.errors import ConfigError
+from cs336_basics.model.layers import RotaryEmbedding
+
+try:  # flash-attn is an opt-in CUDA build (`uv sync --extra flash`); without it "flash" falls back to SDPA.
+    import flash_attn
+    from flash_attn import flash_attn_func
+except ImportError:
+    flash_attn = None
+    flash_attn_func = None
+
+_FLASH_SDPA_KERNELS = [SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION]
+
+
+def _repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
+    """(batch, n_kv_heads, seq, d) -> (batch, n_kv_heads * n_rep, seq, d); query head h reads K/V head h // n_rep."""
+    return x if n_rep == 1 else x.repeat_interleave(n_rep, dim=1)
+
+
+def _math_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    n_rep = q.shape[1] // k.shape[1]
+    k, v = _repeat_kv(k, n_rep), _repeat_kv(v, n_rep)
+    seq = q.shape[-2]
+    scores = (q.float() @ k.float().transpose(-2, -1)) / math.sqrt(q.shape[-1])
+    future = torch.ones(seq, seq, dtype=torch.bool, device=q.device).triu(1)
+    scores = scores.masked_fill(future, float("-inf"))
+    return (scores.softmax(dim=-1) @ v.float()).to(q.dtype)
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: str = "sdpa") -> torch.Tensor:
+    """q: (batch, n_heads, seq, d); k, v: (batch, n_kv_heads, seq, d) -> (batch, n_heads, seq, d)."""
+    gqa = k.shape[1] != q.shape[1]
+    if backend == "sdpa":
+        # enable_gqa=True restricts which kernels SDPA may pick, so ask for it only when it is needed.
+        extra = {"enable_gqa": True} if gqa else {}
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, **extra)
+    if backend == "flash":
+        if flash_attn_func is not None and q.is_cuda:
+            out = flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True)
+            return out.transpose(1, 2)
+        # The flash and cuDNN kernels may reject enable_gqa, so give them one K/V head per query head.
+        n_rep = q.shape[1] // k.shape[1]
+        k, v = _repeat_kv(k, n_rep), _repeat_kv(v, n_rep)
+        with sdpa_kernel(_FLASH_SDPA_KERNELS):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    if backend == "math":
+        return _math_attention(q, k, v)
+    raise ConfigError(f"attention backend must be one of {ATTENTION_BACKENDS}, got {backend!r}.")
+
+
+def check_attention_backend(backend: str, device: torch.device, dtype: torch.dtype, *, head_dim: int = 64) -> str:
+    """Fail before training if `backend` cannot run here; return a short description of the kernel used.
+
+    head_dim only shapes the probe call; pass the model's if you have it, since kernels limit it.
+    """
+    device = torch.device(device)
+    if backend == "sdpa":
+        return "SDPA (PyTorch picks the kernel)"
+    if backend == "math":
+        return "math (explicit softmax reference)"
+    if backend != "flash":
+        raise ConfigError(f"attention backend must be one of {ATTENTION_BACKENDS}, got {backend!r}.")
+    if device.type != "cuda":
+        raise ConfigError(
+            f"flash attention needs a CUDA GPU; this run is on {device.type}. "
+            "Use --attention sdpa (the default), which picks the best kernel this machine has."
+        )
+    if dtype not in (torch.bfloat16, torch.float16):
+        raise ConfigError(
+            f"flash attention kernels need half precision (bfloat16 or float16), but attention would run "
+            f"in {dtype}. Train in bfloat16, or use --attention sdpa (the default)."
+        )
+    description = (
+        f"flash-attn {flash_attn.__version__}" if flash_attn is not None else "SDPA (flash/cuDNN kernels only)"
+    )
+    # SDPA reports why each kernel was rejected only as warnings, so record them for the error message.
+    q = torch.randn(1, 2, 16, head_dim, device=device, dtype=dtype)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            causal_attention(q, q, q, "flash")
+        except RuntimeError as e:
+            reasons = "; ".join(str(w.message) for w in caught)
+            raise ConfigError(
+                f"flash attention cannot run on this GPU with {dtype} and head_dim {head_dim} "
+                f"({description}): {e} {reasons}".rstrip()
+                + " Install flash-attn (`uv sync --extra flash`) or use --attention sdpa (the default)."
+            ) from e
+    return description
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config: ModelConfig, rope: RotaryEmbedding | None = None) -> None:
+        super().__init__()
+        self.n_heads = config.n_heads
+        self.n_kv_heads = config.kv_heads
+        self.head_dim = config.head_dim
+        self.backend = config.attention
+        # Plain nn.Linear (never F.linear on raw parameters): TorchAO's FP8 conversion swaps exactly these.
+        self.q_proj = nn.Linear(config.dim, self.n_heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(config.dim, self.n_kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(config.dim, self.n_kv_heads * self.head_dim, bias=False)
+        self.output_proj = nn.Linear(self.n_heads * self.head_dim, config.dim, bias=False)
+        # The LM passes one shared instance to every layer; a standalone module builds its own.
+        if rope is None:
+            rope = RotaryEmbedding(self.head_dim, config.context_length, config.rope_theta)
+        self.rope = rope
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        batch, seq, _ = x.shape
+        q = self.q_proj(x).view(batch, seq, self.n_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(batch, seq, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(batch, seq, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        q, k = self.rope(q, positions), self.rope(k, positions)
+        out = causal_attention(q, k, v, self.backend)
+        return self.output_proj(out.transpose(1, 2).reshape(batch, seq, self.n_heads * self.head_dim))

@@ -1,0 +1,414 @@
+"""FP8 training through TorchAO: our FP8Config -> torchao's Float8LinearConfig, which layers to convert and why.
+
+Order matters and is enforced here: create model -> move to CUDA + BF16 -> convert to FP8 -> torch.compile.
+Conversion swaps nn.Linear modules for torchao's Float8Linear (a subclass that keeps the same `weight`
+Parameter object), so parameter names, state-dict keys and optimizer parameter identity are unchanged:
+BF16 and FP8 checkpoints load into each other.
+
+Every nn.Linear gets a recorded decision: converted, or skipped with a reason. The report says how many
+were converted and why the rest were not, so "FP8 was on" never silently means "FP8 did nothing".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from cs336_basics.config import FP8Config
+from cs336_basics.errors import ConfigError
+from cs336_basics.precision.support import TORCHAO_INSTALL_HINT
+
+if TYPE_CHECKING:
+    from torchao.float8 import Float8LinearConfig
+
+ModuleFilter = Callable[[nn.Module, str], bool]
+
+ORDER = "create model -> move to CUDA + BF16 -> convert to FP8 -> torch.compile"
+
+# Skip categories: the summary line groups skipped layers by these, the per-layer reason adds detail.
+SKIP_LM_HEAD = "output projection: --fp8_lm_head to convert"
+SKIP_NOT_16 = "dims not divisible by 16"
+SKIP_SMALL = "below the shape threshold: drop --fp8_shape_filter to convert"
+
+_DTYPE_NAMES = {torch.float8_e4m3fn: "E4M3", torch.float8_e5m2: "E5M2"}
+
+
+def _torchao_float8() -> Any:
+    """Import torchao.float8 lazily, so the rest of the package works (BF16 training) without torchao."""
+    try:
+        import torchao.float8 as ao_float8
+    except Exception as exc:  # noqa: BLE001 - a broken install can raise more than ImportError
+        raise ConfigError(
+            f"FP8 training needs torchao, which is not importable here ({type(exc).__name__}: {exc}). "
+            f"{TORCHAO_INSTALL_HINT}, or run without --use_fp8."
+        ) from exc
+    return ao_float8
+
+
+def _float8_linear_class() -> type[nn.Module]:
+    _torchao_float8()
+    # Float8Linear is not re-exported by torchao.float8 (torchao calls it internal); it is the class
+    # convert_to_float8_training swaps in, so it is the honest thing to count.
+    from torchao.float8.float8_linear import Float8Linear
+
+    return Float8Linear
+
+
+# ---- our FP8Config -> torchao's Float8LinearConfig ----
+
+
+def _with_grad_output_dtype(config: Float8LinearConfig, dtype: torch.dtype) -> Float8LinearConfig:
+    # grad_output is cast in two GEMMs (grad_input and grad_weight) and torchao asserts both use one dtype,
+    # so both cast configs change together. dataclasses.replace keeps each one's scaling type/granularity
+    # and builds a new frozen instance, so torchao's __post_init__ checks run again on the result.
+    return dataclasses.replace(
+        config,
+        cast_config_grad_output=dataclasses.replace(config.cast_config_grad_output, target_dtype=dtype),
+        cast_config_grad_output_for_grad_weight=dataclasses.replace(
+            config.cast_config_grad_output_for_grad_weight, target_dtype=dtype
+        ),
+    )
+
+
+def torchao_float8_config(cfg: FP8Config) -> Float8LinearConfig:
+    """torchao's Float8LinearConfig for our settings: the named recipe, then the format and emulation.
+
+    fp8_format:
+      auto   - the recipe's own dtypes: tensorwise is E4M3 input/weight + E5M2 grad_output (hybrid);
+               rowwise and rowwise_with_gw_hp are E4M3 everywhere.
+      hybrid - E4M3 forward, E5M2 gradients: tensorwise only (ConfigError for the rowwise recipes).
+      e4m3   - E4M3 everywhere (for tensorwise this overrides grad_output; rowwise already is).
+    """
+    ao = _torchao_float8()
+    config = ao.Float8LinearConfig.from_recipe_name(cfg.fp8_recipe)
+    if cfg.fp8_format == "hybrid":
+        if cfg.fp8_recipe != "tensorwise":
+            # Not a kernel limit: an E5M2 grad_output with these recipes ran on torch 2.11 / H200. It is refused
+            # because torchao defines and tests its rowwise recipes with E4M3 gradients only, and per-row scales
+            # already give gradients the range that E5M2's extra exponent bit buys under one per-tensor scale.
+            raise ConfigError(
+                f"--fp8_format hybrid (E5M2 gradients) is not available with --fp8_recipe {cfg.fp8_recipe}: "
+                "torchao's rowwise recipes keep grad_output in E4M3 by design (torchao/float8/config.py: 'e4m3 for "
+                "activations, weights, gradients', with power-of-two per-row scales), because a scale per row "
+                "already covers the gradients' dynamic range, which is what E5M2 is for under one per-tensor scale. "
+                "Mixing E5M2 into them would be an untested recipe. Use --fp8_recipe tensorwise for hybrid, or keep "
+                f"{cfg.fp8_recipe} with --fp8_format auto (or e4m3)."
+            )
+        config = _with_grad_output_dtype(config, torch.float8_e5m2)
+    elif cfg.fp8_format == "e4m3":
+        config = _with_grad_output_dtype(config, torch.float8_e4m3fn)
+    if cfg.fp8_emulate:
+        config = dataclasses.replace(config, emulate=True)
+    return config
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return _DTYPE_NAMES.get(dtype, str(dtype).removeprefix("torch."))
+
+
+def describe_format(config: Float8LinearConfig, short: bool = False) -> str:
+    """What the config actually casts to, read back from torchao's config (not from our flags)."""
+    ao = _torchao_float8()
+    fwd = _dtype_name(config.cast_config_input.target_dtype)
+    grad = _dtype_name(config.cast_config_grad_output.target_dtype)
+    hp_grad_weight = config.cast_config_grad_output_for_grad_weight.scaling_type is ao.ScalingType.DISABLED
+    if short:
+        text = f"{fwd} fwd / {grad} grad"
+        return text + " (grad_weight in high precision)" if hp_grad_weight else text
+    text = f"{fwd} forward / {grad} gradients"
+    return text + " (grad_weight GEMM in high precision)" if hp_grad_weight else text
+
+
+# ---- which layers to convert ----
+
+
+def fp8_gemm_pays(out_features: int, in_features: int, recipe: str) -> bool:
+    """Whether a linear layer's GEMM is large enough for FP8 to beat BF16 on an H100, by torchao's rule.
+
+    With N = out_features and K = in_features (torchao's `N, K = weight.shape`), skip when:
+      tensorwise:                   K <= 4096 and N <= 1024
+      rowwise, rowwise_with_gw_hp:  N <= 2048, or K <= 1024, or (N <= 4096 and K <= 2048)
+
+    The thresholds are torchao's own (torchao/float8/float8_linear_utils.py: `_auto_filter_for_tensorwise`
+    and `_auto_filter_for_rowwise`, torchao 0.18), derived from the H100 microbenchmark tables in torchao's
+    float8 README (https://github.com/pytorch/ao/tree/main/torchao/float8#performance), which time a whole
+    linear fwd+bwd including the casts at large token counts. Below them the cast/scale overhead eats the
+    faster GEMM. torchao has no auto filter for rowwise_with_gw_hp; we use the rowwise thresholds for it,
+    since it runs the same rowwise kernels for its forward and grad_input GEMMs (and its grad_weight GEMM
+    is in high precision, so it gains even less). They were measured on H100s only.
+    """
+    n, k = out_features, in_features
+    if recipe == "tensorwise":
+        return not (k <= 4096 and n <= 1024)
+    if recipe in ("rowwise", "rowwise_with_gw_hp"):
+        return not (n <= 2048 or k <= 1024 or (n <= 4096 and k <= 2048))
+    raise ValueError(f"unknown FP8 recipe {recipe!r}")
+
+
+def is_linear(module: nn.Module, fqn: str) -> bool:
+    return isinstance(module, nn.Linear)
+
+
+def dims_divisible_by_16(module: nn.Module, fqn: str) -> bool:
+    # FP8 GEMMs (torch._scaled_mm / cuBLASLt) need both matrix dims of the weight to be multiples of 16.
+    return module.in_features % 16 == 0 and module.out_features % 16 == 0
+
+
+def is_lm_head(module: nn.Module, fqn: str) -> bool:
+    return fqn.rsplit(".", 1)[-1] == "lm_head"
+
+
+@dataclass(frozen=True)
+class _Rule:
+    keep: ModuleFilter
+    category: str  # groups skips in the summary
+    detail: Callable[[nn.Module], str]  # the per-layer specifics
+
+
+def _rules(cfg: FP8Config) -> list[_Rule]:
+    """The filters in cfg, in the order their reasons are reported (the first failing rule is the reason)."""
+    rules = []
+    if not cfg.fp8_lm_head:
+        rules.append(_Rule(lambda m, f: not is_lm_head(m, f), SKIP_LM_HEAD, lambda m: ""))
+    dims = lambda m: f"in_features={m.in_features}, out_features={m.out_features}"
+    rules.append(_Rule(dims_divisible_by_16, SKIP_NOT_16, dims))
+    if cfg.fp8_shape_filter:
+        recipe = cfg.fp8_recipe
+
+        def pays(module: nn.Module, fqn: str) -> bool:
+            return fp8_gemm_pays(module.out_features, module.in_features, recipe)
+
+        threshold = (
+            "in_features > 4096 or out_features > 1024"
+            if recipe == "tensorwise"
+            else "out_features > 2048 and in_features > 1024, and not both out <= 4096 and in <= 2048"
+        )
+        rules.append(
+            _Rule(
+                pays,
+                SKIP_SMALL,
+                lambda m: (
+                    f"out_features={m.out_features}, in_features={m.in_features}; "
+                    f"{recipe} FP8 pays on an H100 only if {threshold}"
+                ),
+            )
+        )
+    return rules
+
+
+def _skip(rules: list[_Rule], module: nn.Module, fqn: str) -> tuple[str, str] | None:
+    """(category, full reason) for the first rule that rejects the module, or None to convert it."""
+    if not is_linear(module, fqn):
+        return "not an nn.Linear", "not an nn.Linear"
+    for rule in rules:
+        if not rule.keep(module, fqn):
+            detail = rule.detail(module)
+            return rule.category, f"{rule.category} ({detail})" if detail else rule.category
+    return None
+
+
+def module_filter(cfg: FP8Config) -> ModuleFilter:
+    """All of cfg's filters composed into the one `(module, fqn) -> bool` torchao's module_filter_fn takes."""
+    rules = _rules(cfg)
+    return lambda module, fqn: _skip(rules, module, fqn) is None
+
+
+def skip_reason(module: nn.Module, fqn: str, cfg: FP8Config) -> str | None:
+    """Why cfg's filters would not convert this module, or None if they would."""
+    result = _skip(_rules(cfg), module, fqn)
+    return None if result is None else result[1]
+
+
+def check_fp8_tokens(batch_size: int, seq_len: int, cfg: FP8Config) -> None:
+    """Raise ConfigError if a training micro-batch of batch_size x seq_len tokens cannot run FP8 backward.
+
+    In backward, grad_weight = grad_output^T @ input has the token count as its inner (K) dimension, and
+    torch._scaled_mm needs K % 16 == 0 (seen on torch 2.11 / H200: tensorwise and rowwise fail with 20 tokens,
+    eager and compiled). rowwise_with_gw_hp computes grad_weight in high precision and emulation uses plain
+    matmuls, so neither has the limit. Forward-only passes (eval, generation) never have it.
+    """
+    if not cfg.use_fp8 or cfg.fp8_emulate or cfg.fp8_recipe == "rowwise_with_gw_hp":
+        return
+    tokens = batch_size * seq_len
+    if tokens % 16:
+        raise ConfigError(
+            f"FP8 training with --fp8_recipe {cfg.fp8_recipe} needs the tokens per micro-batch to be a multiple of "
+            f"16 (batch_size {batch_size} x sequence length {seq_len} = {tokens}): in backward the token count is the "
+            "inner dimension of the FP8 grad_weight GEMM. Change batch_size or context_length, or use "
+            "--fp8_recipe rowwise_with_gw_hp (grad_weight in high precision)."
+        )
+
+
+# ---- the conversion ----
+
+
+@dataclass
+class FP8ConversionReport:
+    recipe: str
+    format: str  # e.g. "E4M3 forward / E5M2 gradients", read back from torchao's config
+    emulate: bool
+    converted: list[str] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)  # fqn -> reason
+    skip_category: dict[str, str] = field(default_factory=dict)  # fqn -> category, for grouping
+    format_short: str = ""
+
+    @property
+    def n_converted(self) -> int:
+        return len(self.converted)
+
+    @property
+    def n_linear(self) -> int:
+        return len(self.converted) + len(self.skipped)
+
+    def summary_line(self) -> str:
+        """One line, e.g. "tensorwise, E4M3 fwd / E5M2 grad: 48 of 169 linears converted; skipped: ..."."""
+        head = f"{self.recipe}{' (emulated)' if self.emulate else ''}, {self.format_short or self.format}"
+        line = f"{head}: {self.n_converted} of {self.n_linear} linears converted"
+        if not self.skipped:
+            return line
+        groups: dict[str, list[str]] = {}
+        for fqn in self.skipped:
+            groups.setdefault(self.skip_category.get(fqn, self.skipped[fqn]), []).append(fqn)
+        parts = [f"{fqns[0]} ({cat})" if len(fqns) == 1 else f"{len(fqns)} {cat}" for cat, fqns in groups.items()]
+        return f"{line}; skipped: " + ", ".join(parts)
+
+    def format_skipped(self) -> str:
+        if not self.skipped:
+            return "no linear layers skipped"
+        return "\n".join(f"  {fqn}: {reason}" for fqn, reason in self.skipped.items())
+
+
+def _compiled_modules(model: nn.Module) -> list[str]:
+    """Names of modules that are torch.compile wrappers or were compiled in place with module.compile()."""
+    try:
+        from torch._dynamo.eval_frame import OptimizedModule
+    except Exception:  # noqa: BLE001 - no dynamo, nothing can be compiled
+        OptimizedModule = ()  # noqa: N806
+    found = []
+    for name, module in model.named_modules():
+        # module.compile() keeps the class and stores the compiled forward in _compiled_call_impl.
+        if isinstance(module, OptimizedModule) or getattr(module, "_compiled_call_impl", None) is not None:
+            found.append(name or "<the model itself>")
+    return found
+
+
+def _check_model_ready(model: nn.Module, cfg: FP8Config) -> None:
+    if isinstance(model, nn.Linear):
+        raise ConfigError(
+            "convert_model_to_fp8 converts the nn.Linear layers inside a model in place; got a bare nn.Linear. "
+            "Wrap it in a module (e.g. nn.Sequential(linear))."
+        )
+    compiled = _compiled_modules(model)
+    if compiled:
+        raise ConfigError(
+            f"the model is already compiled ({', '.join(compiled[:3])}), so FP8 conversion would not reach the "
+            f"compiled graph. Order: {ORDER}. Convert the uncompiled model, then call torch.compile on the result."
+        )
+    where = "on CUDA (or CPU with --fp8_emulate)" if cfg.fp8_emulate else "on CUDA"
+    bad, on_cpu = [], False
+    for name, param in model.named_parameters():
+        if not param.is_floating_point():
+            continue
+        wrong_device = param.device.type != "cuda" and not (cfg.fp8_emulate and param.device.type == "cpu")
+        on_cpu |= wrong_device and param.device.type == "cpu"
+        if param.dtype != torch.bfloat16 or wrong_device:
+            bad.append(f"{name} ({param.dtype}, {param.device})")
+    if bad:
+        fix = 'model.to(device="cuda", dtype=torch.bfloat16)'
+        if cfg.fp8_emulate:
+            fix += " (or model.to(dtype=torch.bfloat16) on CPU with --fp8_emulate)"
+        cpu_hint = (
+            " FP8 needs an H100-class GPU (sm_89+); on CPU use --fp8_emulate for numerics tests only, it is slow."
+            if on_cpu
+            else ""
+        )
+        raise ConfigError(
+            f"FP8 conversion needs every floating-point parameter in bfloat16 {where}; {len(bad)} are not, e.g. "
+            f"{', '.join(bad[:3])}. Order: {ORDER}. Call {fix} before converting.{cpu_hint}"
+        )
+
+
+def _nothing_converted_error(report: FP8ConversionReport) -> ConfigError:
+    if not report.skipped:
+        return ConfigError("FP8 conversion found no nn.Linear layers in the model; run without --use_fp8.")
+    hints = []
+    categories = set(report.skip_category.values())
+    if SKIP_LM_HEAD in categories:
+        hints.append("--fp8_lm_head converts the output projection")
+    if SKIP_SMALL in categories:
+        hints.append("drop --fp8_shape_filter (or use a wider model: the thresholds are in the reasons)")
+    if SKIP_NOT_16 in categories:
+        hints.append("use layer dims divisible by 16")
+    hints.append("or run without --use_fp8 (BF16)")
+    return ConfigError(
+        f"FP8 conversion would convert none of the model's {report.n_linear} linear layers:\n"
+        f"{report.format_skipped()}\nTo use FP8: {'; '.join(hints)}."
+    )
+
+
+def convert_model_to_fp8(model: nn.Module, cfg: FP8Config) -> FP8ConversionReport:
+    """Swap the model's eligible nn.Linear layers for torchao Float8Linear, in place; report what happened.
+
+    Converts whenever called (cfg.use_fp8 is the caller's switch). The model must be uncompiled, with
+    every floating parameter in bfloat16 on CUDA (CPU allowed with cfg.fp8_emulate). Raises ConfigError
+    when that order is broken, when torchao is missing, or when no layer would be converted.
+    """
+    config = torchao_float8_config(cfg)  # torchao import and format errors first, before touching the model
+    ao = _torchao_float8()
+    Float8Linear = _float8_linear_class()  # noqa: N806
+    _check_model_ready(model, cfg)
+    already = count_float8_linears(model)
+    if already:
+        raise ConfigError(
+            f"the model already has {already} Float8Linear layers; convert a model once, right after moving "
+            f"it to CUDA + BF16 (order: {ORDER})."
+        )
+
+    report = FP8ConversionReport(
+        recipe=cfg.fp8_recipe,
+        format=describe_format(config),
+        format_short=describe_format(config, short=True),
+        emulate=cfg.fp8_emulate,
+    )
+    rules = _rules(cfg)
+    # remove_duplicate=False visits names exactly as torchao's own traversal does.
+    for fqn, module in model.named_modules(remove_duplicate=False):
+        if not is_linear(module, fqn):
+            continue
+        skip = _skip(rules, module, fqn)
+        if skip is None:
+            report.converted.append(fqn)
+        else:
+            report.skip_category[fqn], report.skipped[fqn] = skip
+    if not report.converted:
+        raise _nothing_converted_error(report)
+
+    keys_before = list(model.state_dict().keys())
+    filter_fn = module_filter(cfg)
+    ao.convert_to_float8_training(model, config=config, module_filter_fn=filter_fn)
+
+    # Check the outcome independently of the filter: count the swapped modules and compare names.
+    actual = [name for name, m in model.named_modules(remove_duplicate=False) if isinstance(m, Float8Linear)]
+    if actual != report.converted:
+        raise RuntimeError(
+            f"torchao converted {len(actual)} layers but the filter approved {len(report.converted)}: "
+            f"unexpected {sorted(set(actual) ^ set(report.converted))[:5]}"
+        )
+    if list(model.state_dict().keys()) != keys_before:
+        raise RuntimeError("FP8 conversion changed the model's state-dict keys; BF16/FP8 checkpoints would not load")
+    return report
+
+
+def count_float8_linears(model: nn.Module) -> int:
+    """Number of torchao Float8Linear modules in the model (a torch.compile wrapper is looked through)."""
+    try:
+        Float8Linear = _float8_linear_class()  # noqa: N806
+    except ConfigError:
+        return 0  # without torchao there can be no Float8Linear
+    inner = getattr(model, "_orig_mod", model)
+    return sum(isinstance(m, Float8Linear) for _, m in inner.named_modules(remove_duplicate=False))

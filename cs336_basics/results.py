@@ -1,0 +1,79 @@
+"""The one results-file schema shared by every script and benchmark (see README, "Performance"):
+{"gpu", "torch", "torchao", "command", "runs": [flat records]}."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import sys
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from cs336_basics.config import RunConfig
+
+
+def environment() -> dict[str, Any]:
+    try:
+        torchao_version = metadata.version("torchao")
+    except metadata.PackageNotFoundError:
+        torchao_version = None
+    return {
+        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        "torch": torch.__version__,
+        "torchao": torchao_version,
+        "command": " ".join(shlex.quote(a) for a in [Path(sys.argv[0]).name, *sys.argv[1:]]),
+    }
+
+
+def precision_label(config: RunConfig) -> str:
+    """ "bf16", "fp32", or "fp8-<recipe>" (with "-emulated" for torchao's CPU emulation)."""
+    fp8 = config.fp8
+    if fp8.use_fp8:
+        return f"fp8-{fp8.fp8_recipe}" + ("-emulated" if fp8.fp8_emulate else "")
+    return {"bfloat16": "bf16", "float32": "fp32"}[config.train.dtype]
+
+
+def run_record(config: RunConfig, status: str = "ok", **measured: Any) -> dict[str, Any]:
+    """A flat record: the shape and settings of the run plus whatever was measured."""
+    m, t = config.model, config.train
+    record = {
+        "preset": config.preset,
+        "dim": m.dim,
+        "n_layers": m.n_layers,
+        "n_heads": m.n_heads,
+        "n_kv_heads": m.kv_heads,
+        "d_ff": m.intermediate_size,
+        "vocab_size": m.vocab_size,
+        "batch_size": t.batch_size,
+        "gradient_accumulation_steps": t.gradient_accumulation_steps,
+        "seq_len": m.context_length,
+        "precision": precision_label(config),
+        "compile": t.compile_mode if t.compile_model else False,
+        "attention": m.attention,
+        "gradient_checkpointing": m.gradient_checkpointing,
+        "fp8_lm_head": bool(config.fp8.use_fp8 and config.fp8.fp8_lm_head),
+        "tokens_per_sec": None,
+        "mfu": None,
+        "peak_mem_gib": None,
+        "compile_s": None,
+        "loss": None,
+        "status": status,
+    }
+    record.update(measured)
+    return record
+
+
+def append_runs(path: str | Path, records: list[dict[str, Any]]) -> Path:
+    """Add records to a results file (created with this machine's header if new); written atomically."""
+    path = Path(path)
+    data = json.loads(path.read_text()) if path.exists() else {**environment(), "runs": []}
+    data["runs"].extend(records)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    os.replace(tmp, path)
+    return path

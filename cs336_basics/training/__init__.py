@@ -1,0 +1,1 @@
+"""Training: the loop, metrics and atomic, exactly-resumable checkpoints."""

@@ -1,0 +1,88 @@
+"""Throughput accounting (FLOPs per token, MFU), the JSONL metrics log and the loss-curve plot."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from cs336_basics.config import ModelConfig
+
+# Dense BF16 tensor-core peak (no sparsity), FLOP/s, by GPU name fragment. H100 SXM and H200 share the same
+# compute die, hence the same peak; FP8 runs are reported against this BF16 peak too, so MFU stays comparable.
+_BF16_PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12}
+
+
+def peak_flops(device: torch.device) -> float | None:
+    """Dense BF16 peak for a known GPU; None where we do not know it (CPU, unlisted GPUs): MFU is then omitted."""
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((peak for key, peak in _BF16_PEAK_FLOPS.items() if key in name), None)
+
+
+def flops_per_token(config: ModelConfig, non_embedding_params: int) -> float:
+    """Training FLOPs per token: 6N for the weight matmuls (forward + backward) plus 12·L·d·T for attention's
+    score and value matmuls (the PaLM appendix-B convention). N excludes the token embedding (a lookup, no
+    matmul) but includes the lm_head."""
+    return 6 * non_embedding_params + 12 * config.n_layers * config.dim * config.context_length
+
+
+def mfu(tokens_per_sec: float, flops_per_tok: float, peak: float | None) -> float | None:
+    return None if peak is None else tokens_per_sec * flops_per_tok / peak
+
+
+class MetricsLog:
+    """Appends one JSON object per log step and flushes it, so a crash loses nothing already logged."""
+
+    def __init__(self, path: Path, resume_from_step: int | None = None):
+        """A fresh log, or with resume_from_step the existing one cut back to that step: steps that ran after
+        the checkpoint being resumed are run again, and must not appear twice."""
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        kept = []
+        if resume_from_step is not None and self.path.exists():
+            kept = [r for r in read_metrics(self.path) if r["step"] <= resume_from_step]
+        self._file = self.path.open("w")
+        for record in kept:
+            self.write(record)
+
+    def write(self, record: dict[str, Any]) -> None:
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def plot_loss_curve(metrics_path: Path, png_path: Path, title: str = "") -> Path:
+    """Train loss (and validation loss where measured) against tokens seen."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # headless: runs on servers and CI without a display
+    import matplotlib.pyplot as plt
+
+    records = read_metrics(metrics_path)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    train = [(r["tokens"], r["loss"]) for r in records if r.get("loss") is not None and math.isfinite(r["loss"])]
+    val = [(r["tokens"], r["val_loss"]) for r in records if r.get("val_loss") is not None]
+    if train:
+        ax.plot(*zip(*train, strict=True), label="train loss")
+    if val:
+        ax.plot(*zip(*val, strict=True), "o-", label="validation loss")
+    ax.set_xlabel("tokens")
+    ax.set_ylabel("cross-entropy (nats/token)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=120)
+    plt.close(fig)
+    return Path(png_path)

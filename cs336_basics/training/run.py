@@ -1,0 +1,107 @@
+"""The main job, in the order of its operations: resolve config → data → build model → move to device and
+dtype → FP8 conversion → count Float8 modules → summary → Trainer (compiles) → train → results and a sample."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from cs336_basics.config import RunConfig
+from cs336_basics.data import prepare_data
+from cs336_basics.errors import ConfigError
+from cs336_basics.generate import sample_text
+from cs336_basics.model import TransformerLM, check_attention_backend
+from cs336_basics.precision import (
+    check_fp8_support,
+    check_fp8_tokens,
+    convert_model_to_fp8,
+    count_float8_linears,
+    require_fp8,
+)
+from cs336_basics.results import append_runs, run_record
+from cs336_basics.runtime import resolve, torch_dtype
+from cs336_basics.training.summary import RunFacts, format_summary
+from cs336_basics.training.trainer import Trainer, TrainResult
+
+
+def run_training(config: RunConfig, results_json: str | Path | None = None, log=print) -> TrainResult:
+    config, device, auto = resolve(config)
+    t, m, fp8 = config.train, config.model, config.fp8
+    if fp8.use_fp8:  # the machine can run it and the batch shape suits the FP8 GEMMs: checked before any work
+        require_fp8(fp8, device)
+        check_fp8_tokens(t.batch_size, m.context_length, fp8)
+    dtype = torch_dtype(t.dtype)
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True  # only float32 matmuls are affected; BF16 ones are not
+        torch.backends.cudnn.allow_tf32 = True
+    attention_kernel = check_attention_backend(m.attention, device, dtype, head_dim=m.head_dim)
+
+    data = prepare_data(config.data, m.vocab_size)
+    for name, tokens in (("training", data.train), ("validation", data.val)):
+        if len(tokens) <= m.context_length:
+            raise ConfigError(
+                f"context_length {m.context_length} is longer than the {name} data ({len(tokens)} tokens); "
+                "use a smaller --context_length or more data."
+            )
+
+    torch.manual_seed(t.seed)
+    model = TransformerLM(m).to(device=device, dtype=dtype)
+    fp8_line = "off"
+    if fp8.use_fp8:
+        report = convert_model_to_fp8(model, fp8)
+        counted = count_float8_linears(model)
+        if counted == 0:  # convert_model_to_fp8 already refuses this; the count is the independent check
+            raise ConfigError("FP8 was requested but no Float8Linear modules are in the model after conversion.")
+        fp8_line = f"{report.summary_line()}; {counted} Float8Linear modules counted"
+    facts = RunFacts(
+        device=device,
+        total_params=model.num_parameters(),
+        non_embedding_params=model.num_parameters(exclude_embeddings=True),
+        attention_kernel=attention_kernel,
+        data_description=data.description,
+        auto_choices=auto,
+        fp8_line=fp8_line,
+        fp8_capable=device.type == "cuda" and check_fp8_support(device).ok,
+    )
+    log(format_summary(config, facts))
+
+    out_dir = Path(t.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "config.json").write_text(json.dumps(config.to_dict(), indent=2) + "\n")
+    if data.tokenizer is not None:
+        data.tokenizer.save(out_dir / "tokenizer")
+
+    result = Trainer(model, config, data.train, data.val, device, log=log).train()
+    log(format_result(result))
+    record = run_record(
+        config,
+        tokens_per_sec=result.tokens_per_sec,
+        mfu=result.mfu,
+        peak_mem_gib=result.peak_mem_gib,
+        compile_s=result.compile_s,
+        loss=result.loss,
+        val_loss=result.val_loss,
+        steps=result.steps,
+        total_params=facts.total_params,
+        non_embedding_params=facts.non_embedding_params,
+    )
+    (out_dir / "result.json").write_text(json.dumps(record, indent=2) + "\n")
+    if results_json is not None:
+        append_runs(results_json, [record])
+    if data.tokenizer is not None:
+        log("sample: " + repr(sample_text(model, data.tokenizer, prompt="def ", max_new_tokens=48)))
+    return result
+
+
+def format_result(result: TrainResult) -> str:
+    def num(value, fmt):
+        return "n/a" if value is None else format(value, fmt)
+
+    return (
+        f"done: {result.steps} steps, {result.tokens:,} tokens, loss {num(result.loss, '.4f')}, "
+        f"val loss {num(result.val_loss, '.4f')}, {num(result.tokens_per_sec, ',.0f')} tokens/s, "
+        f"MFU {num(result.mfu and 100 * result.mfu, '.1f')}%, peak memory {num(result.peak_mem_gib, '.2f')} GiB, "
+        f"compile {num(result.compile_s, '.1f')} s"
+    )

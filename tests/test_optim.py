@@ -1,0 +1,403 @@
+"""MasterWeightAdamW (AdamW over fp32 master weights) and the cosine learning-rate schedule."""
+
+from __future__ import annotations
+
+import io
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from cs336_basics.errors import ConfigError
+from cs336_basics.optim import MasterWeightAdamW, cosine_lr
+
+# Course-layout names: two matrices (decayed) and two RMSNorm gains (not decayed).
+SHAPES = {
+    "token_embeddings.weight": (16, 8),
+    "layers.0.attn.q_proj.weight": (8, 8),
+    "layers.0.ln1.weight": (8,),
+    "ln_final.weight": (8,),
+}
+
+
+def make_params(dtype=torch.float32, seed=0, device="cpu") -> list[tuple[str, nn.Parameter]]:
+    g = torch.Generator().manual_seed(seed)
+    # Values rounded to bf16 first, so an fp32 and a bf16 model can start from identical weights.
+    return [
+        (n, nn.Parameter(torch.randn(s, generator=g).to(torch.bfloat16).to(device=device, dtype=dtype)))
+        for n, s in SHAPES.items()
+    ]
+
+
+def make_grads(seed: int) -> dict[str, torch.Tensor]:
+    """fp32 gradients that are exactly representable in bf16 (so bf16 and fp32 models see the same)."""
+    g = torch.Generator().manual_seed(1000 + seed)
+    return {n: torch.randn(s, generator=g).to(torch.bfloat16).float() for n, s in SHAPES.items()}
+
+
+def set_grads(named, grads: dict[str, torch.Tensor]) -> None:
+    for n, p in named:
+        p.grad = grads[n].to(device=p.device, dtype=p.dtype, copy=True)  # clipping works in place
+
+
+def values(named) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in named}
+
+
+def reference_adamw(params, grads_seq, lr, betas, eps, weight_decay):
+    """The AdamW formula (Loshchilov & Hutter), written out in float64: bias-corrected moments, and weight
+    decay decoupled from the gradient, applied to matrices (ndim >= 2) only."""
+    b1, b2 = betas
+    p = {n: v.double().clone() for n, v in params.items()}
+    m = {n: torch.zeros_like(v) for n, v in p.items()}
+    v = {n: torch.zeros_like(x) for n, x in p.items()}
+    for t, grads in enumerate(grads_seq, start=1):
+        for n in p:
+            g = grads[n].double()
+            wd = weight_decay if p[n].ndim >= 2 else 0.0
+            p[n] -= lr * wd * p[n]
+            m[n] = b1 * m[n] + (1 - b1) * g
+            v[n] = b2 * v[n] + (1 - b2) * g * g
+            m_hat = m[n] / (1 - b1**t)
+            v_hat = v[n] / (1 - b2**t)
+            p[n] -= lr * m_hat / (v_hat.sqrt() + eps)
+    return p
+
+
+HP = {"lr": 1e-2, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.1}
+
+
+# ---------------------------------------------------------------- the update rule
+def test_fp32_matches_reference_formula_and_torch_adamw():
+    named = make_params()
+    start = values(named)
+    opt = MasterWeightAdamW(named, **HP)
+    # torch's AdamW with the same two groups, as a second, independent reference.
+    ref_named = make_params()
+    ref = torch.optim.AdamW(
+        [
+            {"params": [p for _, p in ref_named if p.ndim >= 2], "weight_decay": HP["weight_decay"]},
+            {"params": [p for _, p in ref_named if p.ndim < 2], "weight_decay": 0.0},
+        ],
+        lr=HP["lr"],
+        betas=HP["betas"],
+        eps=HP["eps"],
+    )
+    grads_seq = [make_grads(i) for i in range(5)]
+    for grads in grads_seq:
+        set_grads(named, grads)
+        set_grads(ref_named, grads)
+        opt.step()
+        ref.step()
+        opt.zero_grad()
+        ref.zero_grad()
+
+    expected = reference_adamw(start, grads_seq, **HP)
+    for (n, p), (_, rp) in zip(named, ref_named, strict=True):
+        torch.testing.assert_close(p.detach().double(), expected[n], rtol=0, atol=1e-6)
+        torch.testing.assert_close(p.detach(), rp.detach(), rtol=0, atol=1e-6)
+    # fp32 parameters are stepped in place: no copy exists.
+    for (n, p), m in zip(named, opt.master_params().values(), strict=True):
+        assert m is p, n
+
+
+def test_weight_decay_only_on_matrices():
+    named = make_params()
+    start = values(named)
+    lr, wd, steps = 0.1, 0.5, 3
+    opt = MasterWeightAdamW(named, lr=lr, weight_decay=wd)
+    decays = {g["group_name"]: g["weight_decay"] for g in opt.param_groups}
+    assert decays == {"decay": wd, "no_decay": 0.0}
+    zero = {n: torch.zeros(s) for n, s in SHAPES.items()}
+    for _ in range(steps):
+        # A zero gradient gives a zero Adam step (0 / (0 + eps)): only weight decay can move a weight.
+        set_grads(named, zero)
+        opt.step()
+    for n, p in named:
+        if p.ndim >= 2:
+            torch.testing.assert_close(p.detach(), start[n] * (1 - lr * wd) ** steps)
+        else:
+            assert torch.equal(p.detach(), start[n]), n
+
+
+def test_set_lr_and_param_groups():
+    opt = MasterWeightAdamW(make_params(), lr=1e-3)
+    opt.set_lr(5e-4)
+    assert [g["lr"] for g in opt.param_groups] == [5e-4, 5e-4]
+    opt.param_groups[0]["lr"] = 1e-5  # what an LR schedule may do directly
+    assert opt.inner.param_groups[0]["lr"] == 1e-5
+
+
+def test_frozen_and_gradless_params():
+    named = make_params()
+    named[0][1].requires_grad_(False)
+    opt = MasterWeightAdamW(named, lr=1e-2)
+    assert "token_embeddings.weight" not in opt.master_params()
+    before = values(named)
+    grads = make_grads(0)
+    named[1][1].grad = grads[named[1][0]]  # only the q_proj weight gets a gradient
+    opt.step()
+    assert not torch.equal(named[1][1].detach(), before[named[1][0]])
+    for n, p in (named[0], named[2], named[3]):
+        assert torch.equal(p.detach(), before[n]), n
+    assert set(opt.state_dict()["state"]) == {"layers.0.attn.q_proj.weight"}
+
+
+def test_compile_prefix_is_stripped_from_names():
+    named = [("_orig_mod." + n, p) for n, p in make_params()]
+    opt = MasterWeightAdamW(named, lr=1e-3)
+    assert list(opt.master_params()) == list(SHAPES)
+
+
+def test_no_trainable_params_is_a_config_error():
+    p = nn.Parameter(torch.ones(2), requires_grad=False)
+    with pytest.raises(ConfigError, match="no trainable parameters"):
+        MasterWeightAdamW([("w", p)], lr=1e-3)
+
+
+# ---------------------------------------------------------------- why masters exist
+def test_bf16_tiny_updates_survive_only_with_master_weights():
+    lr, steps = 1e-5, 300  # 300 * 1e-5 = 3e-3: more than half of bf16's 2^-8 spacing just below 1.0
+    grad = torch.full((4, 4), 0.5)  # constant gradient: every Adam step is ~lr in size
+
+    def bf16_param():
+        return nn.Parameter(torch.ones(4, 4, dtype=torch.bfloat16))
+
+    w = bf16_param()
+    opt = MasterWeightAdamW([("w", w)], lr=lr)
+    naive_w = bf16_param()
+    naive = torch.optim.AdamW([naive_w], lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
+    ref_w = nn.Parameter(torch.ones(4, 4))
+    ref = torch.optim.AdamW([ref_w], lr=lr, betas=(0.9, 0.95), weight_decay=0.0, foreach=True)
+    for _ in range(steps):
+        w.grad = grad.to(torch.bfloat16)
+        naive_w.grad = grad.to(torch.bfloat16)
+        ref_w.grad = grad.clone()
+        opt.step()
+        naive.step()
+        ref.step()
+
+    master = opt.master_params()["w"]
+    assert master.dtype == torch.float32 and w.dtype == torch.bfloat16
+    # The fp32 master follows the fp32 run exactly, and the bf16 weight is its rounding...
+    torch.testing.assert_close(master, ref_w.detach(), rtol=0, atol=1e-7)
+    assert torch.equal(w.detach(), master.to(torch.bfloat16))
+    assert (w.detach() < 1).all()  # ...which has moved: 1 - 3e-3 rounds to 1 - 2^-8
+    # Plain AdamW on bf16 weights: each 1e-5 step rounds back to 1.0, and 300 steps are lost.
+    assert torch.equal(naive_w.detach(), torch.ones(4, 4, dtype=torch.bfloat16))
+
+
+# ---------------------------------------------------------------- clipping
+def _global_norm(grads) -> torch.Tensor:
+    return torch.sqrt(sum((g.double() ** 2).sum() for g in grads))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_returned_norm_is_the_pre_clip_global_norm(dtype):
+    named = make_params(dtype)
+    opt = MasterWeightAdamW(named, lr=1e-3)
+    grads = make_grads(0)
+    expected = _global_norm(grads.values())
+    for max_norm in (None, 1e6, 0.5):
+        set_grads(named, grads)
+        norm = opt.step(max_grad_norm=max_norm)
+        assert norm.ndim == 0 and norm.dtype == torch.float32
+        torch.testing.assert_close(norm.double(), expected, rtol=1e-6, atol=0)
+
+
+def test_clipping_scales_to_max_norm_and_leaves_small_grads_alone():
+    named = make_params()
+    opt = MasterWeightAdamW(named, lr=1e-3)
+    grads = make_grads(0)
+    total = _global_norm(grads.values()).item()
+
+    set_grads(named, grads)
+    opt.step(max_grad_norm=total * 2)  # below the limit: untouched
+    for n, p in named:
+        assert torch.equal(p.grad, grads[n]), n
+
+    set_grads(named, grads)
+    opt.step(max_grad_norm=0.25 * total)
+    clipped = _global_norm(p.grad for _, p in named).item()
+    assert clipped == pytest.approx(0.25 * total, rel=1e-5)
+    for n, p in named:  # one common factor: directions are unchanged
+        torch.testing.assert_close(p.grad, grads[n] * 0.25, rtol=1e-5, atol=0)
+
+
+def test_bf16_update_uses_clipped_grads():
+    named = make_params(torch.bfloat16)
+    opt = MasterWeightAdamW(named, lr=1e-3, betas=(0.9, 0.95))
+    grads = make_grads(0)
+    total = _global_norm(grads.values()).item()
+    set_grads(named, grads)
+    opt.step(max_grad_norm=0.1 * total)
+    state = opt.state_dict()["state"]
+    for n in SHAPES:  # first moment after one step = (1 - beta1) * clipped gradient
+        torch.testing.assert_close(state[n]["exp_avg"], 0.1 * grads[n] * (1 - 0.9), rtol=1e-5, atol=1e-8)
+    # The transient fp32 grads are freed after the step.
+    assert all(m.grad is None for m in opt.master_params().values())
+
+
+def test_zero_grad():
+    named = make_params(torch.bfloat16)
+    opt = MasterWeightAdamW(named, lr=1e-3)
+    set_grads(named, make_grads(0))
+    opt.zero_grad(set_to_none=False)
+    assert all(p.grad is not None and not p.grad.any() for _, p in named)
+    opt.zero_grad()
+    assert all(p.grad is None for _, p in named)
+
+
+# ---------------------------------------------------------------- state dict
+def _roundtrip(sd):
+    """Through bytes and back, as a checkpoint would go: also proves the layout is weights_only-safe."""
+    buf = io.BytesIO()
+    torch.save(sd, buf)
+    buf.seek(0)
+    return torch.load(buf, weights_only=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("serialise", [True, False])
+def test_resume_is_bit_exact(dtype, serialise):
+    named_a = make_params(dtype)
+    opt_a = MasterWeightAdamW(named_a, **HP)
+    for i in range(3):
+        set_grads(named_a, make_grads(i))
+        opt_a.step(max_grad_norm=1.0)
+    sd = opt_a.state_dict()
+    if serialise:
+        sd = _roundtrip(sd)
+
+    named_b = [(n, nn.Parameter(p.detach().clone())) for n, p in named_a]
+    opt_b = MasterWeightAdamW(named_b, lr=123.0)  # hyperparameters come back from the state dict
+    opt_b.load_state_dict(sd)
+    assert [g["lr"] for g in opt_b.param_groups] == [HP["lr"]] * 2
+    for i in range(3, 6):  # both continue; B must not share storage with A's state dict
+        for named, opt in ((named_a, opt_a), (named_b, opt_b)):
+            set_grads(named, make_grads(i))
+            opt.step(max_grad_norm=1.0)
+    for (n, pa), (_, pb) in zip(named_a, named_b, strict=True):
+        assert torch.equal(pa, pb), n
+    for n, m in opt_a.master_params().items():
+        assert torch.equal(m, opt_b.master_params()[n]), n
+
+
+def _train(named, opt, steps, first=0):
+    for i in range(first, first + steps):
+        set_grads(named, make_grads(i))
+        opt.step()
+
+
+def test_bf16_state_loads_into_fp32_model_with_full_precision():
+    named_a = make_params(torch.bfloat16)
+    opt_a = MasterWeightAdamW(named_a, **HP)
+    _train(named_a, opt_a, 3)
+    sd = _roundtrip(opt_a.state_dict())
+
+    # The fp32 model first gets the (bf16) model weights, as load_checkpoint does, then the optimizer.
+    named_b = [(n, nn.Parameter(p.detach().float())) for n, p in named_a]
+    opt_b = MasterWeightAdamW(named_b, **HP)
+    opt_b.load_state_dict(sd)
+    masters_a = opt_a.master_params()
+    for n, pb in named_b:
+        assert torch.equal(pb.detach(), masters_a[n]), n  # exact fp32 values, not their bf16 rounding
+    assert any(not torch.equal(masters_a[n], p.detach().float()) for n, p in named_a)
+
+    _train(named_a, opt_a, 3, first=3)
+    _train(named_b, opt_b, 3, first=3)
+    for n, pb in named_b:
+        assert torch.equal(pb.detach(), masters_a[n]), n
+
+
+def test_fp32_state_loads_into_bf16_model_as_masters():
+    named_a = make_params(torch.float32)
+    opt_a = MasterWeightAdamW(named_a, **HP)
+    _train(named_a, opt_a, 3)
+    sd = _roundtrip(opt_a.state_dict())
+
+    named_b = [(n, nn.Parameter(p.detach().to(torch.bfloat16))) for n, p in named_a]
+    opt_b = MasterWeightAdamW(named_b, **HP)
+    opt_b.load_state_dict(sd)
+    masters_b = opt_b.master_params()
+    for n, pa in named_a:
+        assert torch.equal(masters_b[n], pa.detach()), n
+        assert torch.equal(dict(named_b)[n].detach(), pa.detach().to(torch.bfloat16)), n
+
+    _train(named_a, opt_a, 3, first=3)
+    _train(named_b, opt_b, 3, first=3)
+    for n, pa in named_a:
+        assert torch.equal(masters_b[n], pa.detach()), n
+
+
+def test_mismatched_names_are_a_config_error():
+    opt_a = MasterWeightAdamW(make_params(), lr=1e-3)
+    sd = opt_a.state_dict()
+    renamed = [("lm_head.weight" if n == "ln_final.weight" else n, p) for n, p in make_params()]
+    with pytest.raises(ConfigError) as info:
+        MasterWeightAdamW(renamed, lr=1e-3).load_state_dict(sd)
+    assert "lm_head.weight" in str(info.value) and "ln_final.weight" in str(info.value)
+
+
+def test_mismatched_shape_or_format_is_a_config_error():
+    sd = MasterWeightAdamW(make_params(), lr=1e-3).state_dict()
+    named = make_params()
+    named[2] = (named[2][0], nn.Parameter(torch.ones(4)))
+    with pytest.raises(ConfigError, match="layers.0.ln1.weight"):
+        MasterWeightAdamW(named, lr=1e-3).load_state_dict(sd)
+    torch_sd = torch.optim.AdamW([p for _, p in make_params()]).state_dict()
+    with pytest.raises(ConfigError, match="format"):
+        MasterWeightAdamW(make_params(), lr=1e-3).load_state_dict(torch_sd)
+
+
+# ---------------------------------------------------------------- GPU: fused, and no host sync in step()
+@pytest.mark.gpu
+def test_cuda_bf16_step_is_fused_and_never_syncs():
+    named = make_params(torch.bfloat16, device="cuda")
+    opt = MasterWeightAdamW(named, **HP)
+    assert all(g["fused"] for g in opt.param_groups)
+    set_grads(named, make_grads(0))
+    opt.step(max_grad_norm=1.0)  # first step allocates state
+    set_grads(named, make_grads(1))
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        norm = opt.step(max_grad_norm=1.0)
+        opt.zero_grad()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert norm.is_cuda
+    # The fused CUDA path computes the same update as the CPU foreach path.
+    cpu_named = make_params(torch.bfloat16)
+    cpu_opt = MasterWeightAdamW(cpu_named, **HP)
+    for i in range(2):
+        set_grads(cpu_named, make_grads(i))
+        cpu_opt.step(max_grad_norm=1.0)
+    for n, m in opt.master_params().items():
+        torch.testing.assert_close(m.cpu(), cpu_opt.master_params()[n], rtol=1e-5, atol=1e-6)
+
+
+# ---------------------------------------------------------------- schedule
+def test_cosine_lr_values():
+    max_lr, min_lr, warmup, total = 1.0, 0.1, 10, 110
+    lr = lambda s: cosine_lr(s, max_lr, min_lr, warmup, total)
+    assert lr(0) == 0.0
+    assert lr(5) == pytest.approx(0.5)
+    assert lr(10) == pytest.approx(max_lr)
+    assert lr(60) == pytest.approx(min_lr + 0.5 * (max_lr - min_lr))  # halfway through the cosine
+    assert lr(35) == pytest.approx(min_lr + 0.5 * (1 + math.cos(math.pi / 4)) * (max_lr - min_lr))
+    assert lr(110) == pytest.approx(min_lr)
+    assert lr(111) == lr(10_000) == min_lr
+    values = [lr(s) for s in range(warmup, total + 1)]
+    assert all(a >= b for a, b in zip(values, values[1:], strict=False))  # monotone decay
+
+
+def test_cosine_lr_degenerate_phases():
+    assert cosine_lr(0, 1.0, 0.1, 0, 100) == pytest.approx(1.0)  # no warmup: starts at max
+    assert cosine_lr(50, 1.0, 0.1, 0, 100) == pytest.approx(0.55)
+    # No decay phase (total == warmup): ramp, max at the end of warmup, then the floor.
+    assert cosine_lr(5, 1.0, 0.1, 10, 10) == pytest.approx(0.5)
+    assert cosine_lr(10, 1.0, 0.1, 10, 10) == pytest.approx(1.0)
+    assert cosine_lr(11, 1.0, 0.1, 10, 10) == 0.1
+    assert cosine_lr(0, 1.0, 0.1, 0, 0) == pytest.approx(1.0)

@@ -1,0 +1,206 @@
+"""End-to-end runs of train_h100.py on tiny models (CPU), and every bad input it must refuse before training."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import train_h100
+from cs336_basics.training.checkpoint import load_checkpoint
+from cs336_basics.training.metrics import read_metrics
+from cs336_basics.training.trainer import Trainer
+
+TINY = ["--device", "cpu", "--dim", "32", "--n_layers", "2", "--n_heads", "2", "--intermediate_size", "64"]
+TINY += ["--vocab_size", "64", "--context_length", "16", "--batch_size", "4", "--warmup_steps", "2"]
+
+
+@pytest.fixture
+def token_files(tmp_path):
+    rng = np.random.default_rng(0)
+    # A learnable stream: a repeating pattern with a little noise, ids < 64.
+    pattern = np.tile(np.arange(64, dtype=np.uint16), 200)
+    noise = rng.integers(0, 64, size=pattern.size, dtype=np.uint16)
+    tokens = np.where(rng.random(pattern.size) < 0.1, noise, pattern).astype(np.uint16)
+    train, val = tmp_path / "train.npy", tmp_path / "val.npy"
+    np.save(train, tokens[:10000])
+    np.save(val, tokens[10000:])
+    return ["--train_data", str(train), "--val_data", str(val)]
+
+
+def run(argv, capsys):
+    code = train_h100.main([str(a) for a in argv])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_smoke_run_writes_every_artifact_and_learns(tmp_path, token_files, capsys):
+    out = tmp_path / "run"
+    code, stdout, err = run(
+        [
+            *TINY,
+            *token_files,
+            "--max_steps",
+            "30",
+            "--log_every",
+            "5",
+            "--eval_every",
+            "10",
+            "--lr",
+            "3e-3",
+            "--out_dir",
+            out,
+        ],
+        capsys,
+    )
+    assert code == 0, err
+    assert "FINAL CONFIGURATION SUMMARY" in stdout
+    assert "FP8 path need an H100-class GPU" in " ".join(stdout.split())
+    for name in ("metrics.jsonl", "loss_curve.png", "checkpoint.pt", "config.json", "result.json"):
+        assert (out / name).exists(), name
+    records = read_metrics(out / "metrics.jsonl")
+    assert [r["step"] for r in records] == [5, 10, 15, 20, 25, 30]
+    assert records[-1]["loss"] < records[0]["loss"] - 0.5
+    assert all(r["val_loss"] is not None for r in records if r["step"] % 10 == 0)
+    for key in ("tokens", "lr", "grad_norm", "tokens_per_sec", "mfu", "peak_mem_gib"):
+        assert key in records[0]
+    result = json.loads((out / "result.json").read_text())
+    assert result["status"] == "ok" and result["precision"] == "fp32" and result["tokens_per_sec"] > 0
+    assert json.loads((out / "config.json").read_text())["model"]["dim"] == 32
+
+
+def test_interrupted_run_resumes_exactly(tmp_path, token_files, capsys, monkeypatch):
+    """N steps straight == k steps, interrupt (Ctrl-C saves a checkpoint), resume for the rest: identical losses."""
+    common = [*TINY, *token_files, "--log_every", "1", "--eval_every", "0", "--checkpoint_every", "0"]
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    assert run([*common, "--max_steps", "12", "--out_dir", straight], capsys)[0] == 0
+
+    real_step = Trainer.train_step
+
+    def interrupt_after_7(self):
+        if self.step == 7:
+            raise KeyboardInterrupt
+        return real_step(self)
+
+    monkeypatch.setattr(Trainer, "train_step", interrupt_after_7)
+    code, _, err = run([*common, "--max_steps", "12", "--out_dir", split], capsys)
+    assert code == 130 and "interrupted at step 7" in err
+    monkeypatch.setattr(Trainer, "train_step", real_step)
+    # Resume takes the saved config from the run folder.
+    assert run(["--resume", "--out_dir", split], capsys)[0] == 0
+
+    expected = [r["loss"] for r in read_metrics(straight / "metrics.jsonl")]
+    resumed = [(r["step"], r["loss"]) for r in read_metrics(split / "metrics.jsonl")]
+    assert [step for step, _ in resumed] == list(range(1, 13))
+    assert [loss for _, loss in resumed] == expected  # bit-identical on CPU
+    assert load_checkpoint(split / "checkpoint.pt", restore_rng=False)["step"] == 12
+
+
+def test_raw_text_data_trains_a_tokenizer_and_samples(tmp_path, capsys):
+    text = "def add(a, b):\n    return a + b\n\n" * 400
+    (tmp_path / "train.txt").write_text(text)
+    (tmp_path / "val.txt").write_text(text[:4000])
+    argv = [
+        *TINY,
+        "--vocab_size",
+        "300",
+        "--max_steps",
+        "4",
+        "--out_dir",
+        tmp_path / "run",
+        "--train_data",
+        tmp_path / "train.txt",
+        "--val_data",
+        tmp_path / "val.txt",
+        "--cache_dir",
+        tmp_path / "c",
+    ]
+    code, stdout, err = run(argv, capsys)
+    assert code == 0, err
+    assert "sample: 'def " in stdout
+    assert (tmp_path / "run" / "tokenizer").is_dir()
+
+
+def write_tokens(path: Path, tokens) -> str:
+    np.save(path, np.asarray(tokens))
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--dim", "30", "--n_heads", "4"], "divisible by n_heads"),
+        (["--n_heads", "4", "--n_kv_heads", "3"], "divisible by n_kv_heads"),
+        (["--dim", "36", "--n_heads", "4"], "odd"),
+        (["--context_length", "20000"], "longer than the training data"),
+        (["--attention", "flash"], "CUDA"),
+        (["--use_fp8"], "fp8"),
+    ],
+)
+def test_bad_settings_fail_before_training(tmp_path, token_files, capsys, extra, message):
+    code, stdout, err = run([*TINY, *token_files, "--out_dir", tmp_path / "run", *extra], capsys)
+    assert code == 2
+    assert message.lower() in err.lower()
+    assert "FINAL CONFIGURATION SUMMARY" not in stdout  # refused before anything ran
+    assert not (tmp_path / "run" / "checkpoint.pt").exists()
+
+
+def test_bad_data_files_fail_clearly(tmp_path, capsys):
+    val = write_tokens(tmp_path / "val.npy", np.zeros(100, dtype=np.uint16) + 1)
+    cases = [
+        (write_tokens(tmp_path / "big.npy", np.full(100, 64, dtype=np.uint16)), "vocab"),  # id 64 >= vocab 64
+        (write_tokens(tmp_path / "i64.npy", np.ones(100, dtype=np.int64)), "dtype"),
+        (str(tmp_path / "missing.npy"), "missing.npy"),
+    ]
+    for train, message in cases:
+        code, _, err = run([*TINY, "--train_data", train, "--val_data", val, "--out_dir", tmp_path / "r"], capsys)
+        assert code == 2, train
+        assert message in err, err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on a machine without CUDA")
+def test_cuda_requested_without_cuda_is_an_error(tmp_path, token_files, capsys):
+    code, _, err = run([*TINY, *token_files, "--device", "cuda", "--out_dir", tmp_path / "run"], capsys)
+    assert code == 2 and "CUDA is not available" in err
+
+
+def test_resume_without_checkpoint_is_an_error(tmp_path, token_files, capsys):
+    code, _, err = run([*TINY, *token_files, "--resume", "--out_dir", tmp_path / "none"], capsys)
+    assert code == 2 and "does not exist" in err
+
+
+def test_emulated_fp8_run_converts_and_reports(tmp_path, token_files, capsys):
+    out = tmp_path / "fp8"
+    code, stdout, err = run(
+        [*TINY, *token_files, "--use_fp8", "--fp8_emulate", "--max_steps", "4", "--out_dir", out], capsys
+    )
+    assert code == 0, err
+    assert "Float8Linear modules counted" in stdout
+    assert "14 of 15 linears converted" in stdout  # 2 layers x (4 attention + 3 ffn); the lm_head is skipped
+    assert "14 Float8Linear modules counted" in stdout
+    result = json.loads((out / "result.json").read_text())
+    assert result["precision"] == "fp8-tensorwise-emulated"
+
+
+def test_fp8_with_nothing_to_convert_is_an_error(tmp_path, token_files, capsys):
+    # The shape filter rejects every layer of a tiny model: FP8 was asked for and would do nothing.
+    argv = [*TINY, *token_files, "--use_fp8", "--fp8_emulate", "--fp8_shape_filter", "--out_dir", tmp_path / "r"]
+    code, stdout, err = run(argv, capsys)
+    assert code == 2 and "no" in err.lower() and "convert" in err.lower()
+    assert "FINAL CONFIGURATION SUMMARY" not in stdout
+
+
+@pytest.mark.parametrize(
+    "first, then",
+    [(["--no_use_fp8"], ["--use_fp8", "--fp8_emulate"]), (["--use_fp8", "--fp8_emulate"], ["--no_use_fp8"])],
+)
+def test_resume_may_switch_between_bf16_and_fp8(tmp_path, token_files, capsys, first, then):
+    out = tmp_path / "run"
+    common = [*TINY, *token_files, "--dtype", "bfloat16", "--checkpoint_every", "0", "--log_every", "1"]
+    assert run([*common, *first, "--max_steps", "3", "--out_dir", out], capsys)[0] == 0
+    code, _, err = run(["--resume", "--out_dir", out, "--max_steps", "6", *then], capsys)
+    assert code == 0, err
+    losses = [r["loss"] for r in read_metrics(out / "metrics.jsonl")]
+    assert len(losses) == 6 and all(np.isfinite(losses))
+    assert load_checkpoint(out / "checkpoint.pt", restore_rng=False)["step"] == 6
