@@ -138,6 +138,7 @@ class TrainConfig:
     log_every: int = 10
     eval_every: int = 200
     eval_batches: int = 8
+    # Also written at the end and on Ctrl-C; 0 writes none (benchmarks).
     checkpoint_every: int = 500
 
 

@@ -72,7 +72,7 @@ def test_smoke_run_writes_every_artifact_and_learns(tmp_path, token_files, capsy
 
 def test_interrupted_run_resumes_exactly(tmp_path, token_files, capsys, monkeypatch):
     """N steps straight == k steps, interrupt (Ctrl-C saves a checkpoint), resume for the rest: identical losses."""
-    common = [*TINY, *token_files, "--log_every", "1", "--eval_every", "0", "--checkpoint_every", "0"]
+    common = [*TINY, *token_files, "--log_every", "1", "--eval_every", "0", "--checkpoint_every", "100"]
     straight, split = tmp_path / "straight", tmp_path / "split"
     assert run([*common, "--max_steps", "12", "--out_dir", straight], capsys)[0] == 0
 
@@ -197,10 +197,41 @@ def test_fp8_with_nothing_to_convert_is_an_error(tmp_path, token_files, capsys):
 )
 def test_resume_may_switch_between_bf16_and_fp8(tmp_path, token_files, capsys, first, then):
     out = tmp_path / "run"
-    common = [*TINY, *token_files, "--dtype", "bfloat16", "--checkpoint_every", "0", "--log_every", "1"]
+    common = [*TINY, *token_files, "--dtype", "bfloat16", "--checkpoint_every", "100", "--log_every", "1"]
     assert run([*common, *first, "--max_steps", "3", "--out_dir", out], capsys)[0] == 0
     code, _, err = run(["--resume", "--out_dir", out, "--max_steps", "6", *then], capsys)
     assert code == 0, err
     losses = [r["loss"] for r in read_metrics(out / "metrics.jsonl")]
     assert len(losses) == 6 and all(np.isfinite(losses))
     assert load_checkpoint(out / "checkpoint.pt", restore_rng=False)["step"] == 6
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", [["--no_use_fp8"], ["--use_fp8"]])
+def test_gpu_compiled_run(tmp_path, token_files, capsys, precision):
+    out = tmp_path / "gpu"
+    argv = [
+        *TINY,
+        *token_files,
+        "--device",
+        "cuda",
+        "--dim",
+        "64",
+        "--intermediate_size",
+        "128",
+        *precision,
+        "--compile_model",
+        "--max_steps",
+        "8",
+        "--log_every",
+        "4",
+        "--out_dir",
+        out,
+    ]
+    code, stdout, err = run(argv, capsys)
+    assert code == 0, err
+    result = json.loads((out / "result.json").read_text())
+    assert result["compile"] == "default" and result["compile_s"] > 0 and result["peak_mem_gib"] > 0
+    assert result["precision"] == ("fp8-tensorwise" if precision == ["--use_fp8"] else "bf16")
+    verdict = "FP8 + Compilation" if precision == ["--use_fp8"] else "SUB-OPTIMAL"
+    assert verdict in stdout

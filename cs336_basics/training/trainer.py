@@ -223,7 +223,7 @@ class Trainer:
 
                 is_last = self.step == t.max_steps
                 do_eval = t.eval_every > 0 and (self.step % t.eval_every == 0 or is_last)
-                do_ckpt = is_last or (t.checkpoint_every > 0 and self.step % t.checkpoint_every == 0)
+                do_ckpt = t.checkpoint_every > 0 and (is_last or self.step % t.checkpoint_every == 0)
                 if self.step % t.log_every and not (do_eval or do_ckpt):
                     bar.update(1)
                     continue

@@ -1,0 +1,257 @@
+"""Prove, on this machine, that FP8 is really applied and really pays.
+
+Five checks, each PASS / FAIL / SKIP with the evidence:
+  1. float8_modules      Float8Linear modules are in the model, as many as the filter report promised.
+  2. fp8_gemms_launched  the profiler sees FP8 matmuls (aten::_scaled_mm) in one compiled training step: one per
+                         converted linear per GEMM (forward, grad_input, grad_weight). With emulation (CPU) it
+                         counts the FP8 casts instead, since emulated matmuls run in high precision.
+  3. no_graph_breaks     dynamo traces the FP8 model's forward (and loss) as one graph.
+  4. loss_matches_bf16   after the same steps from the same seed and data, FP8 loss is within a tolerance of BF16.
+  5. fp8_speedup         FP8 + compile tokens/s over BF16 + compile tokens/s, measured in this process (GPU only).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import tempfile
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from cs336_basics.config import RunConfig
+from cs336_basics.data import PreparedData, get_batch, prepare_data
+from cs336_basics.errors import ConfigError
+from cs336_basics.model import TransformerLM
+from cs336_basics.precision.fp8 import FP8ConversionReport, convert_model_to_fp8, count_float8_linears
+from cs336_basics.precision.support import check_fp8_support, require_fp8
+from cs336_basics.results import run_record
+from cs336_basics.runtime import resolve
+from cs336_basics.training.trainer import Trainer, TrainResult
+
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+@dataclass
+class Check:
+    name: str
+    status: str  # "PASS", "FAIL" or "SKIP"
+    detail: str
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Verification:
+    checks: list[Check]
+    runs: list[dict[str, Any]]
+    support: str
+
+    @property
+    def passed(self) -> bool:
+        return all(c.status != "FAIL" for c in self.checks)
+
+    def table(self) -> str:
+        width = max(len(c.name) for c in self.checks)
+        lines = [f"{'check':<{width}}  result  evidence", f"{'-' * width}  ------  --------"]
+        lines += [f"{c.name:<{width}}  {c.status:<6}  {c.detail}" for c in self.checks]
+        return "\n".join(lines)
+
+
+def _check(name: str, ok: bool, detail: str, **evidence: Any) -> Check:
+    return Check(name, "PASS" if ok else "FAIL", detail, evidence)
+
+
+class _Float8CastCounter(TorchDispatchMode):
+    """Counts ATen ops that produce FP8 tensors: under emulation these casts are where FP8 numerics happen."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if any(isinstance(t, torch.Tensor) and t.dtype in FP8_DTYPES for t in tree_leaves(out)):
+            self.count += 1
+        return out
+
+
+def _gemms_per_linear(recipe: str) -> int:
+    # forward, grad_input and grad_weight are FP8 GEMMs, except grad_weight in rowwise_with_gw_hp (kept in BF16).
+    return 2 if recipe == "rowwise_with_gw_hp" else 3
+
+
+def count_fp8_gemms(trainer: Trainer) -> tuple[int, int]:
+    """(aten::_scaled_mm calls, CUDA kernels with an FP8 type in their name) in one profiled training step."""
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=activities) as prof:
+        trainer.train_step()
+        torch.cuda.synchronize()
+    scaled_mm = sum(1 for e in prof.events() if e.name == "aten::_scaled_mm")
+    fp8_kernels = sum(
+        1
+        for e in prof.events()
+        if e.device_type == torch.autograd.DeviceType.CUDA and any(k in e.name.lower() for k in ("e4m3", "e5m2", "f8"))
+    )
+    return scaled_mm, fp8_kernels
+
+
+def count_graph_breaks(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[int, int]:
+    """(graph breaks, graphs) when dynamo traces forward with the loss; explain() runs no inductor, so it is cheap."""
+    x, y = batch
+    explanation = torch._dynamo.explain(model)(x, targets=y)
+    torch._dynamo.reset()
+    return explanation.graph_break_count, explanation.graph_count
+
+
+def _fresh_model(config: RunConfig, device: torch.device) -> TransformerLM:
+    torch.manual_seed(config.train.seed)  # the same initial weights for both precisions
+    return TransformerLM(config.model).to(device=device, dtype=torch.bfloat16)
+
+
+def _train(model, config: RunConfig, data: PreparedData, device, log) -> tuple[Trainer, TrainResult]:
+    with tempfile.TemporaryDirectory() as out_dir:
+        train = dataclasses.replace(config.train, out_dir=out_dir, eval_every=0, checkpoint_every=0, resume=False)
+        trainer = Trainer(model, dataclasses.replace(config, train=train), data.train, data.val, device, log=log)
+        return trainer, trainer.train()
+
+
+def _release(*objects) -> None:
+    del objects
+    gc.collect()
+    torch._dynamo.reset()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def verify_fp8(config: RunConfig, loss_tolerance: float = 0.02, min_speedup: float = 1.0, log=print) -> Verification:
+    """Run the five checks for `config`'s model and batch. On CPU FP8 is emulated and checks 1-4 run."""
+    config, device, _ = resolve(dataclasses.replace(config, fp8=dataclasses.replace(config.fp8, use_fp8=True)))
+    on_gpu = device.type == "cuda"
+    if not on_gpu:  # torchao's emulation: FP8 numerics without FP8 hardware; compile would only add minutes here
+        config = dataclasses.replace(
+            config,
+            fp8=dataclasses.replace(config.fp8, fp8_emulate=True),
+            train=dataclasses.replace(config.train, compile_model=False, dtype="bfloat16"),
+        )
+    if config.train.dtype != "bfloat16":
+        raise ConfigError("FP8 verification compares against BF16: use --dtype bfloat16 (or auto).")
+    support = check_fp8_support(device)
+    log(support.format())
+    require_fp8(config.fp8, device)
+    data = prepare_data(config.data, config.model.vocab_size)
+    bf16_config = dataclasses.replace(config, fp8=dataclasses.replace(config.fp8, use_fp8=False))
+    checks: list[Check] = []
+
+    # 1. conversion really happened
+    model = _fresh_model(config, device)
+    report: FP8ConversionReport = convert_model_to_fp8(model, config.fp8)
+    counted = count_float8_linears(model)
+    checks.append(
+        _check(
+            "float8_modules",
+            counted == report.n_converted > 0,
+            f"{counted} Float8Linear counted, {report.n_converted} expected ({report.summary_line()})",
+            counted=counted,
+            expected=report.n_converted,
+            skipped=report.skipped,
+        )
+    )
+
+    # 3. one graph, no breaks (before training so a break is reported even if compile would then fail)
+    rng = np.random.default_rng(config.train.seed)
+    batch = get_batch(data.train, config.train.batch_size, config.model.context_length, device, rng)
+    breaks, graphs = count_graph_breaks(model, batch)
+    checks.append(
+        _check(
+            "no_graph_breaks", breaks == 0, f"{breaks} graph breaks, {graphs} graph(s)", breaks=breaks, graphs=graphs
+        )
+    )
+
+    # 4 + 5. the same steps, seed and data in both precisions; FP8 first is as fair as BF16 first (both warm up)
+    log("training FP8 ...")
+    fp8_trainer, fp8_result = _train(model, config, data, device, log)
+
+    # 2. FP8 GEMMs in a (now warm) compiled training step
+    expected_gemms = report.n_converted * _gemms_per_linear(config.fp8.fp8_recipe)
+    if on_gpu:
+        scaled_mm, fp8_kernels = count_fp8_gemms(fp8_trainer)
+        checks.insert(
+            1,
+            _check(
+                "fp8_gemms_launched",
+                scaled_mm >= expected_gemms and fp8_kernels >= expected_gemms,
+                f"{scaled_mm} aten::_scaled_mm calls and {fp8_kernels} FP8 CUDA kernels in one step, "
+                f">= {expected_gemms} expected",
+                scaled_mm=scaled_mm,
+                fp8_kernels=fp8_kernels,
+                expected=expected_gemms,
+            ),
+        )
+    else:
+        counter = _Float8CastCounter()
+        with counter:
+            fp8_trainer.train_step()
+        expected_casts = 2 * report.n_converted  # at least input and weight per linear per forward
+        checks.insert(
+            1,
+            _check(
+                "fp8_gemms_launched",
+                counter.count >= expected_casts,
+                f"emulated: {counter.count} FP8 casts in one eager step, >= {expected_casts} expected "
+                "(real FP8 GEMMs need a GPU)",
+                fp8_casts=counter.count,
+                expected=expected_casts,
+            ),
+        )
+    _release(fp8_trainer, model)
+
+    log("training BF16 ...")
+    bf16_model = _fresh_model(bf16_config, device)
+    bf16_trainer, bf16_result = _train(bf16_model, bf16_config, data, device, log)
+    _release(bf16_trainer, bf16_model)
+
+    gap = abs(fp8_result.loss - bf16_result.loss) / bf16_result.loss
+    checks.append(
+        _check(
+            "loss_matches_bf16",
+            gap <= loss_tolerance,
+            f"FP8 {fp8_result.loss:.4f} vs BF16 {bf16_result.loss:.4f} after {fp8_result.steps} steps: "
+            f"{100 * gap:.2f}% apart (tolerance {100 * loss_tolerance:.1f}%)",
+            fp8_loss=fp8_result.loss,
+            bf16_loss=bf16_result.loss,
+            relative_gap=gap,
+        )
+    )
+    if on_gpu:
+        speedup = fp8_result.tokens_per_sec / bf16_result.tokens_per_sec
+        checks.append(
+            _check(
+                "fp8_speedup",
+                speedup >= min_speedup,
+                f"{speedup:.3f}x: FP8 {fp8_result.tokens_per_sec:,.0f} vs BF16 {bf16_result.tokens_per_sec:,.0f} "
+                f"tokens/s (>= {min_speedup:.2f}x required); peak memory FP8 {fp8_result.peak_mem_gib:.1f} GiB, "
+                f"BF16 {bf16_result.peak_mem_gib:.1f} GiB",
+                speedup=speedup,
+            )
+        )
+    else:
+        checks.append(Check("fp8_speedup", "SKIP", "needs a GPU: emulated FP8 on CPU says nothing about speed"))
+
+    runs = [_record(c, r) for c, r in ((bf16_config, bf16_result), (config, fp8_result))]
+    return Verification(checks=checks, runs=runs, support=support.format())
+
+
+def _record(config: RunConfig, result: TrainResult) -> dict[str, Any]:
+    return run_record(
+        config,
+        tokens_per_sec=result.tokens_per_sec,
+        mfu=result.mfu,
+        peak_mem_gib=result.peak_mem_gib,
+        compile_s=result.compile_s,
+        loss=result.loss,
+        steps=result.steps,
+    )

@@ -1,0 +1,56 @@
+"""verify_fp8_compilation.py: the CPU (emulated) mode end to end, and the GPU mode on a tiny model."""
+
+import json
+
+import numpy as np
+import pytest
+
+import verify_fp8_compilation
+
+TINY = ["--dim", "64", "--n_layers", "2", "--n_heads", "2", "--intermediate_size", "128", "--vocab_size", "128"]
+TINY += ["--context_length", "32", "--batch_size", "4", "--steps", "6"]
+
+
+@pytest.fixture
+def token_files(tmp_path):
+    tokens = np.random.default_rng(0).integers(0, 128, size=20000, dtype=np.uint16)
+    np.save(tmp_path / "train.npy", tokens[:18000])
+    np.save(tmp_path / "val.npy", tokens[18000:])
+    return ["--train_data", str(tmp_path / "train.npy"), "--val_data", str(tmp_path / "val.npy")]
+
+
+def checks_by_name(path):
+    payload = json.loads(path.read_text())
+    return payload, {c["name"]: c for c in payload["checks"]}
+
+
+def test_cpu_mode_runs_checks_1_to_4_with_emulation(tmp_path, token_files, capsys):
+    out = tmp_path / "verify.json"
+    code = verify_fp8_compilation.main([*TINY, *token_files, "--device", "cpu", "--json", str(out)])
+    stdout = capsys.readouterr().out
+    assert code == 0, stdout
+    payload, checks = checks_by_name(out)
+    assert [c["status"] for c in payload["checks"]] == ["PASS", "PASS", "PASS", "PASS", "SKIP"]
+    assert checks["float8_modules"]["evidence"]["counted"] == 14  # 2 x (4 attention + 3 ffn); lm_head skipped
+    assert checks["fp8_gemms_launched"]["evidence"]["fp8_casts"] >= 28
+    assert "needs a GPU" in checks["fp8_speedup"]["detail"]
+    assert [r["precision"] for r in payload["runs"]] == ["bf16", "fp8-tensorwise-emulated"]
+    assert "ALL CHECKS PASSED" in stdout
+
+
+def test_a_failing_check_makes_the_exit_code_nonzero(tmp_path, token_files, capsys):
+    # A negative tolerance can never be met: the loss check must FAIL and the exit code say so.
+    code = verify_fp8_compilation.main([*TINY, *token_files, "--device", "cpu", "--loss_tolerance", "-1"])
+    assert code == 1
+    assert "SOME CHECKS FAILED" in capsys.readouterr().out
+
+
+@pytest.mark.gpu
+def test_gpu_mode_sees_real_fp8_gemms(tmp_path, token_files, capsys):
+    out = tmp_path / "verify.json"
+    # A tiny model is too small for FP8 to pay, so only the speed threshold is relaxed here.
+    code = verify_fp8_compilation.main([*TINY, *token_files, "--min_speedup", "0", "--json", str(out)])
+    assert code == 0, capsys.readouterr().out
+    payload, checks = checks_by_name(out)
+    assert checks["fp8_gemms_launched"]["evidence"]["scaled_mm"] >= 3 * 14
+    assert checks["fp8_speedup"]["status"] == "PASS" and checks["fp8_speedup"]["evidence"]["speedup"] > 0
