@@ -70,8 +70,10 @@ def run_record(config: RunConfig, status: str = "ok", **measured: Any) -> dict[s
 def append_runs(path: str | Path, records: list[dict[str, Any]]) -> Path:
     """Add records to a results file (created with this machine's header if new); written atomically."""
     path = Path(path)
-    data = json.loads(path.read_text()) if path.exists() else {**environment(), "runs": []}
-    data["runs"].extend(records)
+    env = environment()
+    data = json.loads(path.read_text()) if path.exists() else {**env, "runs": []}
+    # Several commands may add to one file: each record keeps the command that produced it.
+    data["runs"].extend({**record, "command": record.get("command", env["command"])} for record in records)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(data, indent=2) + "\n")

@@ -235,3 +235,13 @@ def test_gpu_compiled_run(tmp_path, token_files, capsys, precision):
     assert result["precision"] == ("fp8-tensorwise" if precision == ["--use_fp8"] else "bf16")
     verdict = "FP8 + Compilation" if precision == ["--use_fp8"] else "SUB-OPTIMAL"
     assert verdict in stdout
+
+
+@pytest.mark.gpu
+def test_gpu_auto_fp8_stays_bf16_when_no_layer_pays(tmp_path, token_files, capsys):
+    # FP8 not asked for: auto turns it on for FP8 GPUs, but a tiny model has no layer past the shape rule.
+    argv = [*TINY, *token_files, "--device", "cuda", "--fp8_shape_filter", "--max_steps", "2", "--out_dir", tmp_path]
+    code, stdout, err = run(argv, capsys)
+    assert code == 0, err
+    assert "use_fp8=False (no layer passes the FP8 filter)" in stdout
+    assert json.loads((tmp_path / "result.json").read_text())["precision"] == "bf16"

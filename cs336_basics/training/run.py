@@ -3,6 +3,7 @@ dtype → FP8 conversion → count Float8 modules → summary → Trainer (compi
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from cs336_basics.precision import (
     convert_model_to_fp8,
     count_float8_linears,
     require_fp8,
+    skip_reason,
 )
 from cs336_basics.results import append_runs, run_record
 from cs336_basics.runtime import resolve, torch_dtype
@@ -27,6 +29,7 @@ from cs336_basics.training.trainer import Trainer, TrainResult
 
 
 def run_training(config: RunConfig, results_json: str | Path | None = None, log=print) -> TrainResult:
+    fp8_auto = config.fp8.use_fp8 is None
     config, device, auto = resolve(config)
     t, m, fp8 = config.train, config.model, config.fp8
     if fp8.use_fp8:  # the machine can run it and the batch shape suits the FP8 GEMMs: checked before any work
@@ -49,6 +52,11 @@ def run_training(config: RunConfig, results_json: str | Path | None = None, log=
     torch.manual_seed(t.seed)
     model = TransformerLM(m).to(device=device, dtype=dtype)
     fp8_line = "off"
+    if fp8.use_fp8 and fp8_auto and not any(skip_reason(mod, fqn, fp8) is None for fqn, mod in model.named_modules()):
+        # FP8 was our choice, not the user's: with no layer worth converting, say so and stay in BF16.
+        config = dataclasses.replace(config, fp8=dataclasses.replace(fp8, use_fp8=False))
+        fp8 = config.fp8
+        auto = [a for a in auto if not a.startswith("use_fp8")] + ["use_fp8=False (no layer passes the FP8 filter)"]
     if fp8.use_fp8:
         report = convert_model_to_fp8(model, fp8)
         counted = count_float8_linears(model)
