@@ -225,7 +225,7 @@ def test_nothing_to_convert_is_an_error_with_reasons():
     message = str(err.value)
     assert "none of the model's 15 linear layers" in message
     assert "lm_head: output projection" in message and "layers.0.ffn.w2: below the shape threshold" in message
-    assert "--fp8_lm_head" in message and "drop --fp8_shape_filter" in message
+    assert "--fp8_lm_head" in message and "--no_fp8_shape_filter" in message
     assert count_float8_linears(model) == 0  # the model is left untouched
     with pytest.raises(ConfigError, match="divisible by 16"):
         convert_model_to_fp8(linears(a=(40, 40)), EMULATE)

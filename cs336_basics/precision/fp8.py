@@ -33,7 +33,7 @@ ORDER = "create model -> move to CUDA + BF16 -> convert to FP8 -> torch.compile"
 # Skip categories: the summary line groups skipped layers by these, the per-layer reason adds detail.
 SKIP_LM_HEAD = "output projection: --fp8_lm_head to convert"
 SKIP_NOT_16 = "dims not divisible by 16"
-SKIP_SMALL = "below the shape threshold: drop --fp8_shape_filter to convert"
+SKIP_SMALL = "below the shape threshold: --no_fp8_shape_filter to convert"
 
 _DTYPE_NAMES = {torch.float8_e4m3fn: "E4M3", torch.float8_e5m2: "E5M2"}
 
@@ -341,7 +341,9 @@ def _nothing_converted_error(report: FP8ConversionReport) -> ConfigError:
     if SKIP_LM_HEAD in categories:
         hints.append("--fp8_lm_head converts the output projection")
     if SKIP_SMALL in categories:
-        hints.append("drop --fp8_shape_filter (or use a wider model: the thresholds are in the reasons)")
+        hints.append(
+            "--no_fp8_shape_filter (the 366m preset turns the filter on; or use a wider model: the thresholds are in the reasons)"
+        )
     if SKIP_NOT_16 in categories:
         hints.append("use layer dims divisible by 16")
     hints.append("or run without --use_fp8 (BF16)")

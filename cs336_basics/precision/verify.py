@@ -115,8 +115,7 @@ def _train(model, config: RunConfig, data: PreparedData, device, log) -> tuple[T
         return trainer, trainer.train()
 
 
-def _release(*objects) -> None:
-    del objects
+def _release() -> None:
     gc.collect()
     torch._dynamo.reset()
     if torch.cuda.is_available():
@@ -204,12 +203,14 @@ def verify_fp8(config: RunConfig, loss_tolerance: float = 0.02, min_speedup: flo
                 expected=expected_casts,
             ),
         )
-    _release(fp8_trainer, model)
+    # Free the FP8 run before the BF16 one so BF16's peak memory is its own.
+    del fp8_trainer, model
+    _release()
 
     log("training BF16 ...")
-    bf16_model = _fresh_model(bf16_config, device)
-    bf16_trainer, bf16_result = _train(bf16_model, bf16_config, data, device, log)
-    _release(bf16_trainer, bf16_model)
+    bf16_trainer, bf16_result = _train(_fresh_model(bf16_config, device), bf16_config, data, device, log)
+    del bf16_trainer
+    _release()
 
     gap = abs(fp8_result.loss - bf16_result.loss) / bf16_result.loss
     checks.append(
