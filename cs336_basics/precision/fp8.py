@@ -342,7 +342,8 @@ def _nothing_converted_error(report: FP8ConversionReport) -> ConfigError:
         hints.append("--fp8_lm_head converts the output projection")
     if SKIP_SMALL in categories:
         hints.append(
-            "--no_fp8_shape_filter (the 366m preset turns the filter on; or use a wider model: the thresholds are in the reasons)"
+            "--no_fp8_shape_filter (the 366m preset turns the filter on; or use a wider model: "
+            "the thresholds are in the reasons)"
         )
     if SKIP_NOT_16 in categories:
         hints.append("use layer dims divisible by 16")
