@@ -67,6 +67,12 @@ def run_record(config: RunConfig, status: str = "ok", **measured: Any) -> dict[s
     return record
 
 
+def result_record(config: RunConfig, result: Any, **extra: Any) -> dict[str, Any]:
+    """The record of a finished training run (a trainer.TrainResult)."""
+    measured = ("tokens_per_sec", "mfu", "peak_mem_gib", "compile_s", "loss", "val_loss", "steps")
+    return run_record(config, **{name: getattr(result, name) for name in measured}, **extra)
+
+
 def append_runs(path: str | Path, records: list[dict[str, Any]]) -> Path:
     """Add records to a results file (created with this machine's header if new); written atomically."""
     path = Path(path)

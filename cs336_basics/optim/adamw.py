@@ -42,17 +42,6 @@ def _clean_name(name: str) -> str:
     return name.replace(_COMPILE_PREFIX, "")
 
 
-def _foreach_copy(dst: list[torch.Tensor], src: list[torch.Tensor]) -> None:
-    """dst[i].copy_(src[i]) (with dtype cast), as one multi-tensor launch where torch offers it."""
-    if not dst:
-        return
-    if hasattr(torch, "_foreach_copy_"):
-        torch._foreach_copy_(dst, src)
-    else:  # pragma: no cover - very old torch only
-        for d, s in zip(dst, src, strict=True):
-            d.copy_(s)
-
-
 class MasterWeightAdamW:
     """torch.optim.AdamW on FP32 tensors, mirrored into the model's (possibly BF16) parameters.
 
@@ -171,7 +160,8 @@ class MasterWeightAdamW:
                 m.grad = torch.empty_like(m)
             dst.append(m.grad)
             src.append(p.grad)
-        _foreach_copy(dst, src)
+        if dst:
+            torch._foreach_copy_(dst, src)  # one multi-tensor launch, casting bf16 -> fp32
 
         # (2) Global-norm clipping over the fp32 grads. foreach=None lets torch use its multi-tensor kernels
         # where the device has them (CUDA) and a loop elsewhere: foreach=True would raise on CPU.
@@ -187,7 +177,8 @@ class MasterWeightAdamW:
 
         # (4) Masters -> model weights (rounded once, to nearest), then free the transient fp32 grads.
         updated = [i for i in self._lowp if self.masters[i].grad is not None]
-        _foreach_copy([self.params[i] for i in updated], [self.masters[i] for i in updated])
+        if updated:
+            torch._foreach_copy_([self.params[i] for i in updated], [self.masters[i] for i in updated])
         for i in updated:
             self.masters[i].grad = None
         return norm.to(torch.float32)

@@ -29,7 +29,7 @@ from cs336_basics.errors import ConfigError
 from cs336_basics.model import TransformerLM
 from cs336_basics.precision.fp8 import FP8ConversionReport, convert_model_to_fp8, count_float8_linears
 from cs336_basics.precision.support import check_fp8_support, require_fp8
-from cs336_basics.results import run_record
+from cs336_basics.results import result_record
 from cs336_basics.runtime import resolve
 from cs336_basics.training.trainer import Trainer, TrainResult
 
@@ -239,17 +239,5 @@ def verify_fp8(config: RunConfig, loss_tolerance: float = 0.02, min_speedup: flo
     else:
         checks.append(Check("fp8_speedup", "SKIP", "needs a GPU: emulated FP8 on CPU says nothing about speed"))
 
-    runs = [_record(c, r) for c, r in ((bf16_config, bf16_result), (config, fp8_result))]
+    runs = [result_record(c, r) for c, r in ((bf16_config, bf16_result), (config, fp8_result))]
     return Verification(checks=checks, runs=runs, support=support.format())
-
-
-def _record(config: RunConfig, result: TrainResult) -> dict[str, Any]:
-    return run_record(
-        config,
-        tokens_per_sec=result.tokens_per_sec,
-        mfu=result.mfu,
-        peak_mem_gib=result.peak_mem_gib,
-        compile_s=result.compile_s,
-        loss=result.loss,
-        steps=result.steps,
-    )

@@ -22,7 +22,7 @@ from cs336_basics.precision import (
     require_fp8,
     skip_reason,
 )
-from cs336_basics.results import append_runs, run_record
+from cs336_basics.results import append_runs, result_record
 from cs336_basics.runtime import resolve, torch_dtype
 from cs336_basics.training.summary import RunFacts, format_summary
 from cs336_basics.training.trainer import Trainer, TrainResult
@@ -83,17 +83,8 @@ def run_training(config: RunConfig, results_json: str | Path | None = None, log=
 
     result = Trainer(model, config, data.train, data.val, device, log=log).train()
     log(format_result(result))
-    record = run_record(
-        config,
-        tokens_per_sec=result.tokens_per_sec,
-        mfu=result.mfu,
-        peak_mem_gib=result.peak_mem_gib,
-        compile_s=result.compile_s,
-        loss=result.loss,
-        val_loss=result.val_loss,
-        steps=result.steps,
-        total_params=facts.total_params,
-        non_embedding_params=facts.non_embedding_params,
+    record = result_record(
+        config, result, total_params=facts.total_params, non_embedding_params=facts.non_embedding_params
     )
     (out_dir / "result.json").write_text(json.dumps(record, indent=2) + "\n")
     if results_json is not None:
