@@ -63,6 +63,7 @@ def run_training(config: RunConfig, results_json: str | Path | None = None, log=
         if counted == 0:  # convert_model_to_fp8 already refuses this; the count is the independent check
             raise ConfigError("FP8 was requested but no Float8Linear modules are in the model after conversion.")
         fp8_line = f"{report.summary_line()}; {counted} Float8Linear modules counted"
+    fp8_support = check_fp8_support(device)
     facts = RunFacts(
         device=device,
         total_params=model.num_parameters(),
@@ -71,8 +72,10 @@ def run_training(config: RunConfig, results_json: str | Path | None = None, log=
         data_description=data.description,
         auto_choices=auto,
         fp8_line=fp8_line,
-        fp8_capable=device.type == "cuda" and check_fp8_support(device).ok,
+        fp8_capable=fp8_support.ok,
     )
+    if device.type == "cuda" or fp8.use_fp8:
+        log(fp8_support.format())
     log(format_summary(config, facts))
 
     out_dir = Path(t.out_dir)
