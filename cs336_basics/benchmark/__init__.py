@@ -1,0 +1,1 @@
+"""Performance benchmarks: the isolated configuration sweep (`sweep`, `worker`) and profiler analyses."""

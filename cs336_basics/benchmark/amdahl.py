@@ -1,0 +1,898 @@
+"""Where the time goes: Amdahl's law for FP8 training.
+
+For one model shape and batch size this measures two numbers and predicts the FP8 speedup from them:
+
+  X  the share of the BF16 training step's wall time spent in the GEMMs that FP8 would accelerate: the forward,
+     grad_input and grad_weight GEMMs of the nn.Linear layers the FP8 config converts. Their GPU kernel time comes
+     from the profiler (one warm compiled step); the step time is the median of CUDA-event-timed steps. Linears
+     FP8 leaves in BF16 (the shape rule's rejects, the lm_head unless --fp8_lm_head) are part of 1 - X.
+  s  the FP8-over-BF16 speedup of exactly those GEMMs at their shapes: torch.mm against torch._scaled_mm, timed
+     alone (no casts, no scaling), summed over the step with each shape weighted by how often it runs.
+
+  predicted speedup = 1 / ((1 - X) + X / s)            (Amdahl's law)
+  predicted FP8 step = BF16 step x ((1 - X) + X / s)
+
+The measured FP8 step is slower than that prediction by what FP8 costs besides its GEMMs (amax reductions,
+casts, transposes and scales of every operand): `cast_overhead_ms` reports the gap in milliseconds per step.
+
+    python -m cs336_basics.benchmark.amdahl --preset 366m --batch_size 8 --json out.json
+
+The math and the GEMM enumeration are pure functions that work on CPU; measuring needs a CUDA GPU with FP8.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import gc
+import json
+import math
+import re
+import statistics
+import sys
+import tempfile
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+from unittest import mock
+
+import numpy as np
+import torch
+from torch import nn
+
+from cs336_basics.config import FP8_RECIPES, FP8Config, ModelConfig, RunConfig, add_config_arguments
+from cs336_basics.errors import ConfigError
+
+GEMM_KINDS = ("forward", "grad_input", "grad_weight")
+
+# CPU ops whose kernels are nn.Linear GEMMs (eager and inductor's extern_kernels.mm both dispatch to these).
+LINEAR_GEMM_OPS = ("aten::mm", "aten::addmm", "aten::_scaled_mm")
+FP8_GEMM_OP = "aten::_scaled_mm"
+# Batched GEMMs come from attention's math backend, never from an nn.Linear: reported apart.
+OTHER_GEMM_OPS = ("aten::bmm", "aten::baddbmm")
+ATTENTION_OP_PATTERNS = (
+    "scaled_dot_product",
+    "flash_attention",
+    "efficient_attention",
+    "cudnn_attention",
+    "flash_attn",
+)
+# Fallback when the profiler did not link kernels to CPU ops: classify kernels by name.
+GEMM_KERNEL_PATTERNS = ("gemm", "nvjet", "cutlass", "xmma", "sm90", "sm80", "cublas")
+ATTENTION_KERNEL_PATTERNS = ("flash", "fmha", "attention", "attn", "sdpa")
+# FP8 GEMM kernels: cuBLAS's nvjet names FP8 operands q (E4M3) and r (E5M2), e.g. nvjet_sm90_qqtst_... (E4M3 x
+# E4M3) and nvjet_sm90_qrtst_... (E4M3 x E5M2, torchao's hybrid gradients); xmma/cutlass kernels spell e4m3 out.
+FP8_KERNEL_RE = re.compile(r"e4m3|e5m2|fp8|f8f8|nvjet_(?:sm\d+_)?[qr]{2}t", re.IGNORECASE)
+
+
+# ---- Amdahl's law ----
+
+
+def amdahl_prediction(x: float, s: float) -> float:
+    """End-to-end speedup when a share x of the time is sped up s times: 1 / ((1 - x) + x / s)."""
+    if not 0.0 <= x <= 1.0:
+        raise ValueError(f"the accelerated share x must be in [0, 1], got {x}")
+    if not s > 0.0:
+        raise ValueError(f"the speedup s must be positive, got {s}")
+    return 1.0 / ((1.0 - x) + x / s)
+
+
+def predicted_step_ms(bf16_step_ms: float, x: float, s: float) -> float:
+    """The FP8 step time Amdahl's law predicts: bf16_step_ms x ((1 - x) + x / s)."""
+    return bf16_step_ms / amdahl_prediction(x, s)
+
+
+def cast_overhead_ms(bf16_step_ms: float, fp8_step_ms_measured: float, x: float, s: float) -> float:
+    """Measured FP8 step time minus the Amdahl prediction, in ms per step: what FP8 costs besides its GEMMs
+    (casting and scaling). Negative means FP8 did better than its GEMM speedup alone explains."""
+    return fp8_step_ms_measured - predicted_step_ms(bf16_step_ms, x, s)
+
+
+# ---- the GEMMs of one training step ----
+
+
+@dataclass(frozen=True)
+class GemmShape:
+    """One training GEMM, (m x k) @ (k x n), run `count` times per micro-batch by the linears in `layers`.
+
+    For a linear with in_features K, out_features N and M tokens: forward is (M x K) @ (K x N), grad_input
+    (M x N) @ (N x K), grad_weight (N x M) @ (M x K). `converted` means it runs as an FP8 GEMM after conversion
+    (the layer passes the FP8 filter; for rowwise_with_gw_hp the grad_weight GEMM stays BF16).
+    """
+
+    kind: str
+    m: int
+    k: int
+    n: int
+    converted: bool
+    count: int = 1
+    layers: tuple[str, ...] = ()
+
+    @property
+    def key(self) -> tuple[str, int, int, int, bool]:
+        return (self.kind, self.m, self.k, self.n, self.converted)
+
+    @property
+    def problem(self) -> tuple[int, int, int]:
+        """(k, smaller outer dim, larger): the same for C = A @ B and C^T = B^T @ A^T, which cost the same."""
+        return problem_key(self.m, self.k, self.n)
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.m * self.k * self.n
+
+    def label(self) -> str:
+        return f"{self.kind} {self.m}x{self.k} @ {self.k}x{self.n}"
+
+
+def problem_key(m: int, k: int, n: int) -> tuple[int, int, int]:
+    return (k, min(m, n), max(m, n))
+
+
+def _linear_layers(model_config: ModelConfig) -> list[tuple[str, nn.Module]]:
+    """(fqn, module) for every nn.Linear of the TransformerLM, in torchao's traversal order.
+
+    Built under FakeTensorMode (no memory, no compute: the "meta" device cannot run RoPE's table set-up, and
+    the course init's truncated normal is data-dependent, so it is skipped here); a real CPU build otherwise.
+    """
+    from cs336_basics.model import TransformerLM
+    from cs336_basics.model import transformer as transformer_module
+
+    try:
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        with FakeTensorMode(), mock.patch.object(transformer_module, "init_weights", lambda model: None):
+            model = TransformerLM(model_config)
+    except Exception:  # noqa: BLE001 - any fake-mode limitation: the real model has the same modules
+        model = TransformerLM(model_config)
+    return [(fqn, m) for fqn, m in model.named_modules(remove_duplicate=False) if isinstance(m, nn.Linear)]
+
+
+def _merge(shapes: Iterable[GemmShape]) -> list[GemmShape]:
+    """Identical GEMMs (kind, m, k, n, converted) merged into one entry with summed count, first-seen order."""
+    merged: dict[tuple, GemmShape] = {}
+    for shape in shapes:
+        seen = merged.get(shape.key)
+        merged[shape.key] = (
+            shape
+            if seen is None
+            else dataclasses.replace(seen, count=seen.count + shape.count, layers=seen.layers + shape.layers)
+        )
+    return list(merged.values())
+
+
+def linear_gemm_shapes(
+    model_config: ModelConfig,
+    batch_size: int,
+    fp8_filter: FP8Config | Callable[[nn.Module, str], bool] | None = None,
+) -> list[GemmShape]:
+    """The three training GEMMs of every nn.Linear (lm_head included) for a micro-batch of batch_size sequences,
+    deduplicated with counts. `fp8_filter` decides `converted`: an FP8Config (the package's filter:
+    skip_reason(...) is None), a torchao-style `(module, fqn) -> bool`, or None for FP8Config() defaults.
+    With gradient checkpointing the blocks' forward GEMMs run twice (recomputed in backward)."""
+    from cs336_basics.precision import skip_reason
+
+    if batch_size < 1:
+        raise ConfigError(f"batch_size must be a positive integer, got {batch_size}.")
+    cfg = FP8Config() if fp8_filter is None else fp8_filter
+    if isinstance(cfg, FP8Config):
+        is_converted = lambda module, fqn: skip_reason(module, fqn, cfg) is None
+        hp_grad_weight = cfg.fp8_recipe == "rowwise_with_gw_hp"
+    else:
+        is_converted, hp_grad_weight = cfg, False
+    tokens = batch_size * model_config.context_length
+    shapes = []
+    for fqn, module in _linear_layers(model_config):
+        k, n = module.in_features, module.out_features
+        converted = bool(is_converted(module, fqn))
+        recomputed = model_config.gradient_checkpointing and fqn.startswith("layers.")
+        gemms = (
+            ("forward", (tokens, k, n), 2 if recomputed else 1),
+            ("grad_input", (tokens, n, k), 1),
+            ("grad_weight", (n, tokens, k), 1),
+        )
+        for kind, (gm, gk, gn), runs in gemms:
+            fp8 = converted and not (kind == "grad_weight" and hp_grad_weight)
+            shapes.append(GemmShape(kind, gm, gk, gn, fp8, runs, (fqn,)))
+    return _merge(shapes)
+
+
+# ---- the GEMM microbenchmark: the ceiling s ----
+
+
+def matmul_speedup(times: Mapping[GemmShape, tuple[float, float]]) -> float:
+    """Aggregate FP8 GEMM speedup over the converted GEMMs: sum(count x bf16) / sum(count x fp8); nan if none."""
+    pairs = [(shape.count * bf16, shape.count * fp8) for shape, (bf16, fp8) in times.items() if shape.converted]
+    bf16_total, fp8_total = sum(p[0] for p in pairs), sum(p[1] for p in pairs)
+    if not pairs or not fp8_total > 0:
+        return math.nan
+    return bf16_total / fp8_total
+
+
+@dataclass(eq=False)
+class MatmulTimings(Mapping):
+    """GemmShape -> (bf16_ms, fp8_ms) per call (fp8 nan where FP8 cannot run), and the aggregate speedup."""
+
+    recipe: str
+    times: dict[GemmShape, tuple[float, float]] = field(default_factory=dict)
+
+    def __getitem__(self, shape: GemmShape) -> tuple[float, float]:
+        return self.times[shape]
+
+    def __iter__(self) -> Iterator[GemmShape]:
+        return iter(self.times)
+
+    def __len__(self) -> int:
+        return len(self.times)
+
+    @property
+    def speedup(self) -> float:
+        return matmul_speedup(self.times)
+
+    @property
+    def converted_bf16_ms(self) -> float:
+        """BF16 time of the converted GEMMs of one micro-batch (each shape x its count)."""
+        return sum(s.count * t[0] for s, t in self.times.items() if s.converted)
+
+    @property
+    def converted_fp8_ms(self) -> float:
+        return sum(s.count * t[1] for s, t in self.times.items() if s.converted)
+
+    def rows(self) -> list[dict[str, Any]]:
+        return [
+            {
+                "kind": s.kind,
+                "m": s.m,
+                "k": s.k,
+                "n": s.n,
+                "count": s.count,
+                "converted": s.converted,
+                "bf16_ms": bf16,
+                "fp8_ms": fp8,
+                "speedup": bf16 / fp8 if fp8 > 0 else math.nan,
+                "bf16_tflops": s.flops / (bf16 * 1e9) if bf16 > 0 else math.nan,
+                "fp8_tflops": s.flops / (fp8 * 1e9) if fp8 > 0 else math.nan,
+                "layers": _layer_summary(s.layers),
+            }
+            for s, (bf16, fp8) in self.times.items()
+        ]
+
+
+def _layer_summary(layers: tuple[str, ...]) -> str:
+    """e.g. "layers.*.ffn.w1 (24)" instead of 24 names."""
+    groups: dict[str, int] = {}
+    for fqn in layers:
+        parts = fqn.split(".")
+        generic = ".".join("*" if p.isdigit() else p for p in parts)
+        groups[generic] = groups.get(generic, 0) + 1
+    return ", ".join(f"{g} ({c})" if c > 1 else g for g, c in groups.items())
+
+
+def _cuda_device(device: torch.device | str | None, what: str) -> torch.device:
+    device = torch.device(device) if device is not None else torch.device("cuda")
+    if device.type != "cuda" or not torch.cuda.is_available():
+        raise ConfigError(
+            f"{what} needs a CUDA GPU (it times real BF16 and FP8 GEMMs / training steps); "
+            f"device is {device}, torch.cuda.is_available() is {torch.cuda.is_available()}. "
+            "The Amdahl math (amdahl_prediction, cast_overhead_ms) and linear_gemm_shapes work anywhere."
+        )
+    return device
+
+
+def _fast_accum(recipe: str) -> dict[str, bool]:
+    """Whether torchao runs each GEMM with fast accumulation (read from its config; torchao 0.18 defaults)."""
+    try:
+        from cs336_basics.precision import torchao_float8_config
+
+        cfg = torchao_float8_config(FP8Config(fp8_recipe=recipe))
+        return {
+            "forward": cfg.gemm_config_output.use_fast_accum,
+            "grad_input": cfg.gemm_config_grad_input.use_fast_accum,
+            "grad_weight": cfg.gemm_config_grad_weight.use_fast_accum,
+        }
+    except Exception:  # noqa: BLE001 - no torchao: its defaults
+        return {"forward": True, "grad_input": False, "grad_weight": False}
+
+
+def _time_ms(fn: Callable[[], Any], warmup: int, repeats: int, min_round_ms: float) -> float:
+    """Median per-call GPU time of fn: rounds of back-to-back calls between two CUDA events."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    calls = max(1, min(200, math.ceil(min_round_ms / max(start.elapsed_time(end), 1e-3))))
+    samples = []
+    for _ in range(repeats):
+        start.record()
+        for _ in range(calls):
+            fn()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) / calls)
+    return statistics.median(samples)
+
+
+def _gemm_operands(shape: GemmShape, device: torch.device, gen: torch.Generator):
+    """BF16 operands laid out as autograd has them: forward x @ W^T (B column-major), grad_input g @ W
+    (both row-major), grad_weight g^T @ x (A column-major)."""
+
+    def rand(rows: int, cols: int) -> torch.Tensor:
+        return torch.randn(rows, cols, device=device, dtype=torch.bfloat16, generator=gen)
+
+    m, k, n = shape.m, shape.k, shape.n
+    if shape.kind == "forward":
+        return rand(m, k), rand(n, k).t()
+    if shape.kind == "grad_weight":
+        return rand(k, m).t(), rand(k, n)
+    return rand(m, k), rand(k, n)
+
+
+def _fp8_gemm(shape: GemmShape, device: torch.device, gen: torch.Generator, recipe: str, fast_accum: bool):
+    """torch._scaled_mm as torchao calls it: E4M3 operands, A row-major, B column-major, bf16 out; tensorwise:
+    scalar fp32 scales; rowwise: per-row (M x 1) and per-column (1 x N) scales, which torchao uses only with fast
+    accumulation (otherwise it runs the tensorwise kernel and rescales the output, a separate op not timed here)."""
+    e4m3 = torch.float8_e4m3fn
+    m, k, n = shape.m, shape.k, shape.n
+    a = torch.randn(m, k, device=device, generator=gen).to(e4m3)
+    b = torch.randn(n, k, device=device, generator=gen).to(e4m3).t()
+    if recipe != "tensorwise" and fast_accum:
+        scale_a = torch.rand(m, 1, device=device, generator=gen) + 0.5
+        scale_b = torch.rand(1, n, device=device, generator=gen) + 0.5
+    else:
+        scale_a = torch.tensor(0.75, device=device)
+        scale_b = torch.tensor(1.25, device=device)
+
+    def run() -> torch.Tensor:
+        return torch._scaled_mm(
+            a, b, scale_a=scale_a, scale_b=scale_b, out_dtype=torch.bfloat16, use_fast_accum=fast_accum
+        )
+
+    return run
+
+
+def time_matmuls(
+    shapes: Iterable[GemmShape],
+    device: torch.device | str | None = None,
+    recipe: str = "tensorwise",
+    *,
+    warmup: int = 5,
+    repeats: int = 10,
+    min_round_ms: float = 2.0,
+) -> MatmulTimings:
+    """Microbenchmark each distinct GEMM: BF16 torch.mm against FP8 torch._scaled_mm, the GEMM alone (no casts).
+
+    Returns per-shape (bf16_ms, fp8_ms) per call, median over `repeats` rounds, and `.speedup`: the aggregate s
+    over the converted GEMMs. FP8 time is nan where _scaled_mm cannot run the shape (dims not multiples of 16).
+    """
+    device = _cuda_device(device, "time_matmuls")
+    if recipe not in FP8_RECIPES:
+        raise ConfigError(f"recipe must be one of {FP8_RECIPES}, got {recipe!r}.")
+    capability = torch.cuda.get_device_capability(device)
+    if capability < (8, 9):
+        raise ConfigError(
+            f"{torch.cuda.get_device_name(device)} (sm_{capability[0]}{capability[1]}) has no FP8 tensor cores; "
+            "FP8 GEMMs need sm_89+ (Ada, Hopper, Blackwell)."
+        )
+    fast_accum = _fast_accum(recipe)
+    gen = torch.Generator(device=device).manual_seed(0)
+    timings = MatmulTimings(recipe=recipe)
+    with torch.cuda.device(device), torch.no_grad():
+        for shape in _merge(shapes):
+            a, b = _gemm_operands(shape, device, gen)
+            bf16_ms = _time_ms(lambda a=a, b=b: torch.mm(a, b), warmup, repeats, min_round_ms)
+            del a, b
+            fp8_ms = math.nan
+            if shape.k % 16 == 0 and shape.n % 16 == 0:
+                try:
+                    run = _fp8_gemm(shape, device, gen, recipe, fast_accum[shape.kind])
+                    fp8_ms = _time_ms(run, warmup, repeats, min_round_ms)
+                    del run
+                except RuntimeError:  # a shape or layout this torch/cuBLAS cannot run in FP8
+                    fp8_ms = math.nan
+            timings.times[shape] = (bf16_ms, fp8_ms)
+            torch.cuda.empty_cache()
+    return timings
+
+
+# ---- profiling one training step ----
+
+
+@dataclass
+class StepBreakdown:
+    """Where one training step's GPU time goes, per step.
+
+    step_ms is wall time (median of CUDA-event-timed steps, outside the profiler); the rest are summed kernel
+    durations from one profiled step. linear_gemm_ms covers every nn.Linear GEMM, the lm_head included;
+    converted_gemm_ms the GEMMs of the linears FP8 converts (in an FP8 model: the aten::_scaled_mm kernels; in a
+    BF16 model: attributed by GEMM shape, see `attribution`).
+    """
+
+    step_ms: float
+    kernel_ms: float
+    linear_gemm_ms: float
+    converted_gemm_ms: float
+    fp8_gemm_ms: float = 0.0
+    attention_ms: float = 0.0
+    other_gemm_ms: float = 0.0
+    unmatched_gemm_ms: float = 0.0
+    n_linear_gemm_calls: int = 0
+    n_scaled_mm_calls: int = 0
+    # "cpu-op": kernels attributed via their CPU op (aten::mm / addmm / _scaled_mm); "kernel-name": by name.
+    method: str = "cpu-op"
+    # How converted_gemm_ms was found: "fp8-ops" (the _scaled_mm kernels), "shape" (BF16 GEMMs matched to the
+    # converted linears' shapes; a shape shared by converted and unconverted linears is split by count), "flops"
+    # (no shapes recorded: split by the converted share of linear FLOPs), or "none" (no shape table given).
+    attribution: str = "shape"
+    steps_profiled: int = 1
+    step_ms_samples: list[float] = field(default_factory=list)
+    top_kernels: list[tuple[str, float]] = field(default_factory=list)
+
+    @property
+    def linear_share(self) -> float:
+        return self.linear_gemm_ms / self.step_ms
+
+    @property
+    def converted_share(self) -> float:
+        return self.converted_gemm_ms / self.step_ms
+
+    @property
+    def non_gemm_kernel_ms(self) -> float:
+        return self.kernel_ms - self.linear_gemm_ms
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            **dataclasses.asdict(self),
+            "linear_share": self.linear_share,
+            "converted_share": self.converted_share,
+            "non_gemm_kernel_ms": self.non_gemm_kernel_ms,
+        }
+
+
+def _is_device_event(event: Any) -> bool:
+    from torch.autograd import DeviceType
+
+    return getattr(event, "device_type", None) == DeviceType.CUDA
+
+
+def _duration_us(event: Any) -> float:
+    return event.time_range.end - event.time_range.start
+
+
+def _kernel_us(event: Any) -> float:
+    # A kernel named like its op is the legacy elapsed-time fallback, not a real kernel: never count it twice.
+    return sum(k.duration for k in getattr(event, "kernels", ()) or () if k.name != event.name)
+
+
+def _gemm_problem(event: Any) -> tuple[int, int, int] | None:
+    shapes = [list(s) for s in (getattr(event, "input_shapes", None) or [])]
+    operands = shapes[1:3] if event.name in ("aten::addmm", "aten::baddbmm") else shapes[:2]
+    if len(operands) != 2 or any(len(s) != 2 for s in operands):
+        return None
+    (m, k), (k2, n) = operands
+    return problem_key(m, k, n) if k == k2 else None
+
+
+def _matches(name: str, patterns: Iterable[str]) -> bool:
+    lowered = name.lower()
+    return any(p in lowered for p in patterns)
+
+
+def breakdown_from_events(
+    events: Iterable[Any],
+    shapes: Iterable[GemmShape] = (),
+    steps: int = 1,
+    step_ms_samples: Iterable[float] = (),
+) -> StepBreakdown:
+    """Classify a profile's events (torch.profiler FunctionEvents: CPU ops with .kernels, and device events)
+    into a per-step StepBreakdown. Pure: works on any objects with the same attributes."""
+    events = list(events)
+    shapes = list(shapes)
+    device_events = [e for e in events if _is_device_event(e)]
+    cpu_ops = [e for e in events if not _is_device_event(e)]
+
+    linear_ops = [e for e in cpu_ops if e.name in LINEAR_GEMM_OPS]
+    other_ops = [e for e in cpu_ops if e.name in OTHER_GEMM_OPS]
+    attributed = any(_kernel_us(e) > 0 for e in linear_ops + other_ops)
+
+    fp8_us = other_gemm_us = attention_us = 0.0
+    n_scaled = n_linear = 0
+    bf16_linear: list[tuple[tuple[int, int, int] | None, float]] = []  # (problem, kernel us) per call
+    if attributed:
+        method = "cpu-op"
+        for e in linear_ops:
+            n_linear += 1
+            if e.name == FP8_GEMM_OP:
+                n_scaled += 1
+                fp8_us += _kernel_us(e)
+            else:
+                bf16_linear.append((_gemm_problem(e), _kernel_us(e)))
+        other_gemm_us = sum(_kernel_us(e) for e in other_ops)
+        attention_us = sum(
+            _kernel_us(e) for e in cpu_ops if e.name not in LINEAR_GEMM_OPS and _matches(e.name, ATTENTION_OP_PATTERNS)
+        )
+    else:
+        method = "kernel-name"
+        for e in device_events:
+            if _matches(e.name, ATTENTION_KERNEL_PATTERNS):
+                attention_us += _duration_us(e)
+            elif _matches(e.name, GEMM_KERNEL_PATTERNS):
+                n_linear += 1
+                if FP8_KERNEL_RE.search(e.name):
+                    n_scaled += 1
+                    fp8_us += _duration_us(e)
+                else:
+                    bf16_linear.append((None, _duration_us(e)))
+
+    # Without device rows in this profiler's event list, the kernels attached to the CPU ops.
+    device_us = [_duration_us(e) for e in device_events] or [_kernel_us(e) for e in cpu_ops]
+    kernel_us = sum(device_us)
+
+    # Which linear GEMM time belongs to the linears FP8 converts.
+    table: dict[tuple[int, int, int], list[int]] = {}  # problem -> [converted count, total count]
+    for s in shapes:
+        entry = table.setdefault(s.problem, [0, 0])
+        entry[0] += s.count if s.converted else 0
+        entry[1] += s.count
+    total_flops = sum(s.flops * s.count for s in shapes)
+    flops_share = sum(s.flops * s.count for s in shapes if s.converted) / total_flops if total_flops else 0.0
+    unmatched_us = 0.0
+    if n_scaled:  # an FP8 model: its converted GEMMs are the FP8 ones, every BF16 GEMM is an unconverted linear
+        converted_us, attribution = fp8_us, "fp8-ops"
+        unmatched_us = sum(us for p, us in bf16_linear if p is not None and table and p not in table)
+    elif not shapes:
+        converted_us, attribution = 0.0, "none"
+    elif any(p is not None for p, _ in bf16_linear):
+        converted_us, attribution = 0.0, "shape"
+        for problem, us in bf16_linear:
+            if problem is None:
+                converted_us += us * flops_share
+            elif problem in table:
+                converted, total = table[problem]
+                converted_us += us * converted / total
+            else:
+                unmatched_us += us
+    else:
+        converted_us, attribution = sum(us for _, us in bf16_linear) * flops_share, "flops"
+
+    per_kernel: dict[str, float] = {}
+    for e in device_events:
+        per_kernel[e.name] = per_kernel.get(e.name, 0.0) + _duration_us(e)
+    top = sorted(per_kernel.items(), key=lambda kv: -kv[1])[:8]
+
+    steps = max(1, steps)
+    ms = lambda us: us / 1e3 / steps
+    samples = list(step_ms_samples)
+    return StepBreakdown(
+        step_ms=statistics.median(samples) if samples else math.nan,
+        kernel_ms=ms(kernel_us),
+        linear_gemm_ms=ms(fp8_us + sum(us for _, us in bf16_linear)),
+        converted_gemm_ms=ms(converted_us),
+        fp8_gemm_ms=ms(fp8_us),
+        attention_ms=ms(attention_us),
+        other_gemm_ms=ms(other_gemm_us),
+        unmatched_gemm_ms=ms(unmatched_us),
+        n_linear_gemm_calls=n_linear // steps,
+        n_scaled_mm_calls=n_scaled // steps,
+        method=method,
+        attribution=attribution,
+        steps_profiled=steps,
+        step_ms_samples=samples,
+        top_kernels=[(name[:100], ms(us)) for name, us in top],
+    )
+
+
+def profile_step_breakdown(
+    trainer: Any,
+    shapes: Iterable[GemmShape] | None = None,
+    *,
+    profile_steps: int = 1,
+    timing_steps: int = 5,
+) -> StepBreakdown:
+    """Time `timing_steps` warm training steps with CUDA events (median: the wall step time T), then profile
+    `profile_steps` more with torch.profiler (CPU + CUDA, shapes recorded) and classify their kernels.
+
+    The trainer must already be warm (compiled, optimizer state allocated): train a few steps first. `shapes`
+    defaults to linear_gemm_shapes(trainer's model config, batch size, trainer's FP8 config)."""
+    device = torch.device(trainer.device)
+    _cuda_device(device, "profile_step_breakdown")
+    if shapes is None:
+        model_config = getattr(trainer.model, "config", None)
+        shapes = (
+            linear_gemm_shapes(model_config, trainer.config.train.batch_size, trainer.config.fp8)
+            if isinstance(model_config, ModelConfig)
+            else []
+        )
+    torch.cuda.synchronize(device)
+    marks = []
+    for _ in range(max(1, timing_steps)):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        trainer.train_step()
+        end.record()
+        marks.append((start, end))
+    torch.cuda.synchronize(device)
+    samples = [a.elapsed_time(b) for a, b in marks]
+
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=activities, record_shapes=True) as prof:
+        for _ in range(max(1, profile_steps)):
+            trainer.train_step()
+        torch.cuda.synchronize(device)
+    return breakdown_from_events(prof.events(), shapes, steps=profile_steps, step_ms_samples=samples)
+
+
+# ---- one preset end to end ----
+
+
+@dataclass
+class AmdahlRow:
+    """Predicted vs measured FP8 speedup for one preset and batch size. Times are ms per optimizer step.
+
+    linear_share is Amdahl's X: the share of the BF16 step in the GEMMs of the linears FP8 converts (the lm_head
+    counts only when converted; all_linear_share is every nn.Linear GEMM, lm_head included). matmul_speedup is s.
+    """
+
+    preset: str
+    batch_size: int
+    linear_share: float
+    matmul_speedup: float
+    predicted_speedup: float
+    measured_speedup: float
+    predicted_fp8_step_ms: float
+    measured_fp8_step_ms: float
+    cast_overhead_ms: float
+    n_converted: int
+    n_linear: int = 0
+    recipe: str = "tensorwise"
+    seq_len: int = 0
+    bf16_step_ms: float = math.nan
+    all_linear_share: float = math.nan
+    # s seen in the training step itself: BF16 converted-GEMM kernel time / FP8 _scaled_mm kernel time.
+    in_situ_matmul_speedup: float = math.nan
+    # FP8's extra non-GEMM kernel time per step over BF16's (casts, amax, scales), straight from the profiles.
+    profiled_fp8_extra_ms: float = math.nan
+    method: str = ""
+    attribution: str = ""
+    compile: str | bool = "default"
+    gpu: str | None = None
+    notes: list[str] = field(default_factory=list)
+    shapes: list[dict[str, Any]] = field(default_factory=list)
+    bf16_breakdown: dict[str, Any] = field(default_factory=dict)
+    fp8_breakdown: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: nan and inf become None (JSON has neither)."""
+        return _json_safe(dataclasses.asdict(self))
+
+
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+def _fmt(value: float | None, spec: str, suffix: str = "") -> str:
+    if value is None or not math.isfinite(value):
+        return "n/a"
+    return f"{value:{spec}}{suffix}"
+
+
+def format_table(rows: Iterable[AmdahlRow]) -> str:
+    """A markdown table: X, s, predicted vs measured speedup and FP8 step time, and the cast overhead."""
+    header = (
+        "| preset | batch | FP8 linears | X (converted GEMM share of BF16 step) | s (FP8 GEMM speedup) "
+        "| predicted speedup | measured speedup | BF16 step (ms) | FP8 step predicted (ms) | FP8 step measured (ms) "
+        "| cast overhead (ms/step) |"
+    )
+    lines = [header, "|" + "---|" * header.count(" | ") + "---|"]
+    for r in rows:
+        converted = f"{r.n_converted}/{r.n_linear}" if r.n_linear else str(r.n_converted)
+        cells = [
+            r.preset,
+            str(r.batch_size),
+            converted,
+            _fmt(100 * r.linear_share, ".1f", "%"),
+            _fmt(r.matmul_speedup, ".2f", "x"),
+            _fmt(r.predicted_speedup, ".3f", "x"),
+            _fmt(r.measured_speedup, ".3f", "x"),
+            _fmt(r.bf16_step_ms, ".2f"),
+            _fmt(r.predicted_fp8_step_ms, ".2f"),
+            _fmt(r.measured_fp8_step_ms, ".2f"),
+            _fmt(r.cast_overhead_ms, "+.2f"),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def format_shape_table(shape_rows: Iterable[dict[str, Any]]) -> str:
+    """Per-GEMM microbenchmark table (MatmulTimings.rows() or AmdahlRow.shapes)."""
+    lines = [
+        "| GEMM | M x K @ K x N | per step | FP8 | BF16 ms | FP8 ms | speedup | layers |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for s in shape_rows:
+        lines.append(
+            f"| {s['kind']} | {s['m']}x{s['k']} @ {s['k']}x{s['n']} | {s['count']} | "
+            f"{'yes' if s['converted'] else 'no'} | {_fmt(s['bf16_ms'], '.3f')} | {_fmt(s['fp8_ms'], '.3f')} | "
+            f"{_fmt(s['speedup'], '.2f', 'x')} | {s['layers']} |"
+        )
+    return "\n".join(lines)
+
+
+def _release() -> None:
+    gc.collect()
+    torch._dynamo.reset()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def analyse(
+    config: RunConfig,
+    device: torch.device | str | None = None,
+    steps: int = 8,
+    *,
+    data: Any = None,
+    profile_steps: int = 1,
+    timing_steps: int = 5,
+    log: Callable[[str], Any] = print,
+) -> AmdahlRow:
+    """Predicted (Amdahl) vs measured FP8 speedup for config's model and batch, on a CUDA GPU.
+
+    BF16 model (seeded) -> Trainer (compiled, `steps` steps) -> timed + profiled steps; the same for the model
+    converted with config.fp8 (use_fp8 forced on); then the GEMM microbenchmark at the linears' shapes.
+    `data`: a PreparedData, a (train, val) pair of token arrays, or None for prepare_data(config.data, vocab).
+    """
+    if not torch.cuda.is_available() or (device is not None and torch.device(device).type != "cuda"):
+        raise ConfigError(
+            "the Amdahl analysis needs a CUDA GPU with FP8 (sm_89+): it profiles real BF16 and FP8 training steps "
+            f"(device {device or 'auto'}, torch.cuda.is_available() is {torch.cuda.is_available()})."
+        )
+    if steps < 3:
+        raise ConfigError(f"steps must be at least 3 (the first compiles, the second settles), got {steps}.")
+    from cs336_basics.data import PreparedData, prepare_data
+    from cs336_basics.model import TransformerLM
+    from cs336_basics.precision import check_fp8_tokens, convert_model_to_fp8, require_fp8
+    from cs336_basics.runtime import resolve
+    from cs336_basics.training.trainer import Trainer
+
+    train = dataclasses.replace(
+        config.train,
+        device=str(device) if device is not None else config.train.device,
+        max_steps=steps,
+        log_every=steps,
+        eval_every=0,
+        checkpoint_every=0,
+        resume=False,
+    )
+    fp8_config = dataclasses.replace(config.fp8, use_fp8=True)
+    config, device, _ = resolve(dataclasses.replace(config, train=train, fp8=fp8_config))
+    if device.type != "cuda":
+        raise ConfigError(f"the Amdahl analysis needs a CUDA GPU; the config resolves to {device}.")
+    if config.train.dtype != "bfloat16":
+        raise ConfigError("the Amdahl analysis compares FP8 with BF16: use --dtype bfloat16 (or auto).")
+    require_fp8(config.fp8, device)
+    batch, seq = config.train.batch_size, config.model.context_length
+    check_fp8_tokens(batch, seq, config.fp8)
+    bf16_config = dataclasses.replace(config, fp8=dataclasses.replace(config.fp8, use_fp8=False))
+    notes = []
+    if not config.train.compile_model:
+        notes.append("eager (no torch.compile): FP8 casts are not fused, so the overhead is far larger than compiled")
+
+    if data is None:
+        data = prepare_data(config.data, config.model.vocab_size)
+    train_tokens, val_tokens = (data.train, data.val) if isinstance(data, PreparedData) else data
+    train_tokens, val_tokens = np.asarray(train_tokens), np.asarray(val_tokens)
+    shapes = linear_gemm_shapes(config.model, batch, config.fp8)
+
+    def measure(run_config: RunConfig, fp8: bool):
+        torch.manual_seed(run_config.train.seed)  # the same initial weights for both precisions
+        model = TransformerLM(run_config.model).to(device=device, dtype=torch.bfloat16)
+        report = convert_model_to_fp8(model, run_config.fp8) if fp8 else None
+        with tempfile.TemporaryDirectory() as out_dir:
+            cfg = dataclasses.replace(run_config, train=dataclasses.replace(run_config.train, out_dir=out_dir))
+            trainer = Trainer(model, cfg, train_tokens, val_tokens, device, log=log)
+            trainer.train()
+            breakdown = profile_step_breakdown(trainer, shapes, profile_steps=profile_steps, timing_steps=timing_steps)
+        del trainer, model
+        _release()
+        return breakdown, report
+
+    log(f"[amdahl] BF16: {steps} steps, then {timing_steps} timed and {profile_steps} profiled ...")
+    bf16, _ = measure(bf16_config, fp8=False)
+    log(f"[amdahl] FP8 ({config.fp8.fp8_recipe}): {steps} steps, then {timing_steps} timed and {profile_steps} ...")
+    fp8, report = measure(config, fp8=True)
+    log(f"[amdahl] {report.summary_line()}")
+    log(f"[amdahl] GEMM microbenchmark: {len(shapes)} distinct shapes ...")
+    timings = time_matmuls(shapes, device, config.fp8.fp8_recipe)
+
+    s = timings.speedup
+    x = bf16.converted_share
+    if not 0.0 <= x <= 1.0:
+        notes.append(f"X measured as {x:.4f}, clamped to [0, 1] (profiled kernel time vs unprofiled wall time)")
+        x = min(max(x, 0.0), 1.0)
+    if bf16.unmatched_gemm_ms > 0:
+        notes.append(f"{bf16.unmatched_gemm_ms:.2f} ms/step of BF16 mm kernels matched no linear shape (not in X)")
+    t_bf16, t_fp8 = bf16.step_ms, fp8.step_ms
+    in_situ = bf16.converted_gemm_ms / fp8.fp8_gemm_ms if fp8.fp8_gemm_ms > 0 else math.nan
+    return AmdahlRow(
+        preset=config.preset,
+        batch_size=batch,
+        linear_share=x,
+        matmul_speedup=s,
+        predicted_speedup=amdahl_prediction(x, s),
+        measured_speedup=t_bf16 / t_fp8,
+        predicted_fp8_step_ms=predicted_step_ms(t_bf16, x, s),
+        measured_fp8_step_ms=t_fp8,
+        cast_overhead_ms=cast_overhead_ms(t_bf16, t_fp8, x, s),
+        n_converted=report.n_converted,
+        n_linear=report.n_linear,
+        recipe=config.fp8.fp8_recipe,
+        seq_len=seq,
+        bf16_step_ms=t_bf16,
+        all_linear_share=bf16.linear_share,
+        in_situ_matmul_speedup=in_situ,
+        profiled_fp8_extra_ms=fp8.non_gemm_kernel_ms - bf16.non_gemm_kernel_ms,
+        method=bf16.method if bf16.method == fp8.method else f"bf16 {bf16.method}, fp8 {fp8.method}",
+        attribution=bf16.attribution,
+        compile=config.train.compile_mode if config.train.compile_model else False,
+        gpu=torch.cuda.get_device_name(device),
+        notes=notes,
+        shapes=timings.rows(),
+        bf16_breakdown=bf16.to_dict(),
+        fp8_breakdown=fp8.to_dict(),
+    )
+
+
+# ---- command line ----
+
+
+def main(argv: list[str] | None = None) -> int:
+    from cs336_basics.results import environment
+    from cs336_basics.runtime import config_from_args
+
+    parser = argparse.ArgumentParser(
+        prog="python -m cs336_basics.benchmark.amdahl",
+        description="Where the time goes: Amdahl's-law prediction of the FP8 speedup vs the measured one.",
+    )
+    add_config_arguments(parser)
+    parser.add_argument("--steps", type=int, default=8, help="training steps per precision before timing (>= 3)")
+    parser.add_argument("--timing_steps", type=int, default=5, help="CUDA-event-timed steps (median)")
+    parser.add_argument("--profile_steps", type=int, default=1, help="profiled steps (averaged)")
+    parser.add_argument("--json", help="write the result here ({gpu, torch, torchao, command, runs: [row]})")
+    args = parser.parse_args(argv)
+    try:
+        config = config_from_args(args)
+        row = analyse(config, steps=args.steps, timing_steps=args.timing_steps, profile_steps=args.profile_steps)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(format_table([row]))
+    print()
+    print(format_shape_table(row.shapes))
+    bf16, fp8 = row.bf16_breakdown, row.fp8_breakdown
+    print(
+        f"\nBF16 step {row.bf16_step_ms:.2f} ms: all linear GEMMs {bf16['linear_gemm_ms']:.2f} ms "
+        f"({100 * row.all_linear_share:.1f}%, lm_head included), converted ones {bf16['converted_gemm_ms']:.2f} ms "
+        f"(X = {100 * row.linear_share:.1f}%), attention {bf16['attention_ms']:.2f} ms; "
+        f"FP8 _scaled_mm {fp8['fp8_gemm_ms']:.2f} ms (in-situ s = {row.in_situ_matmul_speedup:.2f}x), "
+        f"FP8's extra non-GEMM kernels {row.profiled_fp8_extra_ms:+.2f} ms/step. "
+        f"Kernels attributed by {row.method}, X by {row.attribution}."
+    )
+    for note in row.notes:
+        print(f"note: {note}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({**environment(), "runs": [row.to_dict()]}, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,178 @@
+"""Run ONE sweep configuration in this process and write its result record as JSON.
+
+    python -m cs336_basics.benchmark.worker --spec '{"overrides": {...}}' --out result.json
+    python -m cs336_basics.benchmark.worker --spec @spec.json --out result.json
+
+The spec is {"overrides": <config.build_config overrides, preset included>, "from_file": <optional config-file
+layer>, "extra": <fields copied into the record>}. The run takes the same path as train_h100.py
+(`training.run.run_training`: resolve -> data -> model -> device/dtype -> FP8 conversion -> Trainer compiles), in a
+temporary run folder, with its log going to this process's stdout (the sweep sends it to a log file).
+
+The record is results.run_record / result_record plus `status`:
+  ok       trained; tokens/s, MFU, step time, peak memory, compile time, loss measured
+  skipped  this machine cannot run the configuration (FP8 without an sm_89+ GPU, flash attention unavailable,
+           a CUDA device that is not there, a batch FP8 cannot take): the package's own ConfigError checks,
+           which raise before any work; `reason` holds their message
+  oom      torch.OutOfMemoryError; `error` holds the message
+  error    anything else (a bad configuration such as a context longer than the data, a crash); `error` holds
+           the exception type and the last line of its message
+The worker exits 0 whenever it wrote a record; the sweep reads the record, or classifies the exit if none came.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import signal
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from cs336_basics.config import RunConfig, build_config
+from cs336_basics.errors import ConfigError
+from cs336_basics.model import check_attention_backend
+from cs336_basics.precision import check_fp8_tokens, require_fp8
+from cs336_basics.results import run_record
+from cs336_basics.runtime import resolve, torch_dtype
+from cs336_basics.training.run import run_training
+
+# Text that marks an out-of-memory failure when only the text is left (a worker that died without a record, or
+# an OOM that a compiler wrapped in its own exception type).
+OOM_MARKERS = ("outofmemoryerror", "cuda out of memory", "out of memory")
+MAX_MESSAGE = 400
+
+
+def _clip(text: str) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= MAX_MESSAGE else text[: MAX_MESSAGE - 3] + "..."
+
+
+def last_line(text: str) -> str:
+    lines = [line.strip() for line in str(text).splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+def classify_failure(
+    text: str, returncode: int | None = None, *, timed_out: bool = False, timeout_s: float | None = None
+) -> tuple[str, str]:
+    """(status, message) for a failed configuration, from what is left of it: its output text (an exception's
+    text, or the tail of a worker's log) and the worker's exit code (negative: killed by that signal)."""
+    if timed_out:
+        limit = f" after {timeout_s:g} s" if timeout_s is not None else ""
+        return "error", f"timeout{limit} (the worker was killed)"
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    oom = next((line for line in reversed(lines) if any(m in line.lower() for m in OOM_MARKERS)), None)
+    if oom is not None:
+        return "oom", _clip(oom)
+    last = lines[-1] if lines else ""
+    if returncode is not None and returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        hint = " (the host's OOM killer?)" if -returncode == signal.SIGKILL else ""
+        return "error", _clip(f"killed by {name}{hint}" + (f"; last output: {last}" if last else ""))
+    if not last:
+        return "error", f"no result and no output (exit code {returncode})"
+    return "error", _clip(last)
+
+
+def classify_exception(exc: BaseException) -> tuple[str, str]:
+    """(status, message) for an exception raised by a run: "oom" for torch.OutOfMemoryError anywhere in its
+    cause/context chain (compilers wrap it), else what classify_failure makes of its type and last line."""
+    seen: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and current not in seen:
+        seen.append(current)
+        current = current.__cause__ or current.__context__
+    for err in seen:
+        if isinstance(err, torch.OutOfMemoryError):
+            return "oom", _clip(f"{type(err).__name__}: {last_line(str(err))}")
+    return classify_failure(f"{type(exc).__name__}: {last_line(str(exc))}")
+
+
+def preflight(config: RunConfig) -> tuple[RunConfig, torch.device]:
+    """The package's own "can this machine run it" checks, in the order run_training makes them, before any
+    work: device present, FP8 support, FP8 batch shape, attention kernel. A ConfigError here means skipped."""
+    resolved, device, _ = resolve(config)
+    m, t, fp8 = resolved.model, resolved.train, resolved.fp8
+    if fp8.use_fp8:
+        require_fp8(fp8, device)
+        check_fp8_tokens(t.batch_size, m.context_length, fp8)
+    check_attention_backend(m.attention, device, torch_dtype(t.dtype), head_dim=m.head_dim)
+    return resolved, device
+
+
+def _log(message: str) -> None:
+    print(message, flush=True)
+
+
+def run_one(spec: dict[str, Any], log=_log) -> dict[str, Any]:
+    """Build the config from the spec, check it can run here, train it, and return its record (never raises for
+    a failed run: the failure is the record)."""
+    extra = dict(spec.get("extra") or {})
+    try:
+        config = build_config(spec["overrides"], spec.get("from_file"))
+    except ConfigError as exc:  # the sweep validates every config before it starts, so this is a caller bug
+        return {**extra, "status": "error", "error": _clip(f"ConfigError: {exc}")}
+    common = {"fp8_shape_filter": config.fp8.fp8_shape_filter, "step_time_ms": None, **extra}
+    try:
+        resolved, _device = preflight(config)
+    except ConfigError as exc:
+        log(f"skipped: {exc}")
+        return run_record(config, status="skipped", reason=_clip(str(exc)), **common)
+
+    started = time.perf_counter()
+    try:
+        with tempfile.TemporaryDirectory(prefix="cs336-sweep-") as tmp:
+            run_config = dataclasses.replace(resolved, train=dataclasses.replace(resolved.train, out_dir=tmp))
+            run_training(run_config, log=log)
+            # run_training writes the standard result record (results.result_record) there; reuse it as is.
+            record = json.loads((Path(tmp) / "result.json").read_text())
+    except Exception as exc:  # noqa: BLE001 - any failure is this configuration's result, not the sweep's
+        traceback.print_exc()
+        status, message = classify_exception(exc)
+        return run_record(resolved, status=status, error=message, train_s=time.perf_counter() - started, **common)
+
+    record.update(common)
+    record["status"] = "ok"
+    record["train_s"] = time.perf_counter() - started
+    t, m = resolved.train, resolved.model
+    tokens_per_step = t.batch_size * m.context_length * t.gradient_accumulation_steps
+    if record.get("tokens_per_sec"):
+        # The Trainer's tokens/s is tokens_per_step / median step time, so this is that median step time.
+        record["step_time_ms"] = 1e3 * tokens_per_step / record["tokens_per_sec"]
+    return record
+
+
+def write_json_atomic(path: str | Path, data: Any) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--spec", required=True, help="the configuration as JSON, or @FILE holding it")
+    parser.add_argument("--out", required=True, help="where to write the result record (JSON)")
+    args = parser.parse_args(argv)
+    spec = json.loads(Path(args.spec[1:]).read_text() if args.spec.startswith("@") else args.spec)
+    record = run_one(spec)
+    write_json_atomic(args.out, record)
+    detail = record.get("error") or record.get("reason") or ""
+    print(f"worker: status {record['status']}" + (f": {detail}" if detail else ""), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,20 @@
+"""Throughput sweep over precision (BF16 / FP8 recipes, FP8 lm_head), torch.compile mode, attention kernel,
+activation checkpointing, batch size and model preset; every configuration in its own process.
+
+uv run optimize_performance.py --quick        # 366m: BF16 vs FP8 tensorwise, compile default (< 8 min on an H100)
+uv run optimize_performance.py --presets 366m,1.3b --precisions bf16,fp8-tensorwise --compile default \\
+    --attention sdpa --ac off --batch_sizes 4,8
+uv run optimize_performance.py --dry_run      # the full grid's plan, nothing run
+uv run optimize_performance.py --help         # every flag
+
+Results: OUT_DIR/sweep.json (appended after every configuration), sweep.csv, sweep.md (also printed), sweep.png.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from cs336_basics.benchmark.sweep import main
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,445 @@
+"""optimize_performance.py / cs336_basics.benchmark.sweep: grid and CLI parsing, baseline pairing, failure
+classification, and isolated runs end to end (tiny models on CPU; one GPU test)."""
+
+import csv
+import json
+import math
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+
+import optimize_performance
+from cs336_basics.benchmark import sweep, worker
+from cs336_basics.config import build_config
+from cs336_basics.results import precision_label
+
+TINY = ["--dim", "32", "--n_layers", "2", "--n_heads", "2", "--intermediate_size", "64", "--vocab_size", "64"]
+TINY += ["--context_length", "16", "--warmup_steps", "2", "--device", "cpu"]
+TINY_GRID = ["--presets", "cpu-small", "--compile", "eager", "--attention", "sdpa", "--ac", "off", "--batch_sizes", "4"]
+TINY_GRID += ["--steps", "4"]
+GUIDE_FIELDS = (
+    "preset",
+    "dim",
+    "n_layers",
+    "n_heads",
+    "d_ff",
+    "vocab_size",
+    "batch_size",
+    "seq_len",
+    "precision",
+    "compile",
+    "attention",
+    "tokens_per_sec",
+    "mfu",
+    "peak_mem_gib",
+    "compile_s",
+    "loss",
+    "status",
+)
+
+
+@pytest.fixture
+def token_files(tmp_path):
+    rng = np.random.default_rng(0)
+    pattern = np.tile(np.arange(64, dtype=np.uint16), 200)
+    tokens = np.where(rng.random(pattern.size) < 0.1, rng.integers(0, 64, pattern.size), pattern).astype(np.uint16)
+    train, val = tmp_path / "train.npy", tmp_path / "val.npy"
+    np.save(train, tokens[:10000])
+    np.save(val, tokens[10000:])
+    return ["--train_data", str(train), "--val_data", str(val)]
+
+
+def run_main(argv, capsys):
+    code = optimize_performance.main([str(a) for a in argv])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def cli(text):
+    return text.split()
+
+
+def labels(options):
+    return [p.point.label for p in sweep.plan_sweep(options)]
+
+
+# ---- the grid and the command line ----
+
+
+def test_subset_from_cli_strings():
+    options = sweep.parse_options(
+        cli(
+            "--presets 366m,1.3b --precisions bf16,fp8-tensorwise --compile default --attention sdpa --ac off "
+            "--batch_sizes 4,8"
+        )
+    )
+    assert labels(options) == [
+        f"{preset}/bs{bs}/{precision}/default/sdpa/ac-off"
+        for preset in ("366m", "1.3b")
+        for bs in (4, 8)
+        for precision in ("bf16", "fp8-tensorwise")
+    ]
+    assert options.steps == 30 and options.timeout_s == 600
+
+
+def test_full_grid_by_default_and_fp8_lm_head_only_multiplies_fp8():
+    options = sweep.parse_options([])
+    plan = sweep.plan_sweep(options)
+    # per preset: (bf16 + 3 FP8 recipes) x 3 compile modes x 2 attention x 2 AC; lm_head on only when asked for
+    assert len(plan) == 3 * 48
+    assert {p.point.preset for p in plan} == {"366m", "gpt2-small", "1.3b"}
+    # without --batch_sizes each preset keeps its own batch size
+    assert {(p.point.preset, p.point.batch_size) for p in plan} == {("366m", 8), ("gpt2-small", 16), ("1.3b", 4)}
+    assert not any(p.point.fp8_lm_head for p in plan)
+
+    options = sweep.parse_options(
+        cli(
+            "--presets 1.3b --precisions bf16,fp8-rowwise --fp8_lm_head off,on --compile eager,default "
+            "--attention sdpa --ac off,on"
+        )
+    )
+    got = labels(options)
+    assert len(got) == (1 + 2) * 2 * 2
+    # each (preset, batch, attention, AC) group starts with its BF16 + compile(default) baseline
+    assert got[:6] == [
+        "1.3b/bs4/bf16/default/sdpa/ac-off",
+        "1.3b/bs4/bf16/eager/sdpa/ac-off",
+        "1.3b/bs4/fp8-rowwise/eager/sdpa/ac-off",
+        "1.3b/bs4/fp8-rowwise+lm_head/eager/sdpa/ac-off",
+        "1.3b/bs4/fp8-rowwise/default/sdpa/ac-off",
+        "1.3b/bs4/fp8-rowwise+lm_head/default/sdpa/ac-off",
+    ]
+    assert got[6] == "1.3b/bs4/bf16/default/sdpa/ac-on"
+
+
+def test_each_point_builds_the_config_it_names():
+    options = sweep.parse_options(
+        cli(
+            "--presets gpt2-small --precisions bf16,fp8-tensorwise,fp8-rowwise,fp8-rowwise_with_gw_hp,fp32 "
+            "--fp8_lm_head on --compile eager,max-autotune --attention flash --ac on --batch_sizes 2 --steps 25"
+        )
+    )
+    for planned in sweep.plan_sweep(options):
+        point, config = planned.point, planned.config
+        assert config == build_config(planned.spec["overrides"])  # what the worker rebuilds
+        assert precision_label(config) == point.precision  # the same labels as the results schema
+        assert config.fp8.use_fp8 == point.is_fp8 and config.fp8.fp8_lm_head == (point.is_fp8 and point.fp8_lm_head)
+        assert config.train.compile_model == (point.compile != "eager")
+        if point.compile != "eager":
+            assert config.train.compile_mode == point.compile
+        assert config.model.attention == "flash" and config.model.gradient_checkpointing
+        assert config.train.batch_size == 2 and config.train.max_steps == 25 and config.train.log_every == 5
+        assert config.train.eval_every == 0 and config.train.checkpoint_every == 0
+        assert config.model.dim == 768  # the preset's shape
+    assert [sweep.log_every_for(n) for n in (30, 20, 25, 3, 13)] == [10, 10, 5, 3, 13]
+
+
+def test_quick_plan_and_dry_run_runs_nothing(tmp_path, capsys, monkeypatch):
+    options = sweep.parse_options(["--quick"])
+    assert labels(options) == ["366m/bs8/bf16/default/sdpa/ac-off", "366m/bs8/fp8-tensorwise/default/sdpa/ac-off"]
+    assert options.steps == 20 and options.timeout_s == 200  # 2 x 200 s: under 8 minutes even if both hang
+    fp8 = sweep.plan_sweep(options)[1].config
+    assert fp8.fp8.fp8_shape_filter and fp8.fp8.fp8_recipe == "tensorwise" and fp8.train.compile_model
+    # explicit flags still override the quick grid
+    assert sweep.parse_options(["--quick", "--batch_sizes", "4", "--steps", "10"]).grid.batch_sizes == (4,)
+
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("a dry run ran something")
+
+    monkeypatch.setattr(sweep, "run_isolated", must_not_run)
+    monkeypatch.setattr(sweep, "prepare_all_data", must_not_run)
+    out = tmp_path / "never"
+    code, stdout, _ = run_main(["--quick", "--dry_run", "--out_dir", out], capsys)
+    assert code == 0
+    assert "sweep plan (--quick): 2 configurations" in stdout
+    assert "1. 366m/bs8/bf16/default/sdpa/ac-off  (baseline)" in stdout
+    assert "2. 366m/bs8/fp8-tensorwise/default/sdpa/ac-off" in stdout
+    assert "dry run" in stdout and not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--precisions", "bf16,fp9"], "--precisions: unknown value(s) 'fp9'"),
+        (["--presets", "7b"], "--presets: unknown value(s) '7b'"),
+        (["--compile", "fast"], "choose from eager, default"),
+        (["--attention", ""], "--attention is empty"),
+        (["--ac", "maybe"], "--ac: unknown value(s) 'maybe'; choose from off, on"),
+        (["--fp8_lm_head", "yes"], "--fp8_lm_head: unknown value(s) 'yes'"),
+        (["--batch_sizes", "4,x"], "--batch_sizes must be comma-separated positive integers"),
+        (["--batch_sizes", "0"], "--batch_sizes must be comma-separated positive integers"),
+        (["--steps", "2"], "--steps must be more than 2"),
+        (["--batch_size", "4"], "use --batch_sizes"),
+        (["--use_fp8"], "use --precisions"),
+        (["--preset", "366m"], "use --presets"),
+        (["--compile_mode", "max-autotune"], "use --compile"),
+        (["--dim", "30", "--n_heads", "4"], "must be divisible by n_heads"),  # checked for every config up front
+    ],
+)
+def test_invalid_values_stop_with_a_clear_error(argv, message, capsys):
+    code, stdout, err = run_main([*argv, "--dry_run"], capsys)
+    assert code == 2
+    assert message in err
+    assert "sweep plan" not in stdout
+
+
+# ---- pairing with the baseline (pure) ----
+
+
+def rec(precision="bf16", compile="default", batch=8, tok_s=100.0, status="ok", lm_head=False, preset="366m"):
+    return {
+        "preset": preset,
+        "dim": 896,
+        "n_layers": 24,
+        "n_heads": 14,
+        "n_kv_heads": 14,
+        "d_ff": 3584,
+        "vocab_size": 32000,
+        "seq_len": 2048,
+        "batch_size": batch,
+        "gradient_accumulation_steps": 1,
+        "attention": "sdpa",
+        "gradient_checkpointing": False,
+        "precision": precision,
+        "fp8_lm_head": lm_head,
+        "fp8_shape_filter": True,
+        "compile": compile,
+        "tokens_per_sec": tok_s if status == "ok" else None,
+        "status": status,
+    }
+
+
+def test_speedup_pairs_each_row_with_its_bf16_compiled_baseline():
+    records = [
+        rec(tok_s=200.0),  # baseline, batch 8
+        rec("fp8-tensorwise", tok_s=210.0),
+        rec("fp8-tensorwise", lm_head=True, tok_s=220.0),
+        rec("bf16", compile=False, tok_s=100.0),  # BF16 eager: also against the compiled baseline
+        rec("fp8-rowwise", status="oom"),  # did not run: no speedup
+        rec("fp8-tensorwise", batch=4, tok_s=150.0),  # batch 4 has no baseline in the sweep
+        rec("fp8-tensorwise", preset="1.3b", tok_s=50.0),  # other preset: no baseline
+        rec("fp8-tensorwise", compile="max-autotune", tok_s=230.0),
+    ]
+    assert sweep.pair_speedups(records) == [1.0, 1.05, 1.1, 0.5, None, None, None, 1.15]
+    # a failed baseline pairs with nothing
+    assert sweep.pair_speedups([rec(status="error"), rec("fp8-tensorwise", tok_s=210.0)]) == [None, None]
+    # a baseline run again later (latest_runs keeps the later one, in the earlier one's place)
+    latest = sweep.latest_runs([rec(tok_s=100.0), rec("fp8-tensorwise", tok_s=210.0), rec(tok_s=200.0)])
+    assert [r["precision"] for r in latest] == ["bf16", "fp8-tensorwise"]
+    assert sweep.pair_speedups(latest) == [1.0, 1.05]
+
+
+# ---- failure classification (pure) ----
+
+
+def test_failure_classifier():
+    oom_text = "Traceback ...\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 ..."
+    status, message = worker.classify_failure(oom_text, 1)
+    assert status == "oom" and message.startswith("torch.OutOfMemoryError: CUDA out of memory")
+    assert worker.classify_failure("a\nValueError: bad thing\n\n", 1) == ("error", "ValueError: bad thing")
+    assert worker.classify_failure("", 3) == ("error", "no result and no output (exit code 3)")
+    status, message = worker.classify_failure("partial output", None, timed_out=True, timeout_s=5)
+    assert status == "error" and message.startswith("timeout after 5 s")
+    status, message = worker.classify_failure("still compiling", -9)
+    assert status == "error" and "killed by SIGKILL" in message and "still compiling" in message
+
+    assert worker.classify_exception(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1 GiB"))[0] == "oom"
+    try:  # a compiler that wraps the OOM in its own exception is still an OOM
+        try:
+            raise torch.OutOfMemoryError("CUDA out of memory.")
+        except torch.OutOfMemoryError as inner:
+            raise RuntimeError("backend compiler failed") from inner
+    except RuntimeError as wrapped:
+        assert worker.classify_exception(wrapped)[0] == "oom"
+    assert worker.classify_exception(ValueError("line one\nline two")) == ("error", "ValueError: line two")
+
+
+def test_gpu_slug_and_default_out_dir():
+    import datetime
+
+    assert sweep.gpu_slug("NVIDIA H100 80GB HBM3") == "h100"
+    assert sweep.gpu_slug("NVIDIA H200") == "h200"
+    assert sweep.gpu_slug("NVIDIA GeForce RTX 4090") == "nvidia-geforce-rtx-4090"
+    assert sweep.gpu_slug(None) == "cpu"
+    day = datetime.date(2026, 11, 21)
+    assert str(sweep.default_out_dir("NVIDIA H200", day)) == "benchmarks/results/2026-11-21-sweep-h200"
+
+
+# ---- the worker in-process: skip and error records ----
+
+
+def test_worker_skips_what_cannot_run_and_records_an_impossible_config(tmp_path, token_files, capsys):
+    flash = sweep.plan_sweep(sweep.parse_options([*TINY_GRID, "--attention", "flash", "--precisions", "fp32", *TINY]))
+    record = worker.run_one(flash[0].spec, log=lambda line: None)
+    assert record["status"] == "skipped" and "flash attention needs a CUDA GPU" in record["reason"]
+    assert record["label"] == "cpu-small/bs4/fp32/eager/flash/ac-off" and record["attention"] == "flash"
+
+    # a context longer than the data passes the machine checks and then fails: an error, with its last line
+    long = [*TINY_GRID, "--precisions", "fp32", *TINY, *token_files, "--context_length", "20000"]
+    spec = sweep.plan_sweep(sweep.parse_options(long))[0].spec
+    out = tmp_path / "record.json"
+    assert worker.main(["--spec", json.dumps(spec), "--out", str(out)]) == 0
+    record = json.loads(out.read_text())
+    assert record["status"] == "error"
+    assert record["error"].startswith("ConfigError: context_length 20000 is longer than the training data")
+    assert record["seq_len"] == 20000 and record["tokens_per_sec"] is None
+    assert "worker: status error" in capsys.readouterr().out
+
+
+# ---- isolated runs end to end ----
+
+
+def test_end_to_end_cpu_sweep_writes_every_output(tmp_path, token_files, capsys):
+    out = tmp_path / "sweep"
+    argv = [*TINY_GRID, "--precisions", "bf16,fp8-tensorwise", *TINY, *token_files, "--out_dir", out]
+    code, stdout, err = run_main(argv, capsys)
+    assert code == 0, stdout + err
+    assert "sweep plan: 2 configurations" in stdout
+    assert "[1/2] cpu-small/bs4/bf16/eager/sdpa/ac-off: ok" in stdout
+    assert "| # | preset | batch | precision |" in stdout and "MFU (vs BF16 peak)" in stdout
+    assert "989 TFLOP/s" in stdout
+
+    data = json.loads((out / "sweep.json").read_text())
+    assert {"gpu", "torch", "torchao", "command", "runs"} <= set(data)
+    assert len(data["runs"]) == 2
+    for run in data["runs"]:
+        assert set(GUIDE_FIELDS) <= set(run), set(GUIDE_FIELDS) - set(run)
+        assert (run["preset"], run["dim"], run["batch_size"], run["seq_len"]) == ("cpu-small", 32, 4, 16)
+        assert run["compile"] is False and run["attention"] == "sdpa"
+        assert (out / run["log"]).exists()
+    bf16, fp8 = data["runs"]
+    assert bf16["status"] == "ok" and bf16["precision"] == "bf16"
+    assert bf16["tokens_per_sec"] > 0 and bf16["step_time_ms"] > 0 and math.isfinite(bf16["loss"])
+    assert bf16["mfu"] is None and bf16["peak_mem_gib"] is None  # CPU: no known peak, no CUDA memory
+    assert bf16["steps"] == 4 and bf16["speedup_vs_bf16"] is None  # eager BF16 is not the (compiled) baseline
+    assert fp8["status"] == "skipped" and fp8["precision"] == "fp8-tensorwise"
+    assert "FP8 needs an H100-class GPU" in fp8["reason"] and fp8["tokens_per_sec"] is None
+
+    with (out / "sweep.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert [r["status"] for r in rows] == ["ok", "skipped"] and set(GUIDE_FIELDS) <= set(rows[0])
+    assert "| 1 | cpu-small | 4 | bf16 |" in (out / "sweep.md").read_text()
+    assert (out / "sweep.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+FAKE_WORKER = textwrap.dedent(
+    """
+    import json, shutil, sys, time
+    mode, snapshot_from, snapshot_to = sys.argv[1:4]
+    out = sys.argv[sys.argv.index("--out") + 1]
+    if mode == "fail":  # what the results file holds while the second configuration runs
+        shutil.copy(snapshot_from, snapshot_to)
+        print("Traceback (most recent call last):")
+        print("RuntimeError: simulated crash", file=sys.stderr)
+        sys.exit(1)
+    if mode == "oom":
+        print("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 9.00 GiB", file=sys.stderr)
+        sys.exit(1)
+    if mode == "sleep":
+        time.sleep(60)
+    with open(out, "w") as f:
+        json.dump({"status": "ok", "tokens_per_sec": 1000.0, "step_time_ms": 64.0, "loss": 4.0}, f)
+    """
+)
+
+
+@pytest.fixture
+def fake_workers(tmp_path, monkeypatch):
+    """Replace the worker command, config by config: "real" keeps it, the rest run FAKE_WORKER in that mode."""
+    script = tmp_path / "fake_worker.py"
+    script.write_text(FAKE_WORKER)
+    real = sweep.worker_command
+    modes: list[str] = []
+
+    def command(spec, out_path):
+        mode = modes.pop(0)
+        if mode == "real":
+            return real(spec, out_path)
+        snapshot = (tmp_path / "sweep" / "sweep.json", tmp_path / "snapshot.json")
+        return [sys.executable, str(script), mode, *map(str, snapshot), "--out", str(out_path)]
+
+    monkeypatch.setattr(sweep, "worker_command", command)
+    return modes
+
+
+def test_failed_worker_is_recorded_the_sweep_goes_on_and_results_are_kept(tmp_path, token_files, capsys, fake_workers):
+    fake_workers += ["real", "fail", "ok"]
+    out = tmp_path / "sweep"
+    argv = [*TINY_GRID, "--precisions", "fp32", "--batch_sizes", "4,8,2", *TINY, *token_files, "--out_dir", out]
+    code, stdout, err = run_main(argv, capsys)
+    assert code == 1, stdout + err  # an "error" row makes the exit status 1
+    # while the second configuration ran, the file already held the first, finished one
+    snapshot = json.loads((tmp_path / "snapshot.json").read_text())
+    assert [(r["batch_size"], r["status"]) for r in snapshot["runs"]] == [(4, "ok")]
+    runs = json.loads((out / "sweep.json").read_text())["runs"]
+    assert [(r["batch_size"], r["status"]) for r in runs] == [(4, "ok"), (8, "error"), (2, "ok")]
+    assert runs[1]["error"] == "RuntimeError: simulated crash" and runs[1]["precision"] == "fp32"
+    assert "[2/3] cpu-small/bs8/fp32/eager/sdpa/ac-off: error: RuntimeError: simulated crash" in stdout
+    assert "[3/3]" in stdout and (out / "sweep.png").exists()
+
+
+def test_timeout_and_crashed_oom_are_classified(tmp_path, token_files, capsys, fake_workers):
+    fake_workers += ["sleep", "oom", "ok"]
+    out = tmp_path / "sweep"
+    argv = [*TINY_GRID, "--precisions", "fp32", "--batch_sizes", "1,2,3", *TINY, *token_files, "--timeout_s", "3"]
+    code, stdout, _ = run_main([*argv, "--out_dir", out], capsys)
+    assert code == 1
+    runs = json.loads((out / "sweep.json").read_text())["runs"]
+    assert [r["status"] for r in runs] == ["error", "oom", "ok"]
+    assert runs[0]["error"].startswith("timeout after 3 s")
+    assert runs[1]["error"].startswith("torch.OutOfMemoryError: CUDA out of memory")
+    assert runs[2]["tokens_per_sec"] == 1000.0 and runs[2]["dim"] == 32  # the planned shape fills the record
+    assert "| error: timeout after 3 s" in (out / "sweep.md").read_text()
+
+
+def test_ctrl_c_keeps_what_finished(tmp_path, token_files, capsys, fake_workers, monkeypatch):
+    fake_workers += ["ok"]
+    real_run = sweep.run_isolated
+    calls = []
+
+    def run_then_interrupt(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real_run(*args, **kwargs)
+
+    monkeypatch.setattr(sweep, "run_isolated", run_then_interrupt)
+    out = tmp_path / "sweep"
+    argv = [*TINY_GRID, "--precisions", "fp32", "--batch_sizes", "1,2,3", *TINY, *token_files, "--out_dir", out]
+    code, _, err = run_main(argv, capsys)
+    assert code == 130 and "interrupted" in err
+    assert [r["batch_size"] for r in json.loads((out / "sweep.json").read_text())["runs"]] == [1]
+    assert (out / "sweep.md").exists() and (out / "sweep.png").exists()
+
+
+# ---- GPU ----
+
+
+@pytest.mark.gpu
+def test_gpu_bf16_vs_fp8_sweep_reports_a_speedup(tmp_path, capsys):
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, 256, 60000).astype(np.uint16)
+    np.save(tmp_path / "train.npy", tokens[:50000])
+    np.save(tmp_path / "val.npy", tokens[50000:])
+    out = tmp_path / "sweep"
+    argv = ["--presets", "366m", "--precisions", "bf16,fp8-tensorwise", "--compile", "default", "--attention", "sdpa"]
+    argv += ["--ac", "off", "--batch_sizes", "8", "--steps", "10", "--timeout_s", "500", "--out_dir", out]
+    # a tiny shape on the 366m preset: its FP8 shape rule would convert nothing at this width, so turn it off
+    argv += ["--dim", "256", "--n_layers", "2", "--n_heads", "4", "--intermediate_size", "1024"]
+    argv += ["--vocab_size", "256", "--context_length", "128", "--no_fp8_shape_filter", "--device", "cuda"]
+    argv += ["--train_data", tmp_path / "train.npy", "--val_data", tmp_path / "val.npy"]
+    code, stdout, err = run_main(argv, capsys)
+    assert code == 0, stdout + err
+    bf16, fp8 = json.loads((out / "sweep.json").read_text())["runs"]
+    assert (bf16["status"], fp8["status"]) == ("ok", "ok"), stdout
+    assert (bf16["precision"], fp8["precision"]) == ("bf16", "fp8-tensorwise")
+    assert bf16["compile"] == fp8["compile"] == "default" and fp8["fp8_shape_filter"] is False
+    assert bf16["speedup_vs_bf16"] == 1.0
+    assert fp8["speedup_vs_bf16"] == pytest.approx(fp8["tokens_per_sec"] / bf16["tokens_per_sec"])
+    for run in (bf16, fp8):
+        assert run["tokens_per_sec"] > 0 and run["peak_mem_gib"] > 0 and run["compile_s"] > 0
+        assert run["step_time_ms"] > 0 and math.isfinite(run["loss"])
+    assert "x |" in (out / "sweep.md").read_text()
