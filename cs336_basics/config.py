@@ -186,11 +186,12 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
 SECTIONS = {"model": ModelConfig, "data": DataConfig, "optim": OptimConfig, "train": TrainConfig, "fp8": FP8Config}
 
 
-def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+def merge_layers(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """Nested merge of two config layers; `override` wins."""
     merged = {**base}
     for key, value in override.items():
         if isinstance(value, dict) and isinstance(merged.get(key), dict):
-            merged[key] = _merge(merged[key], value)
+            merged[key] = merge_layers(merged[key], value)
         else:
             merged[key] = value
     return merged
@@ -233,7 +234,7 @@ def build_config(
     resolved_preset = ("366m" if device_type == "cuda" else "cpu-small") if preset == "auto" else preset
     if resolved_preset not in PRESETS:
         raise ConfigError(f"unknown preset {preset!r}; choose one of auto, {', '.join(PRESETS)}.")
-    values = _merge(_merge(PRESETS[resolved_preset], from_file), overrides)
+    values = merge_layers(merge_layers(PRESETS[resolved_preset], from_file), overrides)
     values["preset"] = resolved_preset
     return _build(values)
 

@@ -426,7 +426,7 @@ def test_gpu_bf16_vs_fp8_sweep_reports_a_speedup(tmp_path, capsys):
     np.save(tmp_path / "val.npy", tokens[50000:])
     out = tmp_path / "sweep"
     argv = ["--presets", "366m", "--precisions", "bf16,fp8-tensorwise", "--compile", "default", "--attention", "sdpa"]
-    argv += ["--ac", "off", "--batch_sizes", "8", "--steps", "10", "--timeout_s", "500", "--out_dir", out]
+    argv += ["--ac", "off", "--batch_sizes", "8", "--steps", "10", "--timeout_s", "500", "--out_dir", out, "--amdahl"]
     # a tiny shape on the 366m preset: its FP8 shape rule would convert nothing at this width, so turn it off
     argv += ["--dim", "256", "--n_layers", "2", "--n_heads", "4", "--intermediate_size", "1024"]
     argv += ["--vocab_size", "256", "--context_length", "128", "--no_fp8_shape_filter", "--device", "cuda"]
@@ -443,3 +443,36 @@ def test_gpu_bf16_vs_fp8_sweep_reports_a_speedup(tmp_path, capsys):
         assert run["tokens_per_sec"] > 0 and run["peak_mem_gib"] > 0 and run["compile_s"] > 0
         assert run["step_time_ms"] > 0 and math.isfinite(run["loss"])
     assert "x |" in (out / "sweep.md").read_text()
+    assert "| 366m | 8 | 14/15 |" in (out / "amdahl.md").read_text()  # the Amdahl row was measured
+
+
+def test_amdahl_targets_and_a_cpu_run_reported_as_skipped(tmp_path, token_files):
+    argv = [*TINY_GRID, "--precisions", "bf16,fp8-tensorwise,fp8-rowwise", "--compile", "eager,default", *TINY]
+    plan = sweep.plan_sweep(sweep.parse_options([*argv, *token_files]))
+    targets = sweep.amdahl_targets(plan)
+    # One analysis per preset/batch/attention/AC group, taken from its first FP8 + compiled configuration.
+    assert [t.point.label for t in targets] == ["cpu-small/bs4/fp8-tensorwise/default/sdpa/ac-off"]
+    row = sweep.run_amdahl(targets[0], tmp_path, timeout_s=120)
+    assert row["status"] == "skipped" and "CUDA" in row["error"]
+    report = sweep.format_amdahl([row])
+    assert "cpu-small batch 4: skipped" in report
+
+
+def test_amdahl_report_table_from_json_rows():
+    row = dict(
+        preset="366m",
+        batch_size=8,
+        n_converted=48,
+        n_linear=169,
+        linear_share=0.25,
+        matmul_speedup=1.8,
+        predicted_speedup=1.125,
+        measured_speedup=1.05,
+        bf16_step_ms=87.0,
+        predicted_fp8_step_ms=77.3,
+        measured_fp8_step_ms=82.9,
+        cast_overhead_ms=5.6,
+        status="ok",
+    )
+    report = sweep.format_amdahl([row])
+    assert "| 366m | 8 | 48/169 | 25.0% | 1.80x | 1.125x | 1.050x | 87.00 | 77.30 | 82.90 | +5.60 |" in report

@@ -685,28 +685,30 @@ def _fmt(value: float | None, spec: str, suffix: str = "") -> str:
     return f"{value:{spec}}{suffix}"
 
 
-def format_table(rows: Iterable[AmdahlRow]) -> str:
-    """A markdown table: X, s, predicted vs measured speedup and FP8 step time, and the cast overhead."""
+def format_table(rows: Iterable[AmdahlRow | dict[str, Any]]) -> str:
+    """A markdown table: X, s, predicted vs measured speedup and FP8 step time, and the cast overhead.
+    Rows may be AmdahlRow objects or their to_dict() form (as read back from JSON)."""
     header = (
         "| preset | batch | FP8 linears | X (converted GEMM share of BF16 step) | s (FP8 GEMM speedup) "
         "| predicted speedup | measured speedup | BF16 step (ms) | FP8 step predicted (ms) | FP8 step measured (ms) "
         "| cast overhead (ms/step) |"
     )
     lines = [header, "|" + "---|" * header.count(" | ") + "---|"]
-    for r in rows:
-        converted = f"{r.n_converted}/{r.n_linear}" if r.n_linear else str(r.n_converted)
+    for row in rows:
+        r = row.to_dict() if isinstance(row, AmdahlRow) else row
+        share = r["linear_share"]
         cells = [
-            r.preset,
-            str(r.batch_size),
-            converted,
-            _fmt(100 * r.linear_share, ".1f", "%"),
-            _fmt(r.matmul_speedup, ".2f", "x"),
-            _fmt(r.predicted_speedup, ".3f", "x"),
-            _fmt(r.measured_speedup, ".3f", "x"),
-            _fmt(r.bf16_step_ms, ".2f"),
-            _fmt(r.predicted_fp8_step_ms, ".2f"),
-            _fmt(r.measured_fp8_step_ms, ".2f"),
-            _fmt(r.cast_overhead_ms, "+.2f"),
+            r["preset"],
+            str(r["batch_size"]),
+            f"{r['n_converted']}/{r['n_linear']}" if r["n_linear"] else str(r["n_converted"]),
+            _fmt(None if share is None else 100 * share, ".1f", "%"),
+            _fmt(r["matmul_speedup"], ".2f", "x"),
+            _fmt(r["predicted_speedup"], ".3f", "x"),
+            _fmt(r["measured_speedup"], ".3f", "x"),
+            _fmt(r["bf16_step_ms"], ".2f"),
+            _fmt(r["predicted_fp8_step_ms"], ".2f"),
+            _fmt(r["measured_fp8_step_ms"], ".2f"),
+            _fmt(r["cast_overhead_ms"], "+.2f"),
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)

@@ -31,7 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cs336_basics.benchmark.worker import classify_failure
+from cs336_basics.benchmark.amdahl import format_table as amdahl_table
+from cs336_basics.benchmark.worker import classify_failure, last_line
 from cs336_basics.config import (
     ATTENTION_BACKENDS,
     PRESETS,
@@ -40,6 +41,7 @@ from cs336_basics.config import (
     add_config_arguments,
     build_config,
     load_config_file,
+    merge_layers,
     overrides_from_args,
 )
 from cs336_basics.data import prepare_data
@@ -269,6 +271,7 @@ class SweepOptions:
     from_file: dict[str, Any]
     quick: bool
     dry_run: bool
+    amdahl: bool = False
 
 
 def plan_sweep(options: SweepOptions) -> list[Planned]:
@@ -361,13 +364,10 @@ def _tail(path: Path, n_bytes: int = 20000) -> str:
         return ""
 
 
-def run_isolated(planned: Planned, work_dir: Path, log_path: Path, timeout_s: float) -> dict[str, Any]:
-    """Run one configuration in a fresh worker process, its output going to log_path; return its record (never
-    raises for a failed run)."""
-    out_path = work_dir / f"result-{time.monotonic_ns()}.json"
-    command = worker_command(planned.spec, out_path)
+def run_logged(command: list[str], log_path: Path, timeout_s: float) -> tuple[int, bool]:
+    """Run command in its own session with its output in log_path; (return code, timed out). Never leaves it
+    running: on timeout or Ctrl-C the whole process group is killed."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    started = time.perf_counter()
     timed_out = False
     with log_path.open("w") as log:
         log.write("$ " + " ".join(shlex.quote(part) for part in command) + "\n")
@@ -382,6 +382,15 @@ def run_isolated(planned: Planned, work_dir: Path, log_path: Path, timeout_s: fl
         finally:  # also on Ctrl-C: the worker is in its own session, so the terminal's SIGINT never reaches it
             _kill_group(proc)
             proc.wait()
+    return proc.returncode, timed_out
+
+
+def run_isolated(planned: Planned, work_dir: Path, log_path: Path, timeout_s: float) -> dict[str, Any]:
+    """Run one configuration in a fresh worker process, its output going to log_path; return its record (never
+    raises for a failed run)."""
+    out_path = work_dir / f"result-{time.monotonic_ns()}.json"
+    started = time.perf_counter()
+    returncode, timed_out = run_logged(worker_command(planned.spec, out_path), log_path, timeout_s)
     wall_s = time.perf_counter() - started
 
     base = run_record(planned.config, status="error", fp8_shape_filter=planned.config.fp8.fp8_shape_filter)
@@ -390,7 +399,7 @@ def run_isolated(planned: Planned, work_dir: Path, log_path: Path, timeout_s: fl
         record = {**base, **json.loads(out_path.read_text())}
         out_path.unlink()
     else:
-        status, message = classify_failure(_tail(log_path), proc.returncode, timed_out=timed_out, timeout_s=timeout_s)
+        status, message = classify_failure(_tail(log_path), returncode, timed_out=timed_out, timeout_s=timeout_s)
         record = {**base, "status": status, "error": message}
     record["wall_s"] = wall_s
     return record
@@ -664,8 +673,14 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--quick",
         action="store_true",
-        help="366m, bf16 vs fp8-tensorwise, compile default, sdpa, AC off, batch 8, 20 steps, 200 s per config "
-        "(under 8 minutes on one H100/H200); explicit grid flags still override",
+        help="366m, bf16 vs fp8-tensorwise, compile default, sdpa, AC off, batch 8, 20 steps, 200 s per config, "
+        "then the Amdahl analysis (about 4 minutes on one H200); explicit grid flags still override",
+    )
+    run.add_argument(
+        "--amdahl",
+        action="store_true",
+        help="after the sweep, for each preset/batch with an FP8 + compile configuration: where the time goes "
+        "(profiled GEMM share X, FP8 GEMM speedup s, Amdahl prediction vs measured, cast cost in ms); on with --quick",
     )
     run.add_argument("--dry_run", action="store_true", help="print the planned configurations and exit")
     return parser
@@ -713,6 +728,7 @@ def parse_options(argv: Sequence[str] | None = None) -> SweepOptions:
         from_file=from_file,
         quick=args.quick,
         dry_run=args.dry_run,
+        amdahl=args.amdahl or args.quick,
     )
 
 
@@ -788,6 +804,57 @@ def run_sweep(plan: Sequence[Planned], options: SweepOptions, out_dir: Path, log
     return records
 
 
+# ---- where the time goes: one Amdahl analysis per preset/batch ----
+
+
+def amdahl_targets(plan: Sequence[Planned]) -> list[Planned]:
+    """The first FP8 + compile configuration of each preset/batch/attention/AC group: its FP8 settings (recipe,
+    lm_head, shape filter) decide which GEMMs count as converted in the analysis."""
+    chosen: dict[tuple, Planned] = {}
+    for planned in plan:
+        p = planned.point
+        if p.is_fp8 and p.compile != "eager":
+            chosen.setdefault((p.preset, p.batch_size, p.attention, p.ac), planned)
+    return list(chosen.values())
+
+
+def run_amdahl(planned: Planned, out_dir: Path, timeout_s: float) -> dict[str, Any]:
+    """cs336_basics.benchmark.amdahl in its own process for one configuration; its row, or a status record."""
+    p = planned.point
+    name = f"amdahl-{p.preset}-bs{p.batch_size}-{p.attention}-ac-{_on_off(p.ac)}"
+    config_path = out_dir / "logs" / f"{name}.config.json"
+    config_path.parent.mkdir(parents=True, exist_ok=True)
+    config_path.write_text(json.dumps(merge_layers(planned.from_file, planned.overrides), indent=2))
+    json_path = out_dir / f"{name}.json"
+    command = [sys.executable, "-m", "cs336_basics.benchmark.amdahl", "--config", str(config_path)]
+    returncode, timed_out = run_logged(
+        [*command, "--json", str(json_path)], out_dir / "logs" / f"{name}.log", timeout_s
+    )
+    if json_path.exists() and not timed_out and returncode == 0:
+        return {**json.loads(json_path.read_text())["runs"][0], "status": "ok"}
+    tail = last_line(_tail(out_dir / "logs" / f"{name}.log"))
+    status = "skipped" if returncode == 2 else "error"  # 2: a ConfigError, e.g. no CUDA GPU here
+    return {
+        "preset": p.preset,
+        "batch_size": p.batch_size,
+        "status": status,
+        "error": f"timeout after {timeout_s:g} s" if timed_out else tail,
+    }
+
+
+def format_amdahl(rows: Sequence[dict[str, Any]]) -> str:
+    done = [r for r in rows if r["status"] == "ok"]
+    lines = ["## Where the time goes (Amdahl: speedup = 1 / ((1 - X) + X / s))", ""]
+    if done:
+        lines += [amdahl_table(done), ""]
+        lines.append(
+            "X: share of the BF16 step in the GEMMs that FP8 converts (profiled); s: FP8 vs BF16 speed of those GEMMs "
+            "at their shapes (microbenchmarked, casts excluded); cast overhead: measured FP8 step minus predicted."
+        )
+    lines += [f"- {r['preset']} batch {r['batch_size']}: {r['status']}: {r['error']}" for r in rows if r not in done]
+    return "\n".join(lines)
+
+
 def _terminate(signum, frame):
     raise KeyboardInterrupt(f"signal {signum}")
 
@@ -833,5 +900,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     report, _ = write_outputs(out_dir, plot=True)
     print()
     print(report)
+    if options.amdahl:
+        rows = []
+        for planned in amdahl_targets(plan):
+            say(f"where the time goes: {planned.point.preset} batch {planned.point.batch_size} ...")
+            rows.append(run_amdahl(planned, out_dir, options.timeout_s))
+        if rows:
+            analysis = format_amdahl(rows)
+            (out_dir / "amdahl.md").write_text(analysis + "\n")
+            print()
+            print(analysis)
     print(f"wrote {out_dir}/sweep.json, sweep.csv, sweep.md, sweep.png (per-configuration logs in {out_dir}/logs)")
     return 1 if any(r.get("status") == "error" for r in records) else 0
