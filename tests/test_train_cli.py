@@ -152,7 +152,12 @@ def test_bad_data_files_fail_clearly(tmp_path, capsys):
         (write_tokens(tmp_path / "big.npy", np.full(100, 64, dtype=np.uint16)), "vocab"),  # id 64 >= vocab 64
         (write_tokens(tmp_path / "i64.npy", np.ones(100, dtype=np.int64)), "dtype"),
         (str(tmp_path / "missing.npy"), "missing.npy"),
+        (str(tmp_path / "folder.npy"), "not a regular file"),  # a folder where a file belongs
     ]
+    (tmp_path / "folder.npy").mkdir()
+    garbage = tmp_path / "garbage.npy"
+    garbage.write_bytes(b"this is not a numpy file")
+    cases.append((str(garbage), "Cannot read token file"))  # unreadable as an array (root can read any file)
     for train, message in cases:
         code, _, err = run([*TINY, "--train_data", train, "--val_data", val, "--out_dir", tmp_path / "r"], capsys)
         assert code == 2, train
