@@ -21,7 +21,7 @@ from torch import nn
 
 from cs336_basics.config import FP8Config
 from cs336_basics.errors import ConfigError
-from cs336_basics.precision.support import TORCHAO_INSTALL_HINT
+from cs336_basics.precision.support import TORCHAO_INSTALL_HINT, import_torchao
 
 if TYPE_CHECKING:
     from torchao.float8 import Float8LinearConfig
@@ -41,6 +41,7 @@ _DTYPE_NAMES = {torch.float8_e4m3fn: "E4M3", torch.float8_e5m2: "E5M2"}
 def _torchao_float8() -> Any:
     """Import torchao.float8 lazily, so the rest of the package works (BF16 training) without torchao."""
     try:
+        import_torchao()
         import torchao.float8 as ao_float8
     except Exception as exc:  # noqa: BLE001 - a broken install can raise more than ImportError
         raise ConfigError(

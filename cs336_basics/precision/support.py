@@ -8,7 +8,9 @@ what to do instead. Both run before any model is built, so a bad request fails i
 from __future__ import annotations
 
 import dataclasses
+import logging
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -57,10 +59,23 @@ def _mark(flag: bool) -> str:
     return "ok" if flag else "FAILED"
 
 
+def import_torchao() -> Any:
+    """Import torchao without the deprecation notice newer torch logs for how torchao registers an enum with
+    pytree (torchao 0.18 on torch >= 2.15): it is about torchao's internals and would otherwise top every run."""
+    pytree_log = logging.getLogger("torch.utils._pytree")
+    level = pytree_log.level
+    pytree_log.setLevel(logging.ERROR)
+    try:
+        import torchao
+    finally:
+        pytree_log.setLevel(level)
+    return torchao
+
+
 def torchao_version() -> tuple[str | None, str]:
     """(version, "") when torchao imports, else (None, the import error text)."""
     try:
-        import torchao
+        torchao = import_torchao()
     except Exception as exc:  # noqa: BLE001 - a broken install raises more than ImportError
         return None, f"{type(exc).__name__}: {exc}"
     return str(getattr(torchao, "__version__", "unknown")), ""
