@@ -7,29 +7,24 @@ uv run train_h100.py --resume --out_dir runs/default   # continue a run exactly 
 
 from __future__ import annotations
 
-import argparse
 import sys
 
-from cs336_basics.config import add_config_arguments
-from cs336_basics.errors import ConfigError
-from cs336_basics.runtime import config_from_args
+from cs336_basics.errors import ConfigError, report_error
+from cs336_basics.runtime import config_from_args, config_parser
 from cs336_basics.training.run import run_training
 from cs336_basics.training.trainer import TrainingDiverged
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_config_arguments(parser)
+    parser = config_parser(__doc__)
     parser.add_argument("--results_json", help="also append this run's record to a benchmark results file")
     args = parser.parse_args(argv)
     try:
         run_training(config_from_args(args), results_json=args.results_json)
     except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return report_error(exc)
     except TrainingDiverged as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+        return report_error(exc, exit_code=1)
     except KeyboardInterrupt as exc:
         print(f"\n{exc or 'interrupted'}. Continue with: --resume --out_dir <the same folder>", file=sys.stderr)
         return 130

@@ -9,21 +9,18 @@ Takes the same model/data/FP8 flags as train_h100.py. Exits 1 if any check FAILs
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import sys
 
-from cs336_basics.config import add_config_arguments
-from cs336_basics.errors import ConfigError
+from cs336_basics.errors import ConfigError, report_error
 from cs336_basics.precision.verify import verify_fp8
 from cs336_basics.results import environment
-from cs336_basics.runtime import config_from_args
+from cs336_basics.runtime import config_from_args, config_parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_config_arguments(parser)
+    parser = config_parser(__doc__)
     parser.add_argument("--steps", type=int, default=50, help="training steps per precision (default 50)")
     parser.add_argument("--loss_tolerance", type=float, default=0.02, help="max relative FP8-BF16 loss gap")
     parser.add_argument("--min_speedup", type=float, default=1.0, help="FP8/BF16 tokens/s needed to PASS")
@@ -34,8 +31,7 @@ def main(argv: list[str] | None = None) -> int:
         train = dataclasses.replace(config.train, max_steps=args.steps, log_every=min(10, args.steps))
         result = verify_fp8(dataclasses.replace(config, train=train), args.loss_tolerance, args.min_speedup)
     except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return report_error(exc)
     print(result.table())
     print("ALL CHECKS PASSED" if result.passed else "SOME CHECKS FAILED")
     if args.json:

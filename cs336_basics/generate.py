@@ -10,7 +10,7 @@ import torch
 
 from cs336_basics.config import RunConfig
 from cs336_basics.data import BPETokenizer
-from cs336_basics.errors import ConfigError
+from cs336_basics.errors import ConfigError, report_error
 from cs336_basics.model import TransformerLM
 from cs336_basics.runtime import resolve_device
 from cs336_basics.training.checkpoint import CHECKPOINT_NAME, load_checkpoint
@@ -65,8 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         device = resolve_device(args.device)
         model, tokenizer = load_trained(Path(args.out_dir), device)
     except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return report_error(exc)
     print(sample_text(model, tokenizer, args.prompt, args.max_new_tokens, args.temperature, args.top_p, args.seed))
     return 0
 

@@ -8,7 +8,14 @@ from pathlib import Path
 
 import torch
 
-from cs336_basics.config import RunConfig, build_config, load_config_file, lookup, overrides_from_args
+from cs336_basics.config import (
+    RunConfig,
+    add_config_arguments,
+    build_config,
+    load_config_file,
+    lookup,
+    overrides_from_args,
+)
 from cs336_basics.errors import ConfigError
 from cs336_basics.precision import check_fp8_support
 
@@ -65,6 +72,15 @@ def resolve(config: RunConfig) -> tuple[RunConfig, torch.device, list[str]]:
 
 def torch_dtype(name: str) -> torch.dtype:
     return _DTYPES[name]
+
+
+def config_parser(description: str | None, prog: str | None = None) -> argparse.ArgumentParser:
+    """A script's parser with every config flag (train_h100.py's), so all scripts take the same settings."""
+    parser = argparse.ArgumentParser(
+        prog=prog, description=description, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    add_config_arguments(parser)
+    return parser
 
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:

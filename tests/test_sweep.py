@@ -41,17 +41,6 @@ GUIDE_FIELDS = (
 )
 
 
-@pytest.fixture
-def token_files(tmp_path):
-    rng = np.random.default_rng(0)
-    pattern = np.tile(np.arange(64, dtype=np.uint16), 200)
-    tokens = np.where(rng.random(pattern.size) < 0.1, rng.integers(0, 64, pattern.size), pattern).astype(np.uint16)
-    train, val = tmp_path / "train.npy", tmp_path / "val.npy"
-    np.save(train, tokens[:10000])
-    np.save(val, tokens[10000:])
-    return ["--train_data", str(train), "--val_data", str(val)]
-
-
 def run_main(argv, capsys):
     code = optimize_performance.main([str(a) for a in argv])
     captured = capsys.readouterr()

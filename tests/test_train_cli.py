@@ -16,19 +16,6 @@ TINY = ["--device", "cpu", "--dim", "32", "--n_layers", "2", "--n_heads", "2", "
 TINY += ["--vocab_size", "64", "--context_length", "16", "--batch_size", "4", "--warmup_steps", "2"]
 
 
-@pytest.fixture
-def token_files(tmp_path):
-    rng = np.random.default_rng(0)
-    # A learnable stream: a repeating pattern with a little noise, ids < 64.
-    pattern = np.tile(np.arange(64, dtype=np.uint16), 200)
-    noise = rng.integers(0, 64, size=pattern.size, dtype=np.uint16)
-    tokens = np.where(rng.random(pattern.size) < 0.1, noise, pattern).astype(np.uint16)
-    train, val = tmp_path / "train.npy", tmp_path / "val.npy"
-    np.save(train, tokens[:10000])
-    np.save(val, tokens[10000:])
-    return ["--train_data", str(train), "--val_data", str(val)]
-
-
 def run(argv, capsys):
     code = train_h100.main([str(a) for a in argv])
     captured = capsys.readouterr()

@@ -22,7 +22,6 @@ The math and the GEMM enumeration are pure functions that work on CPU; measuring
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import gc
 import json
@@ -40,8 +39,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from cs336_basics.config import FP8_RECIPES, FP8Config, ModelConfig, RunConfig, add_config_arguments
-from cs336_basics.errors import ConfigError
+from cs336_basics.config import FP8_RECIPES, FP8Config, ModelConfig, RunConfig
+from cs336_basics.errors import ConfigError, report_error
 
 GEMM_KINDS = ("forward", "grad_input", "grad_weight")
 
@@ -858,13 +857,12 @@ def analyse(
 
 def main(argv: list[str] | None = None) -> int:
     from cs336_basics.results import environment
-    from cs336_basics.runtime import config_from_args
+    from cs336_basics.runtime import config_from_args, config_parser
 
-    parser = argparse.ArgumentParser(
+    parser = config_parser(
+        "Where the time goes: Amdahl's-law prediction of the FP8 speedup vs the measured one.",
         prog="python -m cs336_basics.benchmark.amdahl",
-        description="Where the time goes: Amdahl's-law prediction of the FP8 speedup vs the measured one.",
     )
-    add_config_arguments(parser)
     parser.add_argument("--steps", type=int, default=8, help="training steps per precision before timing (>= 3)")
     parser.add_argument("--timing_steps", type=int, default=5, help="CUDA-event-timed steps (median)")
     parser.add_argument("--profile_steps", type=int, default=1, help="profiled steps (averaged)")
@@ -874,8 +872,7 @@ def main(argv: list[str] | None = None) -> int:
         config = config_from_args(args)
         row = analyse(config, steps=args.steps, timing_steps=args.timing_steps, profile_steps=args.profile_steps)
     except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return report_error(exc)
     print(format_table([row]))
     print()
     print(format_shape_table(row.shapes))

@@ -45,7 +45,7 @@ from cs336_basics.config import (
     overrides_from_args,
 )
 from cs336_basics.data import prepare_data
-from cs336_basics.errors import ConfigError
+from cs336_basics.errors import ConfigError, report_error
 from cs336_basics.results import append_runs, environment, run_record
 from cs336_basics.training.trainer import WARMUP_STEPS_EXCLUDED
 
@@ -864,8 +864,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         options = parse_options(argv)
         plan = plan_sweep(options)
     except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return report_error(exc)
     gpu = environment()["gpu"]
     out_dir = options.out_dir or default_out_dir(gpu)
     print(format_plan(plan, options, out_dir), flush=True)
@@ -883,8 +882,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         out_dir.mkdir(parents=True, exist_ok=True)
         records = run_sweep(plan, options, out_dir, log=say)
     except ConfigError as exc:  # the data: missing files, ids outside the vocabulary, ...
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return report_error(exc)
     except KeyboardInterrupt:
         if not (out_dir / "sweep.json").exists():
             print("\ninterrupted before any configuration finished; nothing was written.", file=sys.stderr)

@@ -35,13 +35,10 @@ from typing import Any
 
 import torch
 
-from cs336_basics.config import RunConfig, build_config
+from cs336_basics.config import build_config
 from cs336_basics.errors import ConfigError
-from cs336_basics.model import check_attention_backend
-from cs336_basics.precision import check_fp8_tokens, require_fp8
 from cs336_basics.results import run_record
-from cs336_basics.runtime import resolve, torch_dtype
-from cs336_basics.training.run import run_training
+from cs336_basics.training.run import preflight, run_training
 
 # Text that marks an out-of-memory failure when only the text is left (a worker that died without a record, or
 # an OOM that a compiler wrapped in its own exception type).
@@ -98,18 +95,6 @@ def classify_exception(exc: BaseException) -> tuple[str, str]:
     return classify_failure(f"{type(exc).__name__}: {last_line(str(exc))}")
 
 
-def preflight(config: RunConfig) -> tuple[RunConfig, torch.device]:
-    """The package's own "can this machine run it" checks, in the order run_training makes them, before any
-    work: device present, FP8 support, FP8 batch shape, attention kernel. A ConfigError here means skipped."""
-    resolved, device, _ = resolve(config)
-    m, t, fp8 = resolved.model, resolved.train, resolved.fp8
-    if fp8.use_fp8:
-        require_fp8(fp8, device)
-        check_fp8_tokens(t.batch_size, m.context_length, fp8)
-    check_attention_backend(m.attention, device, torch_dtype(t.dtype), head_dim=m.head_dim)
-    return resolved, device
-
-
 def _log(message: str) -> None:
     print(message, flush=True)
 
@@ -124,7 +109,7 @@ def run_one(spec: dict[str, Any], log=_log) -> dict[str, Any]:
         return {**extra, "status": "error", "error": _clip(f"ConfigError: {exc}")}
     common = {"fp8_shape_filter": config.fp8.fp8_shape_filter, "step_time_ms": None, **extra}
     try:
-        resolved, _device = preflight(config)
+        resolved = preflight(config)[0]
     except ConfigError as exc:
         log(f"skipped: {exc}")
         return run_record(config, status="skipped", reason=_clip(str(exc)), **common)

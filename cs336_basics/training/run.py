@@ -28,18 +28,27 @@ from cs336_basics.training.summary import RunFacts, format_summary
 from cs336_basics.training.trainer import Trainer, TrainResult
 
 
-def run_training(config: RunConfig, results_json: str | Path | None = None, log=print) -> TrainResult:
-    fp8_auto = config.fp8.use_fp8 is None
+def preflight(config: RunConfig) -> tuple[RunConfig, torch.device, list[str], str]:
+    """Can this machine run `config`? Resolves the "auto" settings and makes every machine check before any
+    work (device present, FP8 support and batch shape, attention kernel); a ConfigError says why not.
+    Returns the resolved config, the device, the automatic choices and the attention kernel's description."""
     config, device, auto = resolve(config)
     t, m, fp8 = config.train, config.model, config.fp8
-    if fp8.use_fp8:  # the machine can run it and the batch shape suits the FP8 GEMMs: checked before any work
+    if fp8.use_fp8:
         require_fp8(fp8, device)
         check_fp8_tokens(t.batch_size, m.context_length, fp8)
+    kernel = check_attention_backend(m.attention, device, torch_dtype(t.dtype), head_dim=m.head_dim)
+    return config, device, auto, kernel
+
+
+def run_training(config: RunConfig, results_json: str | Path | None = None, log=print) -> TrainResult:
+    fp8_auto = config.fp8.use_fp8 is None
+    config, device, auto, attention_kernel = preflight(config)
+    t, m, fp8 = config.train, config.model, config.fp8
     dtype = torch_dtype(t.dtype)
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True  # only float32 matmuls are affected; BF16 ones are not
         torch.backends.cudnn.allow_tf32 = True
-    attention_kernel = check_attention_backend(m.attention, device, dtype, head_dim=m.head_dim)
 
     data = prepare_data(config.data, m.vocab_size)
     for name, tokens in (("training", data.train), ("validation", data.val)):
