@@ -6,12 +6,18 @@ straight back to `w` and training silently stalls. Keeping an FP32 copy of every
 FP32 moments) lets those small updates accumulate; the BF16 weight is refreshed from the master after every
 step. FP32 parameters (the CPU path) are optimised in place: there is nothing to gain from a copy.
 
+Why our own update rather than torch.optim.AdamW on the masters: that needs the BF16 grads cast into fp32
+copies, a clipping pass over them, AdamW's kernel, and a copy back into the BF16 weights: four passes over
+memory, about 52 bytes per parameter. On CUDA, adamw_kernel.py does the whole update of one tensor in one pass
+(read the BF16 grad, master and moments; write master, moments and the BF16 weight: 28 bytes per parameter).
+`adamw_update` below is the same formula op by op: the CPU path, and the reference the kernel is tested against;
+it is itself tested against torch.optim.AdamW. The gain is measured by cs336_basics/benchmark/optimizer_step.py.
+
 Nothing in `step()` reads a value back to the host, so a training step never waits for the GPU.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -20,7 +26,7 @@ from torch import nn
 
 from cs336_basics.errors import ConfigError
 
-__all__ = ["MasterWeightAdamW", "STATE_DICT_FORMAT"]
+__all__ = ["MasterWeightAdamW", "STATE_DICT_FORMAT", "adamw_update"]
 
 # Bumped whenever the layout of `state_dict()` changes incompatibly.
 STATE_DICT_FORMAT = "MasterWeightAdamW/v1"
@@ -28,29 +34,63 @@ STATE_DICT_FORMAT = "MasterWeightAdamW/v1"
 # Dtypes whose rounding would swallow small updates; everything else (fp32, fp64) is stepped in place.
 _LOW_PRECISION = (torch.bfloat16, torch.float16)
 
-# Group hyperparameters restored from a checkpoint. Implementation switches (fused, foreach, capturable) are
-# deliberately NOT restored: they describe the machine that wrote the checkpoint, not the one resuming it
-# (a fused-CUDA checkpoint must still load into a CPU run).
+# Group hyperparameters restored from a checkpoint (torch's usual semantics for load_state_dict).
 _RESTORED_HPARAMS = ("lr", "betas", "eps", "weight_decay")
 
 # torch.compile wraps a module as `_orig_mod`; parameter names taken from the wrapper would carry this
 # prefix, and names are the keys of our state dict, so they are normalised to the plain module's names.
 _COMPILE_PREFIX = "_orig_mod."
 
+# torch.nn.utils.clip_grad_norm_'s guard against dividing by a zero norm; kept so clipping matches torch.
+_CLIP_EPS = 1e-6
+
 
 def _clean_name(name: str) -> str:
     return name.replace(_COMPILE_PREFIX, "")
 
 
+def adamw_update(
+    grad: torch.Tensor,
+    master: torch.Tensor,
+    exp_avg: torch.Tensor,
+    exp_avg_sq: torch.Tensor,
+    step: torch.Tensor,
+    lr: torch.Tensor,
+    grad_scale: torch.Tensor,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    weight_decay: float,
+    param: torch.Tensor | None,
+) -> None:
+    """One AdamW step (Loshchilov & Hutter, decoupled weight decay) of one tensor, in place, all in fp32.
+
+    `grad` may be BF16; it is multiplied by `grad_scale` (the clipping factor). `master`, `exp_avg`,
+    `exp_avg_sq` are fp32 and updated in place; `step` (0-d fp32) is the step number, already incremented.
+    `param`, when given, is the low-precision weight that receives the rounded master. The order of operations
+    is torch.optim.AdamW's. This is the reference formula and the CPU path; adamw_kernel.py fuses it for CUDA.
+    Scalars that change every step (lr, step, grad_scale) are device tensors, so nothing syncs with the host.
+    """
+    g = grad.float() * grad_scale
+    master.mul_(1 - lr * weight_decay)
+    exp_avg.lerp_(g, 1 - beta1)
+    exp_avg_sq.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+    step_size = lr / (1 - beta1**step)
+    denom = exp_avg_sq.sqrt() / (1 - beta2**step).sqrt() + eps
+    master.sub_(step_size * exp_avg / denom)
+    if param is not None:
+        param.copy_(master)
+
+
 class MasterWeightAdamW:
-    """torch.optim.AdamW on FP32 tensors, mirrored into the model's (possibly BF16) parameters.
+    """AdamW on FP32 master copies of the model's (possibly BF16) parameters, with global-norm clipping.
 
     Args:
         named_params: `(name, parameter)` pairs, normally `model.named_parameters()` of the uncompiled
             model. Names key the state dict, so checkpoints survive a change of model precision.
         lr, betas, eps, weight_decay: as in torch.optim.AdamW (decoupled weight decay).
-        fused: None picks the fused CUDA kernel when every parameter is on CUDA, otherwise the foreach
-            implementation. True/False force the choice (torch supports fused AdamW on CPU too).
+        fused: run the update as one Triton kernel per tensor (adamw_kernel.py). None (default): on CUDA; on
+            CPU the same formula runs op by op (`adamw_update`).
 
     Weight decay applies only to parameters with ndim >= 2 (linear weights, embeddings); 1-D parameters
     (RMSNorm gains, biases) are not decayed: shrinking a gain towards 0 has no regularising meaning.
@@ -80,56 +120,56 @@ class MasterWeightAdamW:
                 raise ConfigError(f"two different parameters are both named {name!r}; names must be unique.")
             self.names.append(name)
             self.params.append(p)
-            if p.dtype in _LOW_PRECISION:
-                # A detached fp32 leaf: it needs no autograd history, only a .grad slot that step() fills.
-                self.masters.append(p.detach().to(torch.float32).clone())
-            else:
-                self.masters.append(p)
+            is_low = p.dtype in _LOW_PRECISION
+            self.masters.append(p.detach().to(torch.float32).clone() if is_low else p)
         if not self.params:
             raise ConfigError("MasterWeightAdamW got no trainable parameters (none with requires_grad=True).")
         self._index = {name: i for i, name in enumerate(self.names)}
-        # Positions (into self.params) of the parameters that need mirroring through a master copy.
-        self._lowp = [i for i, p in enumerate(self.params) if p.dtype in _LOW_PRECISION]
+        self.device = self.masters[0].device
+        if any(m.device != self.device for m in self.masters):
+            raise ConfigError("MasterWeightAdamW needs every parameter on one device.")
 
-        groups: list[dict[str, Any]] = []
+        # Two groups, like torch's param_groups: a schedule may set group["lr"]; step() reads it every time.
+        self.param_groups: list[dict[str, Any]] = []
         for group_name, decay in (("decay", weight_decay), ("no_decay", 0.0)):
             members = [i for i, m in enumerate(self.masters) if (m.ndim >= 2) == (group_name == "decay")]
-            if members:  # torch rejects empty groups
-                # Named params: torch keeps them as the group's "param_names", which load_state_dict uses.
-                groups.append(
+            if members:
+                self.param_groups.append(
                     {
-                        "params": [(self.names[i], self.masters[i]) for i in members],
-                        "weight_decay": decay,
                         "group_name": group_name,
+                        "lr": lr,
+                        "betas": tuple(betas),
+                        "eps": eps,
+                        "weight_decay": decay,
+                        "param_names": [self.names[i] for i in members],
                     }
                 )
+        # name -> {"step", "exp_avg", "exp_avg_sq"}; filled the first time a parameter gets a gradient.
+        self.state: dict[str, dict[str, torch.Tensor]] = {}
+        self.fused = self.device.type == "cuda" if fused is None else fused
+        if self.fused:
+            if self.device.type != "cuda":
+                raise ConfigError("the fused AdamW kernel runs on CUDA only; use fused=False on other devices.")
+            if not all(p.is_contiguous() for p in self.params):
+                raise ConfigError("the fused AdamW kernel needs contiguous parameters (it writes them as flat arrays).")
+            try:
+                from cs336_basics.optim.adamw_kernel import fused_adamw_update  # imports triton
+            except ImportError as exc:
+                raise ConfigError(
+                    f"the fused AdamW kernel needs triton ({exc}); it ships with torch's Linux CUDA wheels. "
+                    "Install triton, or build the optimizer with fused=False (about 5x slower steps)."
+                ) from exc
 
-        all_cuda = all(m.device.type == "cuda" for m in self.masters)
-        use_fused = all_cuda if fused is None else fused
-        # foreach on CPU too: torch's auto choice there is the per-tensor loop; the foreach path (with its
-        # CPU fallback) computes the same formula and keeps one code path across devices.
-        self._inner = torch.optim.AdamW(
-            groups,
-            lr=lr,
-            betas=betas,
-            eps=eps,
-            weight_decay=weight_decay,
-            fused=True if use_fused else None,
-            foreach=None if use_fused else True,
-        )
+            self._update = fused_adamw_update
+        else:
+            self._update = adamw_update
+        # Device scalars refreshed in place each step (a fill_ is a kernel launch, never a host sync).
+        self._lr = torch.zeros((), device=self.device)
+        self._one = torch.ones((), device=self.device)
 
     # ---- views ----
-    @property
-    def param_groups(self) -> list[dict[str, Any]]:
-        """The inner optimiser's groups: a schedule may set `group["lr"]` directly."""
-        return self._inner.param_groups
-
-    @property
-    def inner(self) -> torch.optim.AdamW:
-        return self._inner
-
     def set_lr(self, lr: float) -> None:
-        for group in self._inner.param_groups:
+        for group in self.param_groups:
             group["lr"] = lr
 
     def master_params(self) -> dict[str, torch.Tensor]:
@@ -139,52 +179,56 @@ class MasterWeightAdamW:
     def named_parameters(self) -> Iterator[tuple[str, nn.Parameter]]:
         return zip(self.names, self.params, strict=True)
 
+    def _state_for(self, name: str, master: torch.Tensor) -> dict[str, torch.Tensor]:
+        if name not in self.state:
+            self.state[name] = {
+                "step": torch.zeros((), dtype=torch.float32, device=self.device),
+                "exp_avg": torch.zeros_like(master, memory_format=torch.contiguous_format),
+                "exp_avg_sq": torch.zeros_like(master, memory_format=torch.contiguous_format),
+            }
+        return self.state[name]
+
     # ---- the step ----
     @torch.no_grad()
     def step(self, max_grad_norm: float | None = None) -> torch.Tensor:
         """One AdamW update from the gradients now in the model's `.grad`s.
 
-        Clips the global L2 norm of all gradients to `max_grad_norm` (None: no clipping) and returns the
-        pre-clip norm as a 0-d fp32 device tensor; nothing is read back to the host.
+        Clips the global L2 norm of all gradients to `max_grad_norm` (None or inf: no clipping) and returns the
+        pre-clip norm as a 0-d fp32 device tensor. The gradients themselves are left as they are: the clipping
+        factor is applied inside the update. Parameters without a gradient are skipped, as torch does.
         """
-        # (1) Low-precision grads -> fp32 master grads. Those buffers exist only during step(): holding
-        # 4 bytes/param across forward and backward would be pure waste. Params without a grad get none,
-        # so AdamW skips them exactly as it would skip the parameter itself.
-        dst, src = [], []
-        for i in self._lowp:
-            p, m = self.params[i], self.masters[i]
-            if p.grad is None:
-                m.grad = None
-                continue
-            if m.grad is None:
-                m.grad = torch.empty_like(m)
-            dst.append(m.grad)
-            src.append(p.grad)
-        if dst:
-            torch._foreach_copy_(dst, src)  # one multi-tensor launch, casting bf16 -> fp32
-
-        # (2) Global-norm clipping over the fp32 grads. foreach=None lets torch use its multi-tensor kernels
-        # where the device has them (CUDA) and a loop elsewhere: foreach=True would raise on CPU.
-        with_grad = [m for m in self.masters if m.grad is not None]
-        if max_grad_norm is not None and math.isfinite(max_grad_norm):
-            norm = torch.nn.utils.clip_grad_norm_(with_grad, max_grad_norm, foreach=None)
+        all_grads = [p.grad for p in self.params if p.grad is not None]
+        if not all_grads:
+            return torch.zeros((), device=self.device)
+        # Per-tensor norms accumulated in fp32 straight from the BF16 grads (one multi-tensor launch on CUDA).
+        norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(all_grads, 2.0, dtype=torch.float32)))
+        if max_grad_norm is not None and max_grad_norm < float("inf"):
+            grad_scale = torch.clamp(max_grad_norm / (norm + _CLIP_EPS), max=1.0)
         else:
-            # Norm only, for logging: no pointless multiply of every gradient by 1.
-            norm = torch.nn.utils.get_total_norm([m.grad for m in with_grad], foreach=None)
+            grad_scale = self._one
 
-        # (3) The update itself, entirely in fp32.
-        self._inner.step()
-
-        # (4) Masters -> model weights (rounded once, to nearest), then free the transient fp32 grads.
-        updated = [i for i in self._lowp if self.masters[i].grad is not None]
-        if updated:
-            torch._foreach_copy_([self.params[i] for i in updated], [self.masters[i] for i in updated])
-        for i in updated:
-            self.masters[i].grad = None
-        return norm.to(torch.float32)
+        states = {
+            name: self._state_for(name, m)
+            for name, p, m in zip(self.names, self.params, self.masters, strict=True)
+            if p.grad is not None
+        }
+        torch._foreach_add_([s["step"] for s in states.values()], 1.0)  # one launch for every step counter
+        for group in self.param_groups:
+            self._lr.fill_(group["lr"])  # reusable: kernels run in stream order, the last group read it already
+            beta1, beta2 = group["betas"]
+            for name in group["param_names"]:
+                if name not in states:
+                    continue
+                i, s = self._index[name], states[name]
+                p, master = self.params[i], self.masters[i]
+                self._update(
+                    p.grad, master, s["exp_avg"], s["exp_avg_sq"], s["step"], self._lr, grad_scale,
+                    beta1, beta2, group["eps"], group["weight_decay"], None if master is p else p,
+                )  # fmt: skip
+        return norm
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """Clear the model's gradients (and any leftover master gradients)."""
+        """Clear the model's gradients."""
         for p in self.params:
             if p.grad is None:
                 continue
@@ -192,8 +236,6 @@ class MasterWeightAdamW:
                 p.grad = None
             else:
                 p.grad.zero_()
-        for i in self._lowp:
-            self.masters[i].grad = None
 
     # ---- checkpoints ----
     def state_dict(self) -> dict[str, Any]:
@@ -202,26 +244,18 @@ class MasterWeightAdamW:
         Layout (plain dicts/lists/tuples/numbers/strings/tensors, so `torch.load(weights_only=True)` reads it):
             format:       STATE_DICT_FORMAT
             param_names:  [name, ...]
-            param_groups: [{group_name, lr, betas, eps, weight_decay, param_names, ...}, ...]
+            param_groups: [{group_name, lr, betas, eps, weight_decay, param_names}, ...]
             state:        {name: {"step", "exp_avg", "exp_avg_sq"}}   (names that have been stepped)
             master:       {name: fp32 tensor}                         (every parameter)
 
         Tensors are references to live state, like torch's own optimisers (no copy of GPU memory):
         serialise the dict before stepping again.
         """
-        inner_state = self._inner.state
-        state = {}
-        for name, m in zip(self.names, self.masters, strict=True):
-            if m in inner_state and inner_state[m]:
-                state[name] = dict(inner_state[m])
-        groups = []
-        for g in self._inner.param_groups:
-            groups.append({k: v for k, v in g.items() if k != "params"})
         return {
             "format": STATE_DICT_FORMAT,
             "param_names": list(self.names),
-            "param_groups": groups,
-            "state": state,
+            "param_groups": [dict(g, param_names=list(g["param_names"])) for g in self.param_groups],
+            "state": {name: dict(s) for name, s in self.state.items()},
             # detach(): store plain tensors, never nn.Parameter objects.
             "master": {name: m.detach() for name, m in zip(self.names, self.masters, strict=True)},
         }
@@ -259,29 +293,17 @@ class MasterWeightAdamW:
                     f"{tuple(saved.shape)}; resume with the model configuration the checkpoint was written with."
                 )
 
-        # Inner AdamW state in torch's positional layout, built from the name-keyed one. Our own groups'
-        # settings are kept, except the hyperparameters in _RESTORED_HPARAMS (torch's usual semantics).
         saved_groups = {g.get("group_name"): g for g in state_dict["param_groups"]}
-        groups, state, position = [], {}, 0
-        for g in self._inner.param_groups:
-            new = {k: v for k, v in g.items() if k != "params"}
-            old = saved_groups.get(g["group_name"], {})
-            new.update({k: old[k] for k in _RESTORED_HPARAMS if k in old})
-            ids = []
-            for name in g["param_names"]:
-                ids.append(position)
-                if name in state_dict["state"]:
-                    state[position] = {
-                        # "step" stays a CPU scalar (torch moves it to the device itself for fused/capturable);
-                        # a CUDA step for the foreach path would force a host sync on every bias correction.
-                        k: (v.detach().to("cpu", torch.float32).clone() if k == "step" else v.detach().clone())
-                        for k, v in state_dict["state"][name].items()
-                    }
-                position += 1
-            new["params"] = ids
-            groups.append(new)
-        self._inner.load_state_dict({"state": state, "param_groups": groups})
-
+        for group in self.param_groups:
+            old = saved_groups.get(group["group_name"], {})
+            group.update({k: (tuple(old[k]) if k == "betas" else old[k]) for k in _RESTORED_HPARAMS if k in old})
+        self.state = {
+            name: {
+                key: value.detach().to(device=self.device, dtype=torch.float32, copy=True)
+                for key, value in saved.items()
+            }
+            for name, saved in state_dict["state"].items()
+        }
         for name, p, m in zip(self.names, self.params, self.masters, strict=True):
             m.copy_(masters[name])  # fp32 param: writes the exact stored weight into the model
             if m is not p:
