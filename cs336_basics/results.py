@@ -16,6 +16,19 @@ import torch
 from cs336_basics.config import RunConfig
 
 
+def _command_line() -> str:
+    """How this process was started, as a user would retype it: `python -m pkg.mod ...` for a module of this
+    package run with -m (argv[0] is then the module's file path), else the script's name and its arguments."""
+    script = Path(sys.argv[0]).resolve()
+    package_root = Path(__file__).resolve().parent.parent
+    if script.suffix == ".py" and script.is_relative_to(package_root / "cs336_basics"):
+        module = ".".join(script.relative_to(package_root).with_suffix("").parts)
+        head = ["python", "-m", module]
+    else:
+        head = [Path(sys.argv[0]).name]
+    return " ".join(shlex.quote(a) for a in [*head, *sys.argv[1:]])
+
+
 def environment() -> dict[str, Any]:
     try:
         torchao_version = metadata.version("torchao")
@@ -25,7 +38,7 @@ def environment() -> dict[str, Any]:
         "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
         "torch": torch.__version__,
         "torchao": torchao_version,
-        "command": " ".join(shlex.quote(a) for a in [Path(sys.argv[0]).name, *sys.argv[1:]]),
+        "command": _command_line(),
     }
 
 

@@ -85,7 +85,8 @@ def format_summary(config: RunConfig, facts: RunFacts) -> str:
         (
             "precision",
             f"{t.dtype} weights"
-            + (", fp32 master weights and AdamW moments" if t.dtype != "float32" else ", fp32 AdamW"),
+            + (", fp32 master weights and AdamW moments" if t.dtype != "float32" else ", fp32 AdamW")
+            + (" (fused Triton update)" if facts.device.type == "cuda" else ""),
         ),
         ("FP8", facts.fp8_line),
         ("compile", f"on (mode {t.compile_mode}, fullgraph)" if t.compile_model else "off (eager)"),

@@ -1,0 +1,20 @@
+"""The results-file header: how the command that wrote it is recorded."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import cs336_basics.benchmark.amdahl as amdahl_module
+from cs336_basics.results import environment
+
+
+def test_a_module_run_with_dash_m_is_recorded_as_such(monkeypatch):
+    monkeypatch.setattr(sys, "argv", [amdahl_module.__file__, "--preset", "366m", "--json", "out file.json"])
+    assert environment()["command"] == "python -m cs336_basics.benchmark.amdahl --preset 366m --json 'out file.json'"
+
+
+def test_a_script_is_recorded_by_its_name(monkeypatch):
+    script = Path(__file__).resolve().parent.parent / "optimize_performance.py"
+    monkeypatch.setattr(sys, "argv", [str(script), "--quick"])
+    assert environment()["command"] == "optimize_performance.py --quick"
