@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from cs336_basics.config import build_config
+from cs336_basics.errors import ConfigError, report_error
 from cs336_basics.model import TransformerLM
 from cs336_basics.optim import MasterWeightAdamW
 
@@ -147,8 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", help="write {gpu, torch, torchao, command, runs} here")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
-        print("error: the optimizer-step benchmark times CUDA kernels; run it on a GPU.", file=sys.stderr)
-        return 2
+        return report_error(ConfigError("the optimizer-step benchmark times CUDA kernels; run it on a GPU."))
     from cs336_basics.results import environment
 
     runs = [r for preset in args.presets for r in measure_preset(preset, tuple(args.variants), args.warmup, args.steps)]

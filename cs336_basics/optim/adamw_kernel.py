@@ -9,8 +9,8 @@ Measured on an H200 (benchmarks/results/2026-11-21-optimizer-step-h200.json): 10
 preset against 19.4 ms for the separate passes (9.6 ms is torch's fused AdamW on BF16 weights with no masters).
 torch.compile can fuse `adamw.adamw_update` just as well, but both ways we tried cost too much
 (2026-11-21-optimizer-step-alternatives-h200.json): compiling one call over a whole parameter group took 80-90 s
-per run (a CPU trace put most of it in inductor's fusion scheduler, on ~3000 nodes), and a compiled call per
-tensor spent ~78 us of dynamo overhead each, 17 ms per step at 366M. A Triton kernel compiles once, in under a second.
+per run, and a compiled call per tensor spent ~78 us of dynamo overhead each, 17 ms per step at 366M. A Triton
+kernel compiles once, in under a second.
 
 Imported only on CUDA machines: triton ships with torch's Linux CUDA wheels.
 """
