@@ -165,9 +165,13 @@ def cpu_op(name, shapes=(), kernels=()):
     )
 
 
-def kernel(name, us):
+def kernel(name, us, is_user_annotation=False):
     return SimpleNamespace(
-        name=name, device_type=DeviceType.CUDA, kernels=[], time_range=SimpleNamespace(start=0.0, end=float(us))
+        name=name,
+        device_type=DeviceType.CUDA,
+        kernels=[],
+        time_range=SimpleNamespace(start=0.0, end=float(us)),
+        is_user_annotation=is_user_annotation,
     )
 
 
@@ -199,6 +203,8 @@ def test_bf16_profile_attributes_gemms_by_op_and_shape():
         kernel("gemm_small", 5.0),
         kernel("flash_fwd_kernel", 30.0),
         kernel("triton_poi_fused_add", 65.0),
+        # inductor's GPU-side annotation around a compiled graph: spans kernels, is not one
+        kernel("## Call CompiledFxGraph abc ##", 390.0, is_user_annotation=True),
     ]
     b = breakdown_from_events(events, toy_shapes(), steps=1, step_ms_samples=[0.5, 0.6, 0.45])
     assert (b.method, b.attribution) == ("cpu-op", "shape")
@@ -361,5 +367,7 @@ def test_analyse_a_tiny_model_end_to_end():
     assert result.fp8_breakdown["n_scaled_mm_calls"] >= 3 * 14
     assert result.bf16_breakdown["n_scaled_mm_calls"] == 0
     assert result.attribution == "shape" and result.method == "cpu-op"
+    for breakdown in (result.bf16_breakdown, result.fp8_breakdown):  # annotations are not kernels
+        assert not any(name.startswith("## ") for name, _ in breakdown["top_kernels"])
     json.dumps(result.to_dict(), allow_nan=False)
     assert "tiny" in format_table([result])

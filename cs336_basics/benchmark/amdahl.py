@@ -454,7 +454,9 @@ class StepBreakdown:
 def _is_device_event(event: Any) -> bool:
     from torch.autograd import DeviceType
 
-    return getattr(event, "device_type", None) == DeviceType.CUDA
+    # GPU-side user annotations (inductor wraps every compiled graph call in "## Call CompiledFxGraph ... ##")
+    # span many kernels: counting them as kernels would double the step's kernel time.
+    return getattr(event, "device_type", None) == DeviceType.CUDA and not getattr(event, "is_user_annotation", False)
 
 
 def _duration_us(event: Any) -> float:
