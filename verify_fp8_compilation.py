@@ -10,12 +10,11 @@ Takes the same model/data/FP8 flags as train_h100.py. Exits 1 if any check FAILs
 from __future__ import annotations
 
 import dataclasses
-import json
 import sys
 
 from cs336_basics.errors import ConfigError, report_error
 from cs336_basics.precision.verify import verify_fp8
-from cs336_basics.results import environment
+from cs336_basics.results import write_results
 from cs336_basics.runtime import config_from_args, config_parser
 
 
@@ -36,9 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     print("ALL CHECKS PASSED" if result.passed else "SOME CHECKS FAILED")
     if args.json:
         checks = [dataclasses.asdict(c) for c in result.checks]
-        payload = {**environment(), "passed": result.passed, "checks": checks, "runs": result.runs}
-        with open(args.json, "w") as f:
-            json.dump(payload, f, indent=2)
+        write_results(args.json, result.runs, passed=result.passed, checks=checks)
     return 0 if result.passed else 1
 
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import shlex
 import sys
@@ -86,6 +87,21 @@ def result_record(config: RunConfig, result: Any, **extra: Any) -> dict[str, Any
     return run_record(config, **{name: getattr(result, name) for name in measured}, **extra)
 
 
+def write_json_atomic(path: str | Path, data: Any) -> Path:
+    """Write JSON so that a reader never sees half a file (written beside, then renamed)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def write_results(path: str | Path, runs: list[dict[str, Any]], **fields: Any) -> Path:
+    """A new results file: this machine's header, any extra top-level `fields`, and the runs."""
+    return write_json_atomic(path, {**environment(), **fields, "runs": runs})
+
+
 def append_runs(path: str | Path, records: list[dict[str, Any]]) -> Path:
     """Add records to a results file (created with this machine's header if new); written atomically."""
     path = Path(path)
@@ -93,8 +109,11 @@ def append_runs(path: str | Path, records: list[dict[str, Any]]) -> Path:
     data = json.loads(path.read_text()) if path.exists() else {**env, "runs": []}
     # Several commands may add to one file: each record keeps the command that produced it.
     data["runs"].extend({**record, "command": record.get("command", env["command"])} for record in records)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(tmp, path)
-    return path
+    return write_json_atomic(path, data)
+
+
+def format_or_na(value: float | None, spec: str, suffix: str = "") -> str:
+    """A number for a table or log line; "n/a" for a value that was not measured (None or NaN)."""
+    if value is None or not math.isfinite(value):
+        return "n/a"
+    return f"{value:{spec}}{suffix}"

@@ -23,13 +23,10 @@ The math and the GEMM enumeration are pure functions that work on CPU; measuring
 from __future__ import annotations
 
 import dataclasses
-import gc
-import json
 import math
 import re
 import statistics
 import sys
-import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,6 +38,7 @@ from torch import nn
 
 from cs336_basics.config import FP8_RECIPES, FP8Config, ModelConfig, RunConfig
 from cs336_basics.errors import ConfigError, report_error
+from cs336_basics.results import format_or_na, write_results
 
 GEMM_KINDS = ("forward", "grad_input", "grad_weight")
 
@@ -169,14 +167,14 @@ def linear_gemm_shapes(
     deduplicated with counts. `fp8_filter` decides `converted`: an FP8Config (the package's filter:
     skip_reason(...) is None), a torchao-style `(module, fqn) -> bool`, or None for FP8Config() defaults.
     With gradient checkpointing the blocks' forward GEMMs run twice (recomputed in backward)."""
-    from cs336_basics.precision import skip_reason
+    from cs336_basics.precision import grad_weight_in_fp8, skip_reason
 
     if batch_size < 1:
         raise ConfigError(f"batch_size must be a positive integer, got {batch_size}.")
     cfg = FP8Config() if fp8_filter is None else fp8_filter
     if isinstance(cfg, FP8Config):
         is_converted = lambda module, fqn: skip_reason(module, fqn, cfg) is None
-        hp_grad_weight = cfg.fp8_recipe == "rowwise_with_gw_hp"
+        hp_grad_weight = not grad_weight_in_fp8(cfg.fp8_recipe)
     else:
         is_converted, hp_grad_weight = cfg, False
     tokens = batch_size * model_config.context_length
@@ -680,12 +678,6 @@ def _json_safe(value: Any) -> Any:
     return value
 
 
-def _fmt(value: float | None, spec: str, suffix: str = "") -> str:
-    if value is None or not math.isfinite(value):
-        return "n/a"
-    return f"{value:{spec}}{suffix}"
-
-
 def format_table(rows: Iterable[AmdahlRow | dict[str, Any]]) -> str:
     """A markdown table: X, s, predicted vs measured speedup and FP8 step time, and the cast overhead.
     Rows may be AmdahlRow objects or their to_dict() form (as read back from JSON)."""
@@ -702,14 +694,14 @@ def format_table(rows: Iterable[AmdahlRow | dict[str, Any]]) -> str:
             r["preset"],
             str(r["batch_size"]),
             f"{r['n_converted']}/{r['n_linear']}" if r["n_linear"] else str(r["n_converted"]),
-            _fmt(None if share is None else 100 * share, ".1f", "%"),
-            _fmt(r["matmul_speedup"], ".2f", "x"),
-            _fmt(r["predicted_speedup"], ".3f", "x"),
-            _fmt(r["measured_speedup"], ".3f", "x"),
-            _fmt(r["bf16_step_ms"], ".2f"),
-            _fmt(r["predicted_fp8_step_ms"], ".2f"),
-            _fmt(r["measured_fp8_step_ms"], ".2f"),
-            _fmt(r["cast_overhead_ms"], "+.2f"),
+            format_or_na(None if share is None else 100 * share, ".1f", "%"),
+            format_or_na(r["matmul_speedup"], ".2f", "x"),
+            format_or_na(r["predicted_speedup"], ".3f", "x"),
+            format_or_na(r["measured_speedup"], ".3f", "x"),
+            format_or_na(r["bf16_step_ms"], ".2f"),
+            format_or_na(r["predicted_fp8_step_ms"], ".2f"),
+            format_or_na(r["measured_fp8_step_ms"], ".2f"),
+            format_or_na(r["cast_overhead_ms"], "+.2f"),
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -724,17 +716,10 @@ def format_shape_table(shape_rows: Iterable[dict[str, Any]]) -> str:
     for s in shape_rows:
         lines.append(
             f"| {s['kind']} | {s['m']}x{s['k']} @ {s['k']}x{s['n']} | {s['count']} | "
-            f"{'yes' if s['converted'] else 'no'} | {_fmt(s['bf16_ms'], '.3f')} | {_fmt(s['fp8_ms'], '.3f')} | "
-            f"{_fmt(s['speedup'], '.2f', 'x')} | {s['layers']} |"
+            f"{'yes' if s['converted'] else 'no'} | {format_or_na(s['bf16_ms'], '.3f')} | "
+            f"{format_or_na(s['fp8_ms'], '.3f')} | {format_or_na(s['speedup'], '.2f', 'x')} | {s['layers']} |"
         )
     return "\n".join(lines)
-
-
-def _release() -> None:
-    gc.collect()
-    torch._dynamo.reset()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
 
 
 def analyse(
@@ -761,29 +746,22 @@ def analyse(
     if steps < 3:
         raise ConfigError(f"steps must be at least 3 (the first compiles, the second settles), got {steps}.")
     from cs336_basics.data import PreparedData, prepare_data
-    from cs336_basics.model import TransformerLM
-    from cs336_basics.precision import check_fp8_tokens, convert_model_to_fp8, require_fp8
-    from cs336_basics.runtime import resolve
-    from cs336_basics.training.trainer import Trainer
+    from cs336_basics.precision import convert_model_to_fp8
+    from cs336_basics.training.run import preflight, release_memory, seeded_model, train_for_measurement
 
     train = dataclasses.replace(
         config.train,
         device=str(device) if device is not None else config.train.device,
         max_steps=steps,
         log_every=steps,
-        eval_every=0,
-        checkpoint_every=0,
-        resume=False,
     )
     fp8_config = dataclasses.replace(config.fp8, use_fp8=True)
-    config, device, _ = resolve(dataclasses.replace(config, train=train, fp8=fp8_config))
+    config, device, _, _ = preflight(dataclasses.replace(config, train=train, fp8=fp8_config))
     if device.type != "cuda":
         raise ConfigError(f"the Amdahl analysis needs a CUDA GPU; the config resolves to {device}.")
     if config.train.dtype != "bfloat16":
         raise ConfigError("the Amdahl analysis compares FP8 with BF16: use --dtype bfloat16 (or auto).")
-    require_fp8(config.fp8, device)
     batch, seq = config.train.batch_size, config.model.context_length
-    check_fp8_tokens(batch, seq, config.fp8)
     bf16_config = dataclasses.replace(config, fp8=dataclasses.replace(config.fp8, use_fp8=False))
     notes = []
     if not config.train.compile_model:
@@ -796,16 +774,12 @@ def analyse(
     shapes = linear_gemm_shapes(config.model, batch, config.fp8)
 
     def measure(run_config: RunConfig, fp8: bool):
-        torch.manual_seed(run_config.train.seed)  # the same initial weights for both precisions
-        model = TransformerLM(run_config.model).to(device=device, dtype=torch.bfloat16)
+        model = seeded_model(run_config, device)  # the same initial weights for both precisions
         report = convert_model_to_fp8(model, run_config.fp8) if fp8 else None
-        with tempfile.TemporaryDirectory() as out_dir:
-            cfg = dataclasses.replace(run_config, train=dataclasses.replace(run_config.train, out_dir=out_dir))
-            trainer = Trainer(model, cfg, train_tokens, val_tokens, device, log=log)
-            trainer.train()
-            breakdown = profile_step_breakdown(trainer, shapes, profile_steps=profile_steps, timing_steps=timing_steps)
+        trainer, _ = train_for_measurement(model, run_config, train_tokens, val_tokens, device, log)
+        breakdown = profile_step_breakdown(trainer, shapes, profile_steps=profile_steps, timing_steps=timing_steps)
         del trainer, model
-        _release()
+        release_memory()
         return breakdown, report
 
     log(f"[amdahl] BF16: {steps} steps, then {timing_steps} timed and {profile_steps} profiled ...")
@@ -858,7 +832,6 @@ def analyse(
 
 
 def main(argv: list[str] | None = None) -> int:
-    from cs336_basics.results import environment
     from cs336_basics.runtime import config_from_args, config_parser
 
     parser = config_parser(
@@ -890,8 +863,7 @@ def main(argv: list[str] | None = None) -> int:
     for note in row.notes:
         print(f"note: {note}")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({**environment(), "runs": [row.to_dict()]}, f, indent=2)
+        write_results(args.json, [row.to_dict()])
     return 0
 
 

@@ -18,8 +18,6 @@ model, its grads and the optimizer state (the unfused path's fp32 grad copies sh
 from __future__ import annotations
 
 import argparse
-import gc
-import json
 import statistics
 import sys
 import time
@@ -32,6 +30,8 @@ from cs336_basics.config import build_config
 from cs336_basics.errors import ConfigError, report_error
 from cs336_basics.model import TransformerLM
 from cs336_basics.optim import MasterWeightAdamW
+from cs336_basics.results import run_record, write_results
+from cs336_basics.training.run import release_memory
 
 VARIANTS = ("masters-fused", "masters-eager", "masters-unfused", "bf16-no-masters")
 HP = {"lr": 3e-4, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.1}
@@ -109,8 +109,6 @@ def time_variant(variant: str, model: torch.nn.Module, warmup: int, steps: int) 
 
 
 def measure_preset(preset: str, variants: tuple[str, ...], warmup: int, steps: int) -> list[dict[str, Any]]:
-    from cs336_basics.results import run_record
-
     # A plain BF16 model: the optimizer never sees FP8 (torchao keeps weights as BF16 parameters).
     config = build_config({"preset": preset, "train": {"dtype": "bfloat16"}, "fp8": {"use_fp8": False}})
     records = []
@@ -130,8 +128,7 @@ def measure_preset(preset: str, variants: tuple[str, ...], warmup: int, steps: i
             run_record(config, optimizer=variant, params=n_params, timed_steps=steps, compile=False, **measured)
         )
         del model
-        gc.collect()
-        torch.cuda.empty_cache()
+        release_memory()
     return records
 
 
@@ -149,12 +146,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         return report_error(ConfigError("the optimizer-step benchmark times CUDA kernels; run it on a GPU."))
-    from cs336_basics.results import environment
-
     runs = [r for preset in args.presets for r in measure_preset(preset, tuple(args.variants), args.warmup, args.steps)]
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({**environment(), "runs": runs}, f, indent=2)
+        write_results(args.json, runs)
     return 0
 
 

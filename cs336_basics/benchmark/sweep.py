@@ -46,7 +46,7 @@ from cs336_basics.config import (
 )
 from cs336_basics.data import prepare_data
 from cs336_basics.errors import ConfigError, report_error
-from cs336_basics.results import append_runs, environment, run_record
+from cs336_basics.results import append_runs, environment, format_or_na, run_record
 from cs336_basics.training.trainer import WARMUP_STEPS_EXCLUDED
 
 # Labels as results.precision_label writes them. fp32 is not in the default grid (a CPU reference only).
@@ -408,12 +408,8 @@ def run_isolated(planned: Planned, work_dir: Path, log_path: Path, timeout_s: fl
 # ---- outputs ----
 
 
-def _num(value: Any, fmt: str) -> str:
-    return "n/a" if value is None else format(value, fmt)
-
-
 def _pct(fraction: float | None) -> str:
-    return "n/a" if fraction is None else f"{100 * fraction:.1f}%"
+    return format_or_na(None if fraction is None else 100 * fraction, ".1f", "%")
 
 
 def _status_cell(record: dict[str, Any], width: int = 70) -> str:
@@ -462,13 +458,13 @@ def format_table(records: Sequence[dict[str, Any]], speedups: Sequence[float | N
                 str(r.get("attention")),
                 _on_off(bool(r.get("gradient_checkpointing"))),
                 _status_cell(r),
-                _num(r.get("step_time_ms"), ".1f"),
-                _num(r.get("tokens_per_sec"), ",.0f"),
+                format_or_na(r.get("step_time_ms"), ".1f"),
+                format_or_na(r.get("tokens_per_sec"), ",.0f"),
                 _pct(r.get("mfu")),
-                _num(r.get("peak_mem_gib"), ".2f"),
-                _num(r.get("compile_s"), ".1f"),
-                _num(r.get("loss"), ".4f"),
-                _num(speedup, ".3f") + ("x" if speedup is not None else ""),
+                format_or_na(r.get("peak_mem_gib"), ".2f"),
+                format_or_na(r.get("compile_s"), ".1f"),
+                format_or_na(r.get("loss"), ".4f"),
+                format_or_na(speedup, ".3f", "x"),
             ]
         )
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
@@ -767,9 +763,9 @@ def _progress_line(i: int, n: int, record: dict[str, Any]) -> str:
         return head + _status_cell(record, width=160) + f" ({record['wall_s']:.0f} s)"
     speedup = record.get("speedup_vs_bf16")
     return head + (
-        f"ok {record['step_time_ms']:.1f} ms/step, {_num(record.get('tokens_per_sec'), ',.0f')} tokens/s, "
-        f"MFU {_pct(record.get('mfu'))}, peak {_num(record.get('peak_mem_gib'), '.2f')} GiB, "
-        f"compile {_num(record.get('compile_s'), '.1f')} s"
+        f"ok {record['step_time_ms']:.1f} ms/step, {format_or_na(record.get('tokens_per_sec'), ',.0f')} tokens/s, "
+        f"MFU {_pct(record.get('mfu'))}, peak {format_or_na(record.get('peak_mem_gib'), '.2f')} GiB, "
+        f"compile {format_or_na(record.get('compile_s'), '.1f')} s"
         + (f", {speedup:.3f}x vs BF16+compile" if speedup is not None else "")
         + f" ({record['wall_s']:.0f} s)"
     )

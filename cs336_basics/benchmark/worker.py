@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import signal
 import sys
 import tempfile
@@ -37,7 +36,7 @@ import torch
 
 from cs336_basics.config import build_config
 from cs336_basics.errors import ConfigError
-from cs336_basics.results import run_record
+from cs336_basics.results import run_record, write_json_atomic
 from cs336_basics.training.run import preflight, run_training
 
 # Text that marks an out-of-memory failure when only the text is left (a worker that died without a record, or
@@ -135,15 +134,6 @@ def run_one(spec: dict[str, Any], log=_log) -> dict[str, Any]:
         # The Trainer's tokens/s is tokens_per_step / median step time, so this is that median step time.
         record["step_time_ms"] = 1e3 * tokens_per_step / record["tokens_per_sec"]
     return record
-
-
-def write_json_atomic(path: str | Path, data: Any) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(tmp, path)
-    return path
 
 
 def main(argv: list[str] | None = None) -> int:

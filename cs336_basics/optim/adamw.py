@@ -26,7 +26,7 @@ from torch import nn
 
 from cs336_basics.errors import ConfigError
 
-__all__ = ["MasterWeightAdamW", "STATE_DICT_FORMAT", "adamw_update"]
+__all__ = ["MasterWeightAdamW", "STATE_DICT_FORMAT", "adamw_update", "fused_by_default"]
 
 # Bumped whenever the layout of `state_dict()` changes incompatibly.
 STATE_DICT_FORMAT = "MasterWeightAdamW/v1"
@@ -43,6 +43,11 @@ _COMPILE_PREFIX = "_orig_mod."
 
 # torch.nn.utils.clip_grad_norm_'s guard against dividing by a zero norm; kept so clipping matches torch.
 _CLIP_EPS = 1e-6
+
+
+def fused_by_default(device: torch.device) -> bool:
+    """Whether MasterWeightAdamW(fused=None) runs the Triton kernel on `device` (the config summary says so)."""
+    return device.type == "cuda"
 
 
 def _clean_name(name: str) -> str:
@@ -146,7 +151,7 @@ class MasterWeightAdamW:
                 )
         # name -> {"step", "exp_avg", "exp_avg_sq"}; filled the first time a parameter gets a gradient.
         self.state: dict[str, dict[str, torch.Tensor]] = {}
-        self.fused = self.device.type == "cuda" if fused is None else fused
+        self.fused = fused_by_default(self.device) if fused is None else fused
         if self.fused:
             if self.device.type != "cuda":
                 raise ConfigError("the fused AdamW kernel runs on CUDA only; use fused=False on other devices.")

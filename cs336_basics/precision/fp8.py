@@ -225,6 +225,12 @@ def skip_reason(module: nn.Module, fqn: str, cfg: FP8Config) -> str | None:
     return None if result is None else result[1]
 
 
+def grad_weight_in_fp8(recipe: str) -> bool:
+    """Whether `recipe` runs backward's grad_weight GEMM in FP8: all do but rowwise_with_gw_hp, which keeps it in
+    high precision. The forward and grad_input GEMMs are FP8 in every recipe."""
+    return recipe != "rowwise_with_gw_hp"
+
+
 def check_fp8_tokens(batch_size: int, seq_len: int, cfg: FP8Config) -> None:
     """Raise ConfigError if a training micro-batch of batch_size x seq_len tokens cannot run FP8 backward.
 
@@ -233,7 +239,7 @@ def check_fp8_tokens(batch_size: int, seq_len: int, cfg: FP8Config) -> None:
     eager and compiled). rowwise_with_gw_hp computes grad_weight in high precision and emulation uses plain
     matmuls, so neither has the limit. Forward-only passes (eval, generation) never have it.
     """
-    if not cfg.use_fp8 or cfg.fp8_emulate or cfg.fp8_recipe == "rowwise_with_gw_hp":
+    if not cfg.use_fp8 or cfg.fp8_emulate or not grad_weight_in_fp8(cfg.fp8_recipe):
         return
     tokens = batch_size * seq_len
     if tokens % 16:

@@ -13,8 +13,6 @@ Five checks, each PASS / FAIL / SKIP with the evidence:
 from __future__ import annotations
 
 import dataclasses
-import gc
-import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,14 +22,19 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from cs336_basics.config import RunConfig
-from cs336_basics.data import PreparedData, get_batch, prepare_data
+from cs336_basics.data import get_batch, prepare_data
 from cs336_basics.errors import ConfigError
-from cs336_basics.model import TransformerLM
-from cs336_basics.precision.fp8 import FP8ConversionReport, convert_model_to_fp8, count_float8_linears
+from cs336_basics.precision.fp8 import (
+    FP8ConversionReport,
+    convert_model_to_fp8,
+    count_float8_linears,
+    grad_weight_in_fp8,
+)
 from cs336_basics.precision.support import check_fp8_support, require_fp8
 from cs336_basics.results import result_record
 from cs336_basics.runtime import resolve
-from cs336_basics.training.trainer import Trainer, TrainResult
+from cs336_basics.training.run import release_memory, seeded_model, train_for_measurement
+from cs336_basics.training.trainer import Trainer
 
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 
@@ -80,8 +83,7 @@ class _Float8CastCounter(TorchDispatchMode):
 
 
 def _gemms_per_linear(recipe: str) -> int:
-    # forward, grad_input and grad_weight are FP8 GEMMs, except grad_weight in rowwise_with_gw_hp (kept in BF16).
-    return 2 if recipe == "rowwise_with_gw_hp" else 3
+    return 3 if grad_weight_in_fp8(recipe) else 2  # forward, grad_input and (recipe permitting) grad_weight
 
 
 def count_fp8_gemms(trainer: Trainer) -> tuple[int, list[str]]:
@@ -101,25 +103,6 @@ def count_graph_breaks(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.
     explanation = torch._dynamo.explain(model)(x, targets=y)
     torch._dynamo.reset()
     return explanation.graph_break_count, explanation.graph_count
-
-
-def _fresh_model(config: RunConfig, device: torch.device) -> TransformerLM:
-    torch.manual_seed(config.train.seed)  # the same initial weights for both precisions
-    return TransformerLM(config.model).to(device=device, dtype=torch.bfloat16)
-
-
-def _train(model, config: RunConfig, data: PreparedData, device, log) -> tuple[Trainer, TrainResult]:
-    with tempfile.TemporaryDirectory() as out_dir:
-        train = dataclasses.replace(config.train, out_dir=out_dir, eval_every=0, checkpoint_every=0, resume=False)
-        trainer = Trainer(model, dataclasses.replace(config, train=train), data.train, data.val, device, log=log)
-        return trainer, trainer.train()
-
-
-def _release() -> None:
-    gc.collect()
-    torch._dynamo.reset()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
 
 
 def verify_fp8(config: RunConfig, loss_tolerance: float = 0.02, min_speedup: float = 1.0, log=print) -> Verification:
@@ -142,7 +125,7 @@ def verify_fp8(config: RunConfig, loss_tolerance: float = 0.02, min_speedup: flo
     checks: list[Check] = []
 
     # 1. conversion really happened
-    model = _fresh_model(config, device)
+    model = seeded_model(config, device)
     report: FP8ConversionReport = convert_model_to_fp8(model, config.fp8)
     counted = count_float8_linears(model)
     checks.append(
@@ -168,7 +151,7 @@ def verify_fp8(config: RunConfig, loss_tolerance: float = 0.02, min_speedup: flo
 
     # 4 + 5. the same steps, seed and data in both precisions; FP8 first is as fair as BF16 first (both warm up)
     log("training FP8 ...")
-    fp8_trainer, fp8_result = _train(model, config, data, device, log)
+    fp8_trainer, fp8_result = train_for_measurement(model, config, data.train, data.val, device, log)
 
     # 2. FP8 GEMMs in a (now warm) compiled training step
     expected_gemms = report.n_converted * _gemms_per_linear(config.fp8.fp8_recipe)
@@ -205,12 +188,13 @@ def verify_fp8(config: RunConfig, loss_tolerance: float = 0.02, min_speedup: flo
         )
     # Free the FP8 run before the BF16 one so BF16's peak memory is its own.
     del fp8_trainer, model
-    _release()
+    release_memory()
 
     log("training BF16 ...")
-    bf16_trainer, bf16_result = _train(_fresh_model(bf16_config, device), bf16_config, data, device, log)
-    del bf16_trainer
-    _release()
+    bf16_model = seeded_model(bf16_config, device)
+    bf16_trainer, bf16_result = train_for_measurement(bf16_model, bf16_config, data.train, data.val, device, log)
+    del bf16_trainer, bf16_model
+    release_memory()
 
     gap = abs(fp8_result.loss - bf16_result.loss) / bf16_result.loss
     checks.append(

@@ -4,7 +4,9 @@ dtype → FP8 conversion → count Float8 modules → summary → Trainer (compi
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
+import tempfile
 from pathlib import Path
 
 import torch
@@ -22,7 +24,7 @@ from cs336_basics.precision import (
     require_fp8,
     skip_reason,
 )
-from cs336_basics.results import append_runs, result_record
+from cs336_basics.results import append_runs, format_or_na, result_record
 from cs336_basics.runtime import resolve, torch_dtype
 from cs336_basics.training.summary import RunFacts, format_summary
 from cs336_basics.training.trainer import Trainer, TrainResult
@@ -41,11 +43,37 @@ def preflight(config: RunConfig) -> tuple[RunConfig, torch.device, list[str], st
     return config, device, auto, kernel
 
 
+def seeded_model(config: RunConfig, device: torch.device) -> TransformerLM:
+    """config's model on `device` in its training dtype. Seeded, so two builds (a BF16 and an FP8 run of one
+    comparison) start from the same weights."""
+    torch.manual_seed(config.train.seed)
+    return TransformerLM(config.model).to(device=device, dtype=torch_dtype(config.train.dtype))
+
+
+def train_for_measurement(
+    model: torch.nn.Module, config: RunConfig, train_tokens, val_tokens, device: torch.device, log=print
+) -> tuple[Trainer, TrainResult]:
+    """Train `model` for config.train.max_steps as a measurement rather than a run to keep: no evaluation, no
+    checkpoints, no resume, in a folder deleted afterwards. The returned Trainer can still take (profiled) steps."""
+    with tempfile.TemporaryDirectory() as out_dir:
+        train = dataclasses.replace(config.train, out_dir=out_dir, eval_every=0, checkpoint_every=0, resume=False)
+        trainer = Trainer(model, dataclasses.replace(config, train=train), train_tokens, val_tokens, device, log=log)
+        return trainer, trainer.train()
+
+
+def release_memory() -> None:
+    """Between two measured runs in one process: drop compiled graphs and cached GPU memory, so the next run
+    compiles afresh and its peak memory is its own."""
+    gc.collect()
+    torch._dynamo.reset()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
 def run_training(config: RunConfig, results_json: str | Path | None = None, log=print) -> TrainResult:
     fp8_auto = config.fp8.use_fp8 is None
     config, device, auto, attention_kernel = preflight(config)
     t, m, fp8 = config.train, config.model, config.fp8
-    dtype = torch_dtype(t.dtype)
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True  # only float32 matmuls are affected; BF16 ones are not
         torch.backends.cudnn.allow_tf32 = True
@@ -58,8 +86,7 @@ def run_training(config: RunConfig, results_json: str | Path | None = None, log=
                 "use a smaller --context_length or more data."
             )
 
-    torch.manual_seed(t.seed)
-    model = TransformerLM(m).to(device=device, dtype=dtype)
+    model = seeded_model(config, device)
     fp8_line = "off"
     if fp8.use_fp8 and fp8_auto and not any(skip_reason(mod, fqn, fp8) is None for fqn, mod in model.named_modules()):
         # FP8 was our choice, not the user's: with no layer worth converting, say so and stay in BF16.
@@ -107,13 +134,10 @@ def run_training(config: RunConfig, results_json: str | Path | None = None, log=
 
 
 def format_result(result: TrainResult) -> str:
-    def num(value, fmt):
-        return "n/a" if value is None else format(value, fmt)
-
+    num = format_or_na
     return (
         f"done: {result.steps} steps, {result.tokens:,} tokens, loss {num(result.loss, '.4f')}, "
         f"val loss {num(result.val_loss, '.4f')}, {num(result.tokens_per_sec, ',.0f')} tokens/s, "
-        f"MFU {'n/a' if result.mfu is None else f'{100 * result.mfu:.1f}%'}, "
-        f"peak memory {num(result.peak_mem_gib, '.2f')} GiB, "
-        f"compile {num(result.compile_s, '.1f')} s"
+        f"MFU {num(None if result.mfu is None else 100 * result.mfu, '.1f', '%')}, "
+        f"peak memory {num(result.peak_mem_gib, '.2f')} GiB, compile {num(result.compile_s, '.1f')} s"
     )

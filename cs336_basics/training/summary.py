@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import torch
 
 from cs336_basics.config import RunConfig
+from cs336_basics.optim import fused_by_default
 
 
 @dataclass
@@ -86,7 +87,7 @@ def format_summary(config: RunConfig, facts: RunFacts) -> str:
             "precision",
             f"{t.dtype} weights"
             + (", fp32 master weights and AdamW moments" if t.dtype != "float32" else ", fp32 AdamW")
-            + (" (fused Triton update)" if facts.device.type == "cuda" else ""),
+            + (" (fused Triton update)" if fused_by_default(facts.device) else ""),
         ),
         ("FP8", facts.fp8_line),
         ("compile", f"on (mode {t.compile_mode}, fullgraph)" if t.compile_model else "off (eager)"),
