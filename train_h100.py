@@ -3,31 +3,46 @@
 uv run train_h100.py                      # the default: Python-stdlib corpus, preset chosen by device
 uv run train_h100.py --help               # every flag; values resolve CLI > --config file > preset > default
 uv run train_h100.py --resume --out_dir runs/default   # continue a run exactly where it stopped
+
+Exit codes: 0 done, 1 training diverged or the run folder could not be written, 2 a setting or input that cannot
+be used, 130 / 143 stopped by SIGINT / SIGTERM (a checkpoint is saved at the step boundary first).
 """
 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
-from cs336_basics.errors import ConfigError, report_error
-from cs336_basics.runtime import config_from_args, config_parser
+from cs336_basics.cli import config_from_args, config_parser
+from cs336_basics.errors import ConfigError, RunFolderError, report_error
+from cs336_basics.training.checkpoint import CHECKPOINT_NAME
 from cs336_basics.training.run import run_training
+from cs336_basics.training.signals import Interrupted, terminate_raises
 from cs336_basics.training.trainer import TrainingDiverged
+
+
+def _how_to_continue(config) -> str:
+    if config is not None and (Path(config.train.out_dir) / CHECKPOINT_NAME).is_file():
+        return f"Continue with: --resume --out_dir {config.train.out_dir}"
+    return "No checkpoint was saved; start the run again (--overwrite if its folder was already created)."
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = config_parser(__doc__)
     parser.add_argument("--results_json", help="also append this run's record to a benchmark results file")
     args = parser.parse_args(argv)
+    config = None
     try:
-        run_training(config_from_args(args), results_json=args.results_json)
+        with terminate_raises():
+            config = config_from_args(args)
+            run_training(config, results_json=args.results_json)
     except ConfigError as exc:
         return report_error(exc)
-    except TrainingDiverged as exc:
+    except (TrainingDiverged, RunFolderError) as exc:
         return report_error(exc, exit_code=1)
     except KeyboardInterrupt as exc:
-        print(f"\n{exc or 'interrupted'}. Continue with: --resume --out_dir <the same folder>", file=sys.stderr)
-        return 130
+        print(f"\n{str(exc).rstrip('.') or 'interrupted'}. {_how_to_continue(config)}", file=sys.stderr)
+        return exc.exit_code if isinstance(exc, Interrupted) else 130
     return 0
 
 

@@ -12,10 +12,10 @@ from __future__ import annotations
 import dataclasses
 import sys
 
+from cs336_basics.cli import config_from_args, config_parser
 from cs336_basics.errors import ConfigError, report_error
 from cs336_basics.precision.verify import verify_fp8
 from cs336_basics.results import write_results
-from cs336_basics.runtime import config_from_args, config_parser
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,62 +1,136 @@
-"""One config tree for the model, data, optimiser and training loop.
+"""One config tree for the model, data, optimiser, training loop and FP8.
 
 Values resolve in one order everywhere: command line > config file (JSON) > preset > field default.
 The tree is saved with every checkpoint, so a run can always be reproduced from its output folder.
+
+Each field is declared once, with its help text, its allowed choices and its range check (`setting`): the
+command line (cli.py) reads its flags from here, and every config, whatever it came from (flags, a JSON file, a
+preset, code), is checked against the same rules when it is built, so a bad value is one clear error up front.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import json
+import math
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from cs336_basics.errors import ConfigError
 
 ATTENTION_BACKENDS = ("sdpa", "flash", "math")
+DATASETS = ("stdlib", "tinystories")
+DTYPES = ("auto", "bfloat16", "float32")
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+FP8_RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
+FP8_FORMATS = ("auto", "e4m3", "hybrid")
+
+# The optimizer keeps the learning rate in a float32 device tensor: a larger value would become inf there.
+FLOAT32_MAX = 3.4028234663852886e38
+
+Check = Callable[[Any], str | None]  # value -> what is wrong with it, or None
+
+
+def setting(default: Any, help: str = "", *, choices: tuple[str, ...] | None = None, check: Check | None = None):
+    """A config field with its help text, its allowed choices and its range check, declared in one place."""
+    return field(default=default, metadata={"help": help, "choices": choices, "check": check})
+
+
+def at_least(low: int) -> Check:
+    return lambda v: None if v >= low else f"must be >= {low}"
+
+
+def positive(v: float) -> str | None:
+    return None if v > 0 else "must be > 0"
+
+
+def non_negative(v: float) -> str | None:
+    return None if v >= 0 else "must be >= 0"
+
+
+def finite(check: Check) -> Check:
+    return lambda v: "must be a finite number" if not math.isfinite(v) else check(v)
+
+
+def unit_interval(v: float) -> str | None:
+    return None if 0 <= v < 1 else "must be in [0, 1)"
+
+
+def not_empty(v: str) -> str | None:
+    return None if v.strip() else "must not be empty"
+
+
+def learning_rate(v: float) -> str | None:
+    return None if 0 < v <= FLOAT32_MAX else f"must be > 0 and at most {FLOAT32_MAX:.3g} (float32's largest value)"
+
+
+_TYPE_WORDS = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+
+
+def _checked_value(name: str, value: Any, hint: Any) -> Any:
+    """`value` if it has the field's type (int accepted for float, returned as float); else a ConfigError."""
+    allowed = typing.get_args(hint) or (hint,)
+    if value is None:
+        if type(None) in allowed:
+            return None
+        raise ConfigError(f"{name} must be {_TYPE_WORDS[allowed[0]]}, got null.")
+    kind = next(t for t in allowed if t is not type(None))
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    # bool is a subclass of int, so isinstance alone would take `true` for an integer.
+    if type(value) is not kind:
+        raise ConfigError(f"{name} must be {_TYPE_WORDS[kind]}, got {value!r} ({type(value).__name__}).")
+    if kind is float and math.isnan(value):
+        raise ConfigError(f"{name} must be a number, got nan.")
+    return value
+
+
+def validate_fields(obj: Any) -> None:
+    """Check every field of a config dataclass against its declared type, choices and range."""
+    hints = typing.get_type_hints(type(obj))
+    for f in dataclasses.fields(obj):
+        value = _checked_value(f.name, getattr(obj, f.name), hints[f.name])
+        object.__setattr__(obj, f.name, value)  # the frozen dataclass keeps the normalised value
+        if value is None:
+            continue
+        choices, check = f.metadata.get("choices"), f.metadata.get("check")
+        if choices and value not in choices:
+            raise ConfigError(f"{f.name} must be one of {', '.join(choices)}; got {value!r}.")
+        problem = check(value) if check else None
+        if problem:
+            raise ConfigError(f"{f.name} {problem}; got {value!r}.")
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    vocab_size: int = 32000
-    context_length: int = 2048
-    dim: int = 896
-    n_layers: int = 24
-    n_heads: int = 14
-    # Grouped-query attention: None means one K/V head per query head (plain multi-head attention).
-    n_kv_heads: int | None = None
-    intermediate_size: int = 3584
-    rope_theta: float = 10000.0
-    norm_eps: float = 1e-5
-    tie_embeddings: bool = False
-    attention: str = "sdpa"
-    # Recompute each block's activations in backward: less memory, about a third more compute.
-    gradient_checkpointing: bool = False
+    vocab_size: int = setting(32000, "vocabulary size: token ids are 0 .. vocab_size-1", check=at_least(1))
+    context_length: int = setting(2048, "tokens per training sequence", check=at_least(1))
+    dim: int = setting(896, "model width d_model", check=at_least(1))
+    n_layers: int = setting(24, "transformer blocks", check=at_least(1))
+    n_heads: int = setting(14, "query heads", check=at_least(1))
+    n_kv_heads: int | None = setting(
+        None, "key/value heads for grouped-query attention (default: n_heads)", check=at_least(1)
+    )
+    intermediate_size: int = setting(3584, "SwiGLU hidden size d_ff", check=at_least(1))
+    rope_theta: float = setting(10000.0, "RoPE base", check=finite(positive))
+    norm_eps: float = setting(1e-5, "RMSNorm epsilon", check=finite(positive))
+    tie_embeddings: bool = setting(False, "share the token embedding matrix with the lm_head")
+    attention: str = setting(
+        "sdpa", "attention kernel: sdpa, flash, or math (the reference)", choices=ATTENTION_BACKENDS
+    )
+    gradient_checkpointing: bool = setting(
+        False, "recompute each block's activations in backward: less memory, about a third more compute"
+    )
 
     def __post_init__(self) -> None:
-        self.validate()
-
-    @property
-    def kv_heads(self) -> int:
-        return self.n_kv_heads if self.n_kv_heads is not None else self.n_heads
-
-    @property
-    def head_dim(self) -> int:
-        return self.dim // self.n_heads
-
-    def validate(self) -> None:
-        for name in ("vocab_size", "context_length", "dim", "n_layers", "n_heads", "intermediate_size"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be a positive integer, got {getattr(self, name)}.")
+        validate_fields(self)
         if self.dim % self.n_heads:
             raise ConfigError(
                 f"dim ({self.dim}) must be divisible by n_heads ({self.n_heads}); "
                 f"pick n_heads from the divisors of {self.dim}."
             )
-        if self.kv_heads < 1 or self.n_heads % self.kv_heads:
+        if self.n_heads % self.kv_heads:
             raise ConfigError(
                 f"n_heads ({self.n_heads}) must be divisible by n_kv_heads ({self.kv_heads}) "
                 "for grouped-query attention."
@@ -66,80 +140,113 @@ class ModelConfig:
                 f"head dimension dim/n_heads = {self.dim}/{self.n_heads} = {self.head_dim} is odd; "
                 "RoPE rotates pairs of channels, so it must be even."
             )
-        if self.attention not in ATTENTION_BACKENDS:
-            raise ConfigError(f"attention must be one of {ATTENTION_BACKENDS}, got {self.attention!r}.")
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_heads if self.n_kv_heads is not None else self.n_heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_heads
+
+
+# Model settings that change the function being trained, and so the meaning of a checkpoint's weights. The
+# others (attention kernel, activation checkpointing) compute the same function another way.
+MODEL_IDENTITY_FIELDS = (
+    "vocab_size", "context_length", "dim", "n_layers", "n_heads", "n_kv_heads", "intermediate_size",
+    "rope_theta", "norm_eps", "tie_embeddings",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
 class DataConfig:
-    # Built-in corpora: "stdlib" (the Python standard library's source, offline) or "tinystories" (downloaded).
-    dataset: str = "stdlib"
-    # Your own data: raw .txt (tokenised with a BPE trained on it, cached) or token arrays (.npy / .bin).
-    train_data: str | None = None
-    val_data: str | None = None
-    # Where tokenisers and encoded arrays are cached; None means $CS336_CACHE_DIR or ~/.cache/cs336_basics.
-    cache_dir: str | None = None
+    dataset: str = setting(
+        "stdlib", "built-in corpus: stdlib (the Python standard library's source, offline) or tinystories "
+        "(downloaded)", choices=DATASETS,
+    )  # fmt: skip
+    train_data: str | None = setting(
+        None, "your training data: .txt (tokenised with a BPE trained on it, cached) or token array .npy/.bin",
+        check=not_empty,
+    )  # fmt: skip
+    val_data: str | None = setting(
+        None, "validation data, same formats (default: the last 5%% of train held out)", check=not_empty
+    )
+    cache_dir: str | None = setting(
+        None, "where tokenizers and encoded arrays are cached (default $CS336_CACHE_DIR or ~/.cache/cs336_basics)",
+        check=not_empty,
+    )  # fmt: skip
+
+    def __post_init__(self) -> None:
+        validate_fields(self)
 
 
 @dataclass(frozen=True)
 class OptimConfig:
-    lr: float = 3e-4
-    min_lr: float = 3e-5
-    warmup_steps: int = 100
-    weight_decay: float = 0.1
-    beta1: float = 0.9
-    beta2: float = 0.95
-    eps: float = 1e-8
-    max_grad_norm: float = 1.0
+    lr: float = setting(3e-4, "peak learning rate", check=learning_rate)
+    min_lr: float = setting(3e-5, "learning rate at the end of the cosine decay", check=finite(non_negative))
+    warmup_steps: int = setting(100, "steps of linear warm-up from 0 to lr", check=at_least(0))
+    lr_decay_steps: int | None = setting(
+        None, "the step where the cosine reaches min_lr (it stays there after); default max_steps, fixed when a "
+        "run starts, so a resumed run with a larger --max_steps keeps its schedule continuous", check=at_least(1),
+    )  # fmt: skip
+    weight_decay: float = setting(0.1, "decoupled weight decay (matrices only)", check=finite(non_negative))
+    beta1: float = setting(0.9, "AdamW beta1", check=unit_interval)
+    beta2: float = setting(0.95, "AdamW beta2", check=unit_interval)
+    eps: float = setting(1e-8, "AdamW epsilon", check=finite(positive))
+    max_grad_norm: float = setting(1.0, "clip the global gradient norm to this (inf: no clipping)", check=positive)
 
-
-FP8_RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
-FP8_FORMATS = ("auto", "e4m3", "hybrid")
+    def __post_init__(self) -> None:
+        validate_fields(self)
+        if self.min_lr > self.lr:
+            raise ConfigError(f"min_lr ({self.min_lr:g}) must not exceed lr ({self.lr:g}).")
 
 
 @dataclass(frozen=True)
 class FP8Config:
     # Field names carry the fp8_ prefix because every config field is also a flat CLI flag.
-    # None means auto: on where the GPU runs FP8 matmuls (sm_89+, torchao present), off elsewhere.
-    use_fp8: bool | None = None
-    fp8_recipe: str = "tensorwise"
-    # "hybrid": E4M3 forward, E5M2 gradients (wider range for gradients); "e4m3": E4M3 everywhere;
-    # "auto": what torchao's recipe uses (hybrid for tensorwise, e4m3 for the rowwise recipes).
-    fp8_format: str = "auto"
-    # Convert the output projection too (it is the largest matmul, but logits are the most precision-sensitive).
-    fp8_lm_head: bool = False
-    # Convert only layers whose matmul shape is large enough for FP8 to pay (see cs336_basics/precision).
-    fp8_shape_filter: bool = False
-    # torchao's emulation: FP8 numerics in high precision, for CPU tests and debugging only (slow).
-    fp8_emulate: bool = False
+    use_fp8: bool | None = setting(
+        None, "train the linear layers in FP8 (default: on where the GPU runs FP8 matmuls, sm_89+ with torchao)"
+    )
+    fp8_recipe: str = setting("tensorwise", "TorchAO float8 recipe", choices=FP8_RECIPES)
+    fp8_format: str = setting(
+        "auto", "auto: the recipe's own (tensorwise: E4M3 forward / E5M2 gradients); hybrid; e4m3 everywhere",
+        choices=FP8_FORMATS,
+    )  # fmt: skip
+    fp8_lm_head: bool = setting(False, "convert the output projection too (the most precision-sensitive matmul)")
+    fp8_shape_filter: bool = setting(
+        False, "convert only layers whose matmul shape is large enough for FP8 to pay (TorchAO's rule)"
+    )
+    fp8_emulate: bool = setting(False, "TorchAO's emulation: FP8 numerics in high precision, for CPU tests only")
 
     def __post_init__(self) -> None:
-        if self.fp8_recipe not in FP8_RECIPES:
-            raise ConfigError(f"fp8_recipe must be one of {FP8_RECIPES}, got {self.fp8_recipe!r}.")
-        if self.fp8_format not in FP8_FORMATS:
-            raise ConfigError(f"fp8_format must be one of {FP8_FORMATS}, got {self.fp8_format!r}.")
+        validate_fields(self)
 
 
 @dataclass(frozen=True)
 class TrainConfig:
-    batch_size: int = 8
-    gradient_accumulation_steps: int = 1
-    max_steps: int = 1000
-    # "auto" picks cuda when present, else cpu. Asking for cuda on a machine without it is an error.
-    device: str = "auto"
-    # "auto": bfloat16 weights on CUDA (what FP8 conversion needs), float32 on CPU.
-    dtype: str = "auto"
-    # None means auto: compile on CUDA (eager leaves most of the speed on the table), eager on CPU.
-    compile_model: bool | None = None
-    compile_mode: str = "default"
-    seed: int = 0
-    out_dir: str = "runs/default"
-    resume: bool = False
-    log_every: int = 10
-    eval_every: int = 200
-    eval_batches: int = 8
-    # Also written at the end and on Ctrl-C; 0 writes none (benchmarks).
-    checkpoint_every: int = 500
+    batch_size: int = setting(8, "sequences per micro-batch", check=at_least(1))
+    gradient_accumulation_steps: int = setting(1, "micro-batches per optimizer step", check=at_least(1))
+    max_steps: int = setting(1000, "optimizer steps to train for", check=at_least(1))
+    device: str = setting("auto", "auto, cpu, cuda or cuda:N", check=not_empty)
+    dtype: str = setting("auto", "weight dtype: auto (bfloat16 on CUDA, float32 on CPU)", choices=DTYPES)
+    compile_model: bool | None = setting(None, "torch.compile the model (default: on for CUDA, off for CPU)")
+    compile_mode: str = setting("default", "torch.compile mode", choices=COMPILE_MODES)
+    seed: int = setting(0, "seed for the initial weights and the order of batches", check=at_least(0))
+    out_dir: str = setting("runs/default", "the run folder (config, metrics, plot, checkpoint)", check=not_empty)
+    resume: bool = setting(False, "continue the run in out_dir from its checkpoint, exactly where it stopped")
+    overwrite: bool = setting(False, "start afresh in an out_dir that holds an earlier run, deleting that run")
+    log_every: int = setting(10, "steps between metrics records", check=at_least(1))
+    eval_every: int = setting(200, "steps between validation evaluations (0: none)", check=at_least(0))
+    eval_batches: int = setting(8, "batches per validation evaluation", check=at_least(1))
+    checkpoint_every: int = setting(
+        500, "steps between checkpoints; one is also written at the end and on a stop signal (0: none at all)",
+        check=at_least(0),
+    )  # fmt: skip
+
+    def __post_init__(self) -> None:
+        validate_fields(self)
+        if self.resume and self.overwrite:
+            raise ConfigError("--resume continues the run in out_dir and --overwrite deletes it: pass one of them.")
 
 
 @dataclass(frozen=True)
@@ -159,6 +266,15 @@ class RunConfig:
     def from_dict(cls, values: dict[str, Any]) -> RunConfig:
         return _build(values)
 
+    def replace(self, **sections: dict[str, Any]) -> RunConfig:
+        """A copy with fields of the named sections changed, e.g. config.replace(train={"max_steps": 5})."""
+        changed = {name: dataclasses.replace(getattr(self, name), **fields) for name, fields in sections.items()}
+        return dataclasses.replace(self, **changed)
+
+    def with_fp8(self, use_fp8: bool) -> RunConfig:
+        """The same run with FP8 on or off: the twin a BF16-vs-FP8 comparison trains."""
+        return self.replace(fp8={"use_fp8": use_fp8})
+
 
 # Shapes we benchmark and recommend. "cpu-small" learns visibly in about two minutes on two cores.
 PRESETS: dict[str, dict[str, dict[str, Any]]] = {
@@ -170,8 +286,8 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     "366m": {
         "model": dict(dim=896, n_layers=24, n_heads=14, intermediate_size=3584, vocab_size=32000, context_length=2048),
         "train": dict(batch_size=8),
-        # Measured on an H200 (benchmarks/results/2026-11-21-fp8-variants-366m-h200.json): converting only the
-        # layers that pass the shape rule (w1, w3) gives 1.048x over BF16; converting all 168 gives 1.02x.
+        # Converting only the layers that pass the shape rule (w1, w3) measured faster than converting all of them:
+        # benchmarks/results/2026-11-21-fp8-variants-366m-h200.json.
         "fp8": dict(fp8_shape_filter=True),
     },
     "gpt2-small": {
@@ -186,6 +302,11 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
 SECTIONS = {"model": ModelConfig, "data": DataConfig, "optim": OptimConfig, "train": TrainConfig, "fp8": FP8Config}
 
 
+def auto_preset(device_type: str) -> str:
+    """The preset "auto" stands for on a device of this type."""
+    return "366m" if device_type == "cuda" else "cpu-small"
+
+
 def merge_layers(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
     """Nested merge of two config layers; `override` wins."""
     merged = {**base}
@@ -198,28 +319,25 @@ def merge_layers(base: dict[str, Any], override: dict[str, Any]) -> dict[str, An
 
 
 def _build(values: dict[str, Any]) -> RunConfig:
+    if not isinstance(values, dict):
+        raise ConfigError(f"a config must be a JSON object of sections, got {type(values).__name__}.")
     unknown = set(values) - set(SECTIONS) - {"preset"}
     if unknown:
         raise ConfigError(f"unknown config sections {sorted(unknown)}; expected preset, {', '.join(SECTIONS)}.")
     sections = {}
     for name, cls in SECTIONS.items():
         given = values.get(name, {})
+        if not isinstance(given, dict):
+            raise ConfigError(f"config section {name!r} must be an object of settings, got {given!r}.")
         known = {f.name for f in dataclasses.fields(cls)}
         bad = set(given) - known
         if bad:
             raise ConfigError(f"unknown {name} settings {sorted(bad)}; valid ones: {sorted(known)}.")
         sections[name] = cls(**given)
-    return RunConfig(preset=values.get("preset", "auto"), **sections)
-
-
-def load_config_file(path: str | Path) -> dict[str, Any]:
-    path = Path(path)
-    try:
-        return json.loads(path.read_text())
-    except OSError as exc:
-        raise ConfigError(f"cannot read config file {path}: {exc}") from exc
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"config file {path} is not valid JSON: {exc}") from exc
+    preset = values.get("preset", "auto")
+    if preset != "auto" and preset not in PRESETS:
+        raise ConfigError(f"unknown preset {preset!r}; choose one of auto, {', '.join(PRESETS)}.")
+    return RunConfig(preset=preset, **sections)
 
 
 def build_config(
@@ -231,7 +349,7 @@ def build_config(
     """
     overrides, from_file = overrides or {}, from_file or {}
     preset = overrides.get("preset") or from_file.get("preset") or "auto"
-    resolved_preset = ("366m" if device_type == "cuda" else "cpu-small") if preset == "auto" else preset
+    resolved_preset = auto_preset(device_type) if preset == "auto" else preset
     if resolved_preset not in PRESETS:
         raise ConfigError(f"unknown preset {preset!r}; choose one of auto, {', '.join(PRESETS)}.")
     values = merge_layers(merge_layers(PRESETS[resolved_preset], from_file), overrides)
@@ -245,60 +363,3 @@ def lookup(section: str, name: str, *layers: dict[str, Any]) -> Any:
         if name in layer.get(section, {}):
             return layer[section][name]
     return next(f.default for f in dataclasses.fields(SECTIONS[section]) if f.name == name)
-
-
-# ---- command line: one flat flag per config field (flag names match the course's train script) ----
-
-_FLAG_HELP = {
-    "dim": "model width d_model",
-    "intermediate_size": "SwiGLU hidden size d_ff",
-    "n_kv_heads": "key/value heads for grouped-query attention (default: n_heads)",
-    "attention": "attention kernel: sdpa (default), flash, or math (reference)",
-    "dataset": "built-in corpus: stdlib (offline, default) or tinystories (downloads)",
-    "train_data": "training data: .txt (tokenised and cached) or token array .npy/.bin",
-    "val_data": "validation data, same formats (default: hold out the last 5%% of train)",
-    "device": "auto, cpu, cuda or cuda:N",
-    "dtype": "weight dtype: auto (bfloat16 on CUDA, float32 on CPU), bfloat16 or float32",
-    "compile_model": "torch.compile the model (default: on for CUDA, off for CPU)",
-    "resume": "continue from out_dir/checkpoint.pt exactly where it stopped",
-}
-
-
-def add_config_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add --<field> for every config field, plus --no_<field> for booleans. Defaults stay unset so that
-    only flags the user typed override the file and preset."""
-    parser.add_argument("--config", help="JSON config file (same layout as config.json in a run folder)")
-    parser.add_argument("--preset", choices=["auto", *PRESETS], help="named model/batch shape (default: auto)")
-    parser.add_argument(
-        "--use_flash_attn", action="store_const", const="flash", dest="attention", help="same as --attention flash"
-    )
-    for section, cls in SECTIONS.items():
-        group = parser.add_argument_group(f"{section} settings")
-        hints = typing.get_type_hints(cls)
-        for f in dataclasses.fields(cls):
-            dest = f"{section}.{f.name}"
-            kind = hints[f.name]
-            help_text = _FLAG_HELP.get(f.name, "") + f" (default {f.default})"
-            if kind is bool or kind == (bool | None):
-                group.add_argument(f"--{f.name}", action="store_true", default=None, dest=dest, help=help_text)
-                group.add_argument(f"--no_{f.name}", action="store_false", default=None, dest=dest)
-            else:
-                scalar = next(t for t in typing.get_args(kind) or (kind,) if t is not type(None))
-                group.add_argument(
-                    f"--{f.name}", type=scalar, default=None, dest=dest, metavar=f.name.upper(), help=help_text
-                )
-
-
-def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
-    overrides: dict[str, Any] = {}
-    for key, value in vars(args).items():
-        if value is None:
-            continue
-        if key == "attention":  # set by --use_flash_attn
-            overrides.setdefault("model", {})["attention"] = value
-        elif key == "preset":
-            overrides["preset"] = value
-        elif "." in key:
-            section, name = key.split(".", 1)
-            overrides.setdefault(section, {})[name] = value
-    return overrides

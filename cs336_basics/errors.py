@@ -1,10 +1,20 @@
-"""User-facing errors: raised before any training starts, printed by the scripts without a traceback."""
+"""User-facing errors: printed by the scripts as one line, without a traceback."""
 
 import sys
 
 
 class ConfigError(ValueError):
     """A configuration, input file or environment that cannot be honoured; the message says what to do."""
+
+
+class NotSupportedHere(ConfigError):
+    """A valid request this machine cannot run (no CUDA, no FP8 tensor cores, no flash kernel, no torchao).
+    The sweep records such a configuration as skipped rather than failed."""
+
+
+class RunFolderError(RuntimeError):
+    """The run folder cannot be written (disk full, permissions): the message names the file, the reason and what
+    is still intact."""
 
 
 def report_error(exc: BaseException, exit_code: int = 2) -> int:

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import torch
 
+from cs336_basics.build import resolve_device
 from cs336_basics.config import RunConfig
 from cs336_basics.data import BPETokenizer
 from cs336_basics.errors import ConfigError, report_error
 from cs336_basics.model import TransformerLM
-from cs336_basics.runtime import resolve_device
 from cs336_basics.training.checkpoint import CHECKPOINT_NAME, load_checkpoint
 
 

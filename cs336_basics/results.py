@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shlex
 import sys
 from importlib import metadata
@@ -14,6 +13,7 @@ from typing import Any
 
 import torch
 
+from cs336_basics.atomic import write_json_atomic
 from cs336_basics.config import RunConfig
 
 
@@ -23,7 +23,7 @@ def _command_line() -> str:
     script = Path(sys.argv[0]).resolve()
     package_root = Path(__file__).resolve().parent.parent
     if script.suffix == ".py" and script.is_relative_to(package_root / "cs336_basics"):
-        module = ".".join(script.relative_to(package_root).with_suffix("").parts)
+        module = ".".join(script.relative_to(package_root).with_suffix("").parts).removesuffix(".__main__")
         head = ["python", "-m", module]
     else:
         head = [Path(sys.argv[0]).name]
@@ -48,12 +48,12 @@ def precision_label(config: RunConfig) -> str:
     fp8 = config.fp8
     if fp8.use_fp8:
         return f"fp8-{fp8.fp8_recipe}" + ("-emulated" if fp8.fp8_emulate else "")
-    return {"bfloat16": "bf16", "float32": "fp32"}[config.train.dtype]
+    return {"bfloat16": "bf16", "float32": "fp32"}.get(config.train.dtype, config.train.dtype)
 
 
 def run_record(config: RunConfig, status: str = "ok", **measured: Any) -> dict[str, Any]:
     """A flat record: the shape and settings of the run plus whatever was measured."""
-    m, t = config.model, config.train
+    m, t, fp8 = config.model, config.train, config.fp8
     record = {
         "preset": config.preset,
         "dim": m.dim,
@@ -69,7 +69,12 @@ def run_record(config: RunConfig, status: str = "ok", **measured: Any) -> dict[s
         "compile": t.compile_mode if t.compile_model else False,
         "attention": m.attention,
         "gradient_checkpointing": m.gradient_checkpointing,
-        "fp8_lm_head": bool(config.fp8.use_fp8 and config.fp8.fp8_lm_head),
+        "world_size": 1,
+        "parallel": "none",
+        "fp8_lm_head": bool(fp8.use_fp8 and fp8.fp8_lm_head),
+        "fp8_shape_filter": fp8.fp8_shape_filter,  # as configured (a preset may set it for its BF16 rows too)
+        "fp8_path": "torchao" if fp8.use_fp8 else None,
+        "fp8_scaling": "dynamic" if fp8.use_fp8 else None,
         "tokens_per_sec": None,
         "mfu": None,
         "peak_mem_gib": None,
@@ -85,16 +90,6 @@ def result_record(config: RunConfig, result: Any, **extra: Any) -> dict[str, Any
     """The record of a finished training run (a trainer.TrainResult)."""
     measured = ("tokens_per_sec", "mfu", "peak_mem_gib", "compile_s", "loss", "val_loss", "steps")
     return run_record(config, **{name: getattr(result, name) for name in measured}, **extra)
-
-
-def write_json_atomic(path: str | Path, data: Any) -> Path:
-    """Write JSON so that a reader never sees half a file (written beside, then renamed)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(tmp, path)
-    return path
 
 
 def write_results(path: str | Path, runs: list[dict[str, Any]], **fields: Any) -> Path:

@@ -9,9 +9,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from tiny import tiny_model
 from torch.autograd import DeviceType
 
-from cs336_basics.benchmark import amdahl
 from cs336_basics.benchmark.amdahl import (
     AmdahlRow,
     GemmShape,
@@ -27,11 +27,12 @@ from cs336_basics.benchmark.amdahl import (
     predicted_step_ms,
     time_matmuls,
 )
-from cs336_basics.config import FP8Config, ModelConfig, RunConfig, TrainConfig, build_config
+from cs336_basics.benchmark.amdahl import __main__ as amdahl_main
+from cs336_basics.config import FP8Config, RunConfig, TrainConfig, build_config
 from cs336_basics.errors import ConfigError
 
 # 2 layers x (q, k, v, output_proj, w1, w2, w3) + lm_head = 15 linears
-TINY = ModelConfig(dim=64, n_layers=2, n_heads=2, intermediate_size=128, vocab_size=256, context_length=32)
+TINY = tiny_model(dim=64, intermediate_size=128, vocab_size=256, context_length=32)
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU refusal")
 
 
@@ -98,7 +99,7 @@ def test_identical_gemms_are_merged_with_counts():
 
 def test_converted_flags_follow_the_shape_filter_and_lm_head_flag():
     # tensorwise pays if in_features > 4096 or out_features > 1024: only w1/w3 (64 -> 1040) pass.
-    model = ModelConfig(dim=64, n_layers=2, n_heads=2, intermediate_size=1040, vocab_size=2048, context_length=32)
+    model = dataclasses.replace(TINY, intermediate_size=1040, vocab_size=2048)
     layers = by_layer(linear_gemm_shapes(model, 2, FP8Config(fp8_shape_filter=True)))
     converted = {fqn for fqn, kinds in layers.items() if all(s.converted for s in kinds.values())}
     assert converted == {f"layers.{i}.ffn.{w}" for i in range(2) for w in ("w1", "w3")}
@@ -109,7 +110,7 @@ def test_converted_flags_follow_the_shape_filter_and_lm_head_flag():
 
 
 def test_dims_not_divisible_by_16_are_never_converted():
-    model = ModelConfig(dim=64, n_layers=1, n_heads=2, intermediate_size=128, vocab_size=1000, context_length=32)
+    model = dataclasses.replace(TINY, n_layers=1, vocab_size=1000)
     layers = by_layer(linear_gemm_shapes(model, 2, FP8Config(fp8_lm_head=True)))
     assert not any(s.converted for s in layers["lm_head"].values())
     assert all(s.converted for s in layers["layers.0.attn.q_proj"].values())
@@ -319,7 +320,7 @@ def test_time_matmuls_needs_a_gpu():
 
 @no_cuda
 def test_cli_reports_the_refusal(capsys):
-    assert amdahl.main(["--preset", "cpu-small"]) == 2
+    assert amdahl_main.main(["--preset", "cpu-small"]) == 2
     assert "needs a CUDA GPU" in capsys.readouterr().err
 
 
@@ -345,7 +346,7 @@ def test_time_matmuls_on_the_gpu():
 def test_analyse_a_tiny_model_end_to_end():
     config = RunConfig(
         preset="tiny",
-        model=ModelConfig(dim=64, n_layers=2, n_heads=2, intermediate_size=128, vocab_size=128, context_length=32),
+        model=tiny_model(dim=64, intermediate_size=128, vocab_size=128, context_length=32),
         train=TrainConfig(batch_size=4),
         fp8=FP8Config(fp8_shape_filter=False),
     )

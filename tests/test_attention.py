@@ -4,8 +4,8 @@ import math
 
 import pytest
 import torch
+from tiny import tiny_model
 
-from cs336_basics.config import ModelConfig
 from cs336_basics.errors import ConfigError
 from cs336_basics.model import CausalSelfAttention, RotaryEmbedding, causal_attention, check_attention_backend
 
@@ -123,10 +123,7 @@ def test_check_backend_on_cpu():
 @pytest.mark.parametrize("n_kv_heads", [None, 2])
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_self_attention_matches_manual(backend, n_kv_heads):
-    config = ModelConfig(
-        vocab_size=16, context_length=16, dim=32, n_layers=1, n_heads=4, n_kv_heads=n_kv_heads,
-        intermediate_size=8, rope_theta=1000.0, attention=backend,
-    )  # fmt: skip
+    config = tiny_model(n_layers=1, n_heads=4, n_kv_heads=n_kv_heads, rope_theta=1000.0, attention=backend)
     attn = CausalSelfAttention(config)
     x = torch.randn(2, 9, 32)
     out = attn(x)
@@ -147,7 +144,7 @@ def test_self_attention_matches_manual(backend, n_kv_heads):
 
 
 def test_self_attention_is_plain_linear():
-    attn = CausalSelfAttention(ModelConfig(dim=32, n_heads=4, n_kv_heads=2))
+    attn = CausalSelfAttention(tiny_model(n_heads=4, n_kv_heads=2))
     for name in ("q_proj", "k_proj", "v_proj", "output_proj"):
         layer = getattr(attn, name)
         assert type(layer) is torch.nn.Linear and layer.bias is None

@@ -3,15 +3,14 @@ import json
 
 import pytest
 
-from cs336_basics.config import PRESETS, ModelConfig, RunConfig, add_config_arguments, build_config
+from cs336_basics.build import plan
+from cs336_basics.cli import add_config_arguments, config_from_args, config_parser
+from cs336_basics.config import PRESETS, ModelConfig, RunConfig, build_config
 from cs336_basics.errors import ConfigError
-from cs336_basics.runtime import config_from_args, resolve
 
 
 def parse(*argv: str) -> argparse.Namespace:
-    parser = argparse.ArgumentParser()
-    add_config_arguments(parser)
-    return parser.parse_args(list(argv))
+    return config_parser(None).parse_args(list(argv))
 
 
 def test_precedence_cli_over_file_over_preset_over_default(tmp_path):
@@ -32,11 +31,14 @@ def test_boolean_flags_and_flash_alias():
     assert cfg.model.gradient_checkpointing is False
 
 
-def test_auto_preset_and_resolution_on_cpu():
-    cfg, device, auto = resolve(config_from_args(parse("--device", "cpu")))
-    assert cfg.preset == "cpu-small" and device.type == "cpu"
-    assert cfg.train.dtype == "float32" and cfg.train.compile_model is False
-    assert "dtype=float32" in auto and "compile_model=False" in auto
+def test_auto_preset_and_plan_on_cpu():
+    p = plan(config_from_args(parse("--device", "cpu")))
+    assert p.config.preset == "cpu-small" and p.device.type == "cpu"
+    assert p.config.train.dtype == "float32" and p.config.train.compile_model is False
+    assert p.config.fp8.use_fp8 is False  # decided in the plan: no FP8 without a GPU
+    assert "dtype=float32" in p.auto_choices and "compile_model=False" in p.auto_choices
+    # The schedule length is fixed when a run starts (and saved with it): extending max_steps later keeps it.
+    assert p.config.optim.lr_decay_steps == p.config.train.max_steps
     assert build_config(device_type="cuda").preset == "366m"
 
 
@@ -64,3 +66,88 @@ def test_unknown_settings_in_file_are_rejected(tmp_path):
         build_config(from_file={"model": {"d_model": 4}})
     with pytest.raises(ConfigError, match="unknown preset"):
         build_config({"preset": "huge"})
+
+
+@pytest.mark.parametrize(
+    "file_values, message",
+    [
+        ({"train": {"max_steps": "ten"}}, r"max_steps must be an integer, got 'ten'"),
+        ({"model": {"dim": "64"}}, r"dim must be an integer, got '64'"),
+        ({"train": {"resume": "no"}}, r"resume must be true or false, got 'no'"),
+        ({"train": {"max_steps": 2.5}}, r"max_steps must be an integer"),
+        ({"train": {"batch_size": True}}, r"batch_size must be an integer, got True"),
+        ({"optim": {"lr": None}}, r"lr must be a number, got null"),
+        ({"optim": {"lr": "fast"}}, r"lr must be a number"),
+        ({"model": "big"}, r"section 'model' must be an object"),
+    ],
+)
+def test_config_file_types_are_checked(file_values, message):
+    with pytest.raises(ConfigError, match=message):
+        build_config(from_file=file_values)
+
+
+def test_an_integer_is_accepted_where_a_number_is_expected():
+    assert build_config(from_file={"optim": {"lr": 1, "min_lr": 0}}).optim.lr == 1.0
+
+
+@pytest.mark.parametrize(
+    "section, values, message",
+    [
+        ("optim", {"lr": -0.01}, r"lr must be > 0"),
+        ("optim", {"lr": 0.0}, r"lr must be > 0"),
+        ("optim", {"lr": 1e39}, r"lr must be > 0 and at most 3.4e\+38"),
+        ("optim", {"lr": float("nan")}, r"lr must be a number, got nan"),
+        ("optim", {"beta1": 1.5}, r"beta1 must be in \[0, 1\)"),
+        ("optim", {"warmup_steps": -5}, r"warmup_steps must be >= 0"),
+        ("optim", {"min_lr": 0.1, "lr": 0.01}, r"min_lr \(0.1\) must not exceed lr"),
+        ("optim", {"max_grad_norm": 0.0}, r"max_grad_norm must be > 0"),
+        ("train", {"batch_size": 0}, r"batch_size must be >= 1"),
+        ("train", {"batch_size": -2}, r"batch_size must be >= 1"),
+        ("train", {"gradient_accumulation_steps": 0}, r"gradient_accumulation_steps must be >= 1"),
+        ("train", {"log_every": 0}, r"log_every must be >= 1"),
+        ("train", {"eval_batches": 0}, r"eval_batches must be >= 1"),
+        ("train", {"eval_every": -3}, r"eval_every must be >= 0"),
+        ("train", {"checkpoint_every": -1}, r"checkpoint_every must be >= 0"),
+        ("train", {"compile_mode": "turbo"}, r"compile_mode must be one of default, reduce-overhead"),
+        ("train", {"resume": True, "overwrite": True}, r"pass one of them"),
+        ("train", {"out_dir": " "}, r"out_dir must not be empty"),
+        ("model", {"norm_eps": 0.0}, r"norm_eps must be > 0"),
+        ("data", {"dataset": "wiki"}, r"dataset must be one of stdlib, tinystories"),
+    ],
+)
+def test_ranges_are_checked_whatever_the_source(section, values, message):
+    with pytest.raises(ConfigError, match=message):
+        build_config({section: values})
+    with pytest.raises(ConfigError, match=message):
+        build_config(from_file={section: values})
+
+
+def test_max_grad_norm_inf_turns_clipping_off():
+    assert build_config({"optim": {"max_grad_norm": float("inf")}}).optim.max_grad_norm == float("inf")
+
+
+def test_flags_are_never_abbreviated(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        parse("--max_step", "3")
+    assert exit_info.value.code == 2 and "unrecognized arguments: --max_step" in capsys.readouterr().err
+
+
+def test_choices_are_checked_by_the_parser(capsys):
+    with pytest.raises(SystemExit):
+        parse("--compile_mode", "turbo")
+    assert "invalid choice: 'turbo'" in capsys.readouterr().err
+
+
+def test_help_shows_the_values_a_run_here_uses(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "1000")  # no line wrapping inside the phrases checked
+    parser = argparse.ArgumentParser()
+    add_config_arguments(parser, defaults=build_config(device_type="cpu"))
+    text = " ".join(parser.format_help().split())
+    assert "model width d_model (default here 128, from the cpu-small preset)" in text
+    assert "peak learning rate (default here 0.002, from the cpu-small preset)" in text
+    assert "AdamW beta1 (default 0.9)" in text  # not set by the preset
+    parser = argparse.ArgumentParser()
+    add_config_arguments(parser, defaults=build_config(device_type="cuda"))
+    text = " ".join(parser.format_help().split())
+    assert "model width d_model (default 896)" in text  # the 366m preset keeps the field default
+    assert "large enough for FP8 to pay (TorchAO's rule) (default here True, from the 366m preset)" in text

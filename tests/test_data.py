@@ -271,7 +271,7 @@ def test_prepare_errors(tmp_path):
         prepare_data(DataConfig(train_data=str(tmp_path / "a.txt"), val_data=str(tmp_path / "b.npy")), 300)
     with pytest.raises(ConfigError, match="without --train_data"):
         prepare_data(DataConfig(val_data=str(tmp_path / "b.npy")), 300)
-    with pytest.raises(ConfigError, match="Unknown dataset 'wikipedia'"):
+    with pytest.raises(ConfigError, match="dataset must be one of stdlib, tinystories; got 'wikipedia'"):
         prepare_data(DataConfig(dataset="wikipedia"), 300)
 
 

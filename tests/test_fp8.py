@@ -10,10 +10,11 @@ import sys
 
 import pytest
 import torch
+from tiny import tiny_model
 from torch import nn
 
 from cs336_basics.config import FP8Config, ModelConfig
-from cs336_basics.errors import ConfigError
+from cs336_basics.errors import ConfigError, NotSupportedHere
 from cs336_basics.model import TransformerLM
 from cs336_basics.precision import (
     FP8Support,
@@ -31,7 +32,7 @@ from cs336_basics.precision import (
 from cs336_basics.precision.fp8 import SKIP_LM_HEAD, SKIP_NOT_16, SKIP_SMALL
 
 # Every linear dim a multiple of 16 so that all of them are FP8-eligible: 2 layers x 7 linears + lm_head.
-TINY = ModelConfig(vocab_size=128, context_length=32, dim=64, n_layers=2, n_heads=4, intermediate_size=128)
+TINY = tiny_model()
 N_BLOCK_LINEARS = 2 * 7
 
 EMULATE = FP8Config(use_fp8=True, fp8_emulate=True)
@@ -81,21 +82,24 @@ def test_check_fp8_support_on_cpu_reports_no_and_why():
 
 
 def test_require_fp8_on_cpu_needs_emulate():
-    with pytest.raises(ConfigError, match=r"H100-class GPU \(sm_89\+\); on CPU use --fp8_emulate"):
-        require_fp8(FP8Config(use_fp8=True), "cpu")
-    support = require_fp8(EMULATE, "cpu")  # allowed: numerics only, and the report says so
+    cpu = check_fp8_support("cpu")
+    with pytest.raises(NotSupportedHere, match=r"H100-class GPU \(sm_89\+\); on CPU use --fp8_emulate"):
+        require_fp8(FP8Config(use_fp8=True), cpu)
+    support = require_fp8(EMULATE, cpu)  # allowed: numerics only, and the report says so
     assert isinstance(support, FP8Support) and "emulated" in support.note and "note:" in support.format()
-    require_fp8(FP8Config(use_fp8=False), "cpu")  # nothing asked for, nothing required
+    require_fp8(FP8Config(use_fp8=False), cpu)  # nothing asked for, nothing required
+
+
+def test_support_is_probed_once_per_device():
+    assert check_fp8_support("cpu") is check_fp8_support(torch.device("cpu"))
 
 
 def test_torchao_missing_gives_install_hint(monkeypatch):
     # None in sys.modules makes `import torchao` raise ImportError, as if it were not installed.
     monkeypatch.setitem(sys.modules, "torchao", None)
     monkeypatch.setitem(sys.modules, "torchao.float8", None)
-    support = check_fp8_support("cpu")
-    assert not support.torchao_ok and support.torchao_version is None and "uv sync" in support.reason
-    with pytest.raises(ConfigError, match=r"uv sync.*torchao>=0\.18"):
-        require_fp8(EMULATE, "cpu")
+    with pytest.raises(NotSupportedHere, match=r"uv sync.*torchao>=0\.18"):
+        require_fp8(EMULATE, check_fp8_support("cpu"))
     with pytest.raises(ConfigError, match=r"torchao>=0\.18"):
         convert_model_to_fp8(linears(a=(32, 32)), EMULATE)
     with pytest.raises(ConfigError, match="torchao"):
@@ -191,6 +195,20 @@ def test_shape_rule_matches_torchaos_thresholds():
     # rowwise_with_gw_hp has no torchao auto filter: it uses the rowwise rule.
     for n, k in ((4096, 2048), (4096, 2064), (2048, 8192)):
         assert fp8_gemm_pays(n, k, "rowwise_with_gw_hp") == fp8_gemm_pays(n, k, "rowwise")
+
+
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
+def test_shape_rule_agrees_with_torchaos_own_filter(recipe):
+    """Our rule (which also explains each skip) decides exactly as torchao's auto filter, on a grid of shapes that
+    crosses every threshold; torchao's filter also applies the divisible-by-16 rule, so ours is composed with it."""
+    ao_utils = pytest.importorskip("torchao.float8.float8_linear_utils")
+    ao_filter = ao_utils._auto_filter_for_recipe(recipe, filter_fqns=[])
+    dims = (16, 40, 1024, 1040, 2048, 2064, 4096, 4112, 8192)
+    for n in dims:
+        for k in dims:
+            module = nn.Linear(k, n, bias=False, device="meta")
+            ours = fp8_gemm_pays(n, k, recipe) and n % 16 == 0 and k % 16 == 0
+            assert ours == ao_filter(module, "layers.0.ffn.w1"), (recipe, n, k)
 
 
 def test_shape_filter_on_366m_shapes():
@@ -349,11 +367,11 @@ def test_check_fp8_support_on_cuda():
     assert support.capability_ok == (support.capability >= (8, 9))
     if support.capability_ok:
         assert support.scaled_mm_ok and support.ok and support.reason == "", support.format()
-        assert require_fp8(FP8Config(use_fp8=True), "cuda").ok
+        assert require_fp8(FP8Config(use_fp8=True), support).ok
     else:
         with pytest.raises(ConfigError, match="compute capability"):
-            require_fp8(FP8Config(use_fp8=True), "cuda")
-    assert "no FP8 tensor cores" in require_fp8(EMULATE, "cuda").note
+            require_fp8(FP8Config(use_fp8=True), support)
+    assert "no FP8 tensor cores" in require_fp8(EMULATE, support).note
 
 
 @pytest.mark.gpu

@@ -6,14 +6,13 @@ import math
 
 import pytest
 import torch
+from tiny import tiny_model
 
 from cs336_basics.config import ModelConfig
 from cs336_basics.model import RMSNorm, SwiGLU, TransformerLM, init_weights
 
-TINY = ModelConfig(
-    vocab_size=50, context_length=16, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, intermediate_size=48,
-    rope_theta=1000.0,
-)  # fmt: skip
+# Grouped-query heads and a vocabulary and FFN width that are not multiples of 16, on top of the shared tiny model.
+TINY = tiny_model(vocab_size=50, n_heads=4, n_kv_heads=2, intermediate_size=48, rope_theta=1000.0)
 
 
 def tiny(**overrides) -> ModelConfig:

@@ -6,12 +6,12 @@ import json
 import sys
 from pathlib import Path
 
-import cs336_basics.benchmark.amdahl as amdahl_module
+import cs336_basics.benchmark.amdahl.__main__ as amdahl_main
 from cs336_basics.results import environment, write_results
 
 
 def test_a_module_run_with_dash_m_is_recorded_as_such(monkeypatch):
-    monkeypatch.setattr(sys, "argv", [amdahl_module.__file__, "--preset", "366m", "--json", "out file.json"])
+    monkeypatch.setattr(sys, "argv", [amdahl_main.__file__, "--preset", "366m", "--json", "out file.json"])
     assert environment()["command"] == "python -m cs336_basics.benchmark.amdahl --preset 366m --json 'out file.json'"
 
 

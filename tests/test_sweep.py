@@ -10,14 +10,17 @@ import textwrap
 import numpy as np
 import pytest
 import torch
+from tiny import TINY_FLAGS
 
 import optimize_performance
 from cs336_basics.benchmark import sweep, worker
+from cs336_basics.benchmark.sweep import plan as sweep_plan
+from cs336_basics.benchmark.sweep import report as sweep_report
+from cs336_basics.benchmark.sweep import run as sweep_run
 from cs336_basics.config import build_config
 from cs336_basics.results import precision_label
 
-TINY = ["--dim", "32", "--n_layers", "2", "--n_heads", "2", "--intermediate_size", "64", "--vocab_size", "64"]
-TINY += ["--context_length", "16", "--warmup_steps", "2", "--device", "cpu"]
+TINY = [flag for flag in TINY_FLAGS if not flag.startswith("--batch_size")]  # the sweep sets the batch itself
 TINY_GRID = ["--presets", "cpu-small", "--compile", "eager", "--attention", "sdpa", "--ac", "off", "--batch_sizes", "4"]
 TINY_GRID += ["--steps", "4"]
 GUIDE_FIELDS = (
@@ -123,7 +126,7 @@ def test_each_point_builds_the_config_it_names():
         assert config.train.batch_size == 2 and config.train.max_steps == 25 and config.train.log_every == 5
         assert config.train.eval_every == 0 and config.train.checkpoint_every == 0
         assert config.model.dim == 768  # the preset's shape
-    assert [sweep.log_every_for(n) for n in (30, 20, 25, 3, 13)] == [10, 10, 5, 3, 13]
+    assert [sweep_plan.log_every_for(n) for n in (30, 20, 25, 3, 13)] == [10, 10, 5, 3, 13]
 
 
 def test_quick_plan_and_dry_run_runs_nothing(tmp_path, capsys, monkeypatch):
@@ -138,8 +141,8 @@ def test_quick_plan_and_dry_run_runs_nothing(tmp_path, capsys, monkeypatch):
     def must_not_run(*args, **kwargs):
         raise AssertionError("a dry run ran something")
 
-    monkeypatch.setattr(sweep, "run_isolated", must_not_run)
-    monkeypatch.setattr(sweep, "prepare_all_data", must_not_run)
+    monkeypatch.setattr(sweep_run, "run_isolated", must_not_run)
+    monkeypatch.setattr(sweep_run, "prepare_all_data", must_not_run)
     out = tmp_path / "never"
     code, stdout, _ = run_main(["--quick", "--dry_run", "--out_dir", out], capsys)
     assert code == 0
@@ -249,12 +252,12 @@ def test_failure_classifier():
 def test_gpu_slug_and_default_out_dir():
     import datetime
 
-    assert sweep.gpu_slug("NVIDIA H100 80GB HBM3") == "h100"
-    assert sweep.gpu_slug("NVIDIA H200") == "h200"
-    assert sweep.gpu_slug("NVIDIA GeForce RTX 4090") == "nvidia-geforce-rtx-4090"
-    assert sweep.gpu_slug(None) == "cpu"
+    assert sweep_plan.gpu_slug("NVIDIA H100 80GB HBM3") == "h100"
+    assert sweep_plan.gpu_slug("NVIDIA H200") == "h200"
+    assert sweep_plan.gpu_slug("NVIDIA GeForce RTX 4090") == "nvidia-geforce-rtx-4090"
+    assert sweep_plan.gpu_slug(None) == "cpu"
     day = datetime.date(2026, 11, 21)
-    assert str(sweep.default_out_dir("NVIDIA H200", day)) == "benchmarks/results/2026-11-21-sweep-h200"
+    assert str(sweep_plan.default_out_dir("NVIDIA H200", day)) == "benchmarks/results/2026-11-21-sweep-h200"
 
 
 # ---- the worker in-process: skip and error records ----
@@ -340,7 +343,7 @@ def fake_workers(tmp_path, monkeypatch):
     """Replace the worker command, config by config: "real" keeps it, the rest run FAKE_WORKER in that mode."""
     script = tmp_path / "fake_worker.py"
     script.write_text(FAKE_WORKER)
-    real = sweep.worker_command
+    real = sweep_run.worker_command
     modes: list[str] = []
 
     def command(spec, out_path):
@@ -350,7 +353,7 @@ def fake_workers(tmp_path, monkeypatch):
         snapshot = (tmp_path / "sweep" / "sweep.json", tmp_path / "snapshot.json")
         return [sys.executable, str(script), mode, *map(str, snapshot), "--out", str(out_path)]
 
-    monkeypatch.setattr(sweep, "worker_command", command)
+    monkeypatch.setattr(sweep_run, "worker_command", command)
     return modes
 
 
@@ -386,7 +389,7 @@ def test_timeout_and_crashed_oom_are_classified(tmp_path, token_files, capsys, f
 
 def test_ctrl_c_keeps_what_finished(tmp_path, token_files, capsys, fake_workers, monkeypatch):
     fake_workers += ["ok"]
-    real_run = sweep.run_isolated
+    real_run = sweep_run.run_isolated
     calls = []
 
     def run_then_interrupt(*args, **kwargs):
@@ -395,7 +398,7 @@ def test_ctrl_c_keeps_what_finished(tmp_path, token_files, capsys, fake_workers,
             raise KeyboardInterrupt
         return real_run(*args, **kwargs)
 
-    monkeypatch.setattr(sweep, "run_isolated", run_then_interrupt)
+    monkeypatch.setattr(sweep_run, "run_isolated", run_then_interrupt)
     out = tmp_path / "sweep"
     argv = [*TINY_GRID, "--precisions", "fp32", "--batch_sizes", "1,2,3", *TINY, *token_files, "--out_dir", out]
     code, _, err = run_main(argv, capsys)
@@ -438,12 +441,12 @@ def test_gpu_bf16_vs_fp8_sweep_reports_a_speedup(tmp_path, capsys):
 def test_amdahl_targets_and_a_cpu_run_reported_as_skipped(tmp_path, token_files):
     argv = [*TINY_GRID, "--precisions", "bf16,fp8-tensorwise,fp8-rowwise", "--compile", "eager,default", *TINY]
     plan = sweep.plan_sweep(sweep.parse_options([*argv, *token_files]))
-    targets = sweep.amdahl_targets(plan)
+    targets = sweep_plan.amdahl_targets(plan)
     # One analysis per preset/batch/attention/AC group, taken from its first FP8 + compiled configuration.
     assert [t.point.label for t in targets] == ["cpu-small/bs4/fp8-tensorwise/default/sdpa/ac-off"]
-    row = sweep.run_amdahl(targets[0], tmp_path, timeout_s=120)
+    row = sweep_run.run_amdahl(targets[0], tmp_path, timeout_s=120)
     assert row["status"] == "skipped" and "CUDA" in row["error"]
-    report = sweep.format_amdahl([row])
+    report = sweep_report.format_amdahl([row])
     assert "cpu-small batch 4: skipped" in report
 
 
@@ -463,5 +466,5 @@ def test_amdahl_report_table_from_json_rows():
         cast_overhead_ms=5.6,
         status="ok",
     )
-    report = sweep.format_amdahl([row])
+    report = sweep_report.format_amdahl([row])
     assert "| 366m | 8 | 48/169 | 25.0% | 1.80x | 1.125x | 1.050x | 87.00 | 77.30 | 82.90 | +5.60 |" in report

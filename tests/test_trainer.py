@@ -5,6 +5,7 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
+from tiny import TINY_MODEL
 
 from cs336_basics.config import build_config
 from cs336_basics.model import TransformerLM
@@ -17,7 +18,7 @@ def tiny_config(tmp_path, **train):
     defaults |= dict(out_dir=str(tmp_path), device="cpu", dtype="float32", compile_model=False)
     return build_config(
         {
-            "model": dict(dim=32, n_layers=2, n_heads=2, intermediate_size=64, vocab_size=64, context_length=16),
+            "model": TINY_MODEL,
             "train": defaults | train,
             "optim": dict(warmup_steps=1),
         }
@@ -63,7 +64,8 @@ def test_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path):
         return (loss * float("nan") if trainer.step >= 3 else loss), norm
 
     trainer.train_step = poisoned_step
-    with pytest.raises(TrainingDiverged, match="step 3.*intact"):
+    # Steps are counted from 1, as in metrics.jsonl: the fourth step is the first bad one.
+    with pytest.raises(TrainingDiverged, match="step 4.*checkpoint from step 2.*intact"):
         trainer.train()
     state = load_checkpoint(tmp_path / "checkpoint.pt", restore_rng=False)
     assert state["step"] == 2

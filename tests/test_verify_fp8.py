@@ -2,21 +2,12 @@
 
 import json
 
-import numpy as np
 import pytest
+from tiny import tiny_flags
 
 import verify_fp8_compilation
 
-TINY = ["--dim", "64", "--n_layers", "2", "--n_heads", "2", "--intermediate_size", "128", "--vocab_size", "128"]
-TINY += ["--context_length", "32", "--batch_size", "4", "--steps", "6"]
-
-
-@pytest.fixture
-def token_files(tmp_path):
-    tokens = np.random.default_rng(0).integers(0, 128, size=20000, dtype=np.uint16)
-    np.save(tmp_path / "train.npy", tokens[:18000])
-    np.save(tmp_path / "val.npy", tokens[18000:])
-    return ["--train_data", str(tmp_path / "train.npy"), "--val_data", str(tmp_path / "val.npy")]
+STEPS = ["--steps", "6"]
 
 
 def checks_by_name(path):
@@ -26,7 +17,7 @@ def checks_by_name(path):
 
 def test_cpu_mode_runs_checks_1_to_4_with_emulation(tmp_path, token_files, capsys):
     out = tmp_path / "verify.json"
-    code = verify_fp8_compilation.main([*TINY, *token_files, "--device", "cpu", "--json", str(out)])
+    code = verify_fp8_compilation.main([*tiny_flags(), *STEPS, *token_files, "--json", str(out)])
     stdout = capsys.readouterr().out
     assert code == 0, stdout
     payload, checks = checks_by_name(out)
@@ -40,7 +31,7 @@ def test_cpu_mode_runs_checks_1_to_4_with_emulation(tmp_path, token_files, capsy
 
 def test_a_failing_check_makes_the_exit_code_nonzero(tmp_path, token_files, capsys):
     # A negative tolerance can never be met: the loss check must FAIL and the exit code say so.
-    code = verify_fp8_compilation.main([*TINY, *token_files, "--device", "cpu", "--loss_tolerance", "-1"])
+    code = verify_fp8_compilation.main([*tiny_flags(), *STEPS, *token_files, "--loss_tolerance", "-1"])
     assert code == 1
     assert "SOME CHECKS FAILED" in capsys.readouterr().out
 
@@ -49,7 +40,16 @@ def test_a_failing_check_makes_the_exit_code_nonzero(tmp_path, token_files, caps
 def test_gpu_mode_sees_real_fp8_gemms(tmp_path, token_files, capsys):
     out = tmp_path / "verify.json"
     # A tiny model is too small for FP8 to pay, so only the speed threshold is relaxed here.
-    argv = [*TINY, *token_files, "--min_speedup", "0", "--no_fp8_shape_filter", "--json", str(out)]
+    argv = [
+        *tiny_flags("cuda"),
+        *STEPS,
+        *token_files,
+        "--min_speedup",
+        "0",
+        "--no_fp8_shape_filter",
+        "--json",
+        str(out),
+    ]
     code = verify_fp8_compilation.main(argv)
     assert code == 0, capsys.readouterr().out
     payload, checks = checks_by_name(out)

@@ -31,7 +31,8 @@ from cs336_basics.errors import ConfigError, report_error
 from cs336_basics.model import TransformerLM
 from cs336_basics.optim import MasterWeightAdamW
 from cs336_basics.results import run_record, write_results
-from cs336_basics.training.run import release_memory
+from cs336_basics.timing import time_calls_ms
+from cs336_basics.training.measure import release_memory
 
 VARIANTS = ("masters-fused", "masters-eager", "masters-unfused", "bf16-no-masters")
 HP = {"lr": 3e-4, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.1}
@@ -92,14 +93,7 @@ def time_variant(variant: str, model: torch.nn.Module, warmup: int, steps: int) 
     warmup_s = time.perf_counter() - t0
     before = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
-    times = []
-    for _ in range(steps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        step()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
+    times = time_calls_ms(step, steps)
     extra = torch.cuda.max_memory_allocated() - before
     return {
         "optimizer_step_ms": statistics.median(times),

@@ -11,8 +11,8 @@ temporary run folder, with its log going to this process's stdout (the sweep sen
 The record is results.run_record / result_record plus `status`:
   ok       trained; tokens/s, MFU, step time, peak memory, compile time, loss measured
   skipped  this machine cannot run the configuration (FP8 without an sm_89+ GPU, flash attention unavailable,
-           a CUDA device that is not there, a batch FP8 cannot take): the package's own ConfigError checks,
-           which raise before any work; `reason` holds their message
+           a CUDA device that is not there): the build stage's NotSupportedHere, raised before any work;
+           `reason` holds its message
   oom      torch.OutOfMemoryError; `error` holds the message
   error    anything else (a bad configuration such as a context longer than the data, a crash); `error` holds
            the exception type and the last line of its message
@@ -22,7 +22,6 @@ The worker exits 0 whenever it wrote a record; the sweep reads the record, or cl
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import signal
 import sys
@@ -34,10 +33,11 @@ from typing import Any
 
 import torch
 
+from cs336_basics.atomic import write_json_atomic
 from cs336_basics.config import build_config
-from cs336_basics.errors import ConfigError
-from cs336_basics.results import run_record, write_json_atomic
-from cs336_basics.training.run import preflight, run_training
+from cs336_basics.errors import ConfigError, NotSupportedHere
+from cs336_basics.results import run_record
+from cs336_basics.training.run import run_training
 
 # Text that marks an out-of-memory failure when only the text is left (a worker that died without a record, or
 # an OOM that a compiler wrapped in its own exception type).
@@ -99,39 +99,34 @@ def _log(message: str) -> None:
 
 
 def run_one(spec: dict[str, Any], log=_log) -> dict[str, Any]:
-    """Build the config from the spec, check it can run here, train it, and return its record (never raises for
-    a failed run: the failure is the record)."""
-    extra = dict(spec.get("extra") or {})
+    """Build the config from the spec, train it if this machine can, and return its record (never raises for a
+    failed run: the failure is the record)."""
+    extra = {"step_time_ms": None, **(spec.get("extra") or {})}
     try:
         config = build_config(spec["overrides"], spec.get("from_file"))
     except ConfigError as exc:  # the sweep validates every config before it starts, so this is a caller bug
         return {**extra, "status": "error", "error": _clip(f"ConfigError: {exc}")}
-    common = {"fp8_shape_filter": config.fp8.fp8_shape_filter, "step_time_ms": None, **extra}
-    try:
-        resolved = preflight(config)[0]
-    except ConfigError as exc:
-        log(f"skipped: {exc}")
-        return run_record(config, status="skipped", reason=_clip(str(exc)), **common)
 
     started = time.perf_counter()
     try:
         with tempfile.TemporaryDirectory(prefix="cs336-sweep-") as tmp:
-            run_config = dataclasses.replace(resolved, train=dataclasses.replace(resolved.train, out_dir=tmp))
-            run_training(run_config, log=log)
+            run_training(config.replace(train={"out_dir": tmp}), log=log)
             # run_training writes the standard result record (results.result_record) there; reuse it as is.
             record = json.loads((Path(tmp) / "result.json").read_text())
+    except NotSupportedHere as exc:  # raised by the build stage before any work: this machine cannot run it
+        log(f"skipped: {exc}")
+        return run_record(config, status="skipped", reason=_clip(str(exc)), **extra)
     except Exception as exc:  # noqa: BLE001 - any failure is this configuration's result, not the sweep's
         traceback.print_exc()
         status, message = classify_exception(exc)
-        return run_record(resolved, status=status, error=message, train_s=time.perf_counter() - started, **common)
+        return run_record(config, status=status, error=message, train_s=time.perf_counter() - started, **extra)
 
-    record.update(common)
+    record.update(extra)
     record["status"] = "ok"
     record["train_s"] = time.perf_counter() - started
-    t, m = resolved.train, resolved.model
-    tokens_per_step = t.batch_size * m.context_length * t.gradient_accumulation_steps
     if record.get("tokens_per_sec"):
         # The Trainer's tokens/s is tokens_per_step / median step time, so this is that median step time.
+        tokens_per_step = record["batch_size"] * record["seq_len"] * record["gradient_accumulation_steps"]
         record["step_time_ms"] = 1e3 * tokens_per_step / record["tokens_per_sec"]
     return record
 

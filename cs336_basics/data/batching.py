@@ -103,6 +103,15 @@ def load_token_array(path: str | Path, vocab_size: int) -> np.ndarray:
     return arr
 
 
+def require_windows(n_tokens: int, context_length: int, what: str = "the data") -> None:
+    """Every training window needs context_length + 1 tokens (inputs and their shifted targets)."""
+    if n_tokens <= context_length:
+        raise ConfigError(
+            f"context_length {context_length} is longer than {what} ({n_tokens} tokens); every window needs "
+            "context_length + 1 tokens. Use a smaller --context_length or more data."
+        )
+
+
 def get_batch(
     data: np.ndarray,
     batch_size: int,
@@ -116,11 +125,7 @@ def get_batch(
     course's reference tests.
     """
     n = len(data)
-    if n <= context_length:
-        raise ConfigError(
-            f"context_length {context_length} is longer than the data ({n} tokens); every window needs "
-            f"context_length + 1 tokens. Use a smaller --context_length or more data."
-        )
+    require_windows(n, context_length)
     # Highest start whose window (context_length inputs + 1 shifted target) still ends inside the data.
     high = n - context_length - 1
     if rng is None:
@@ -150,12 +155,7 @@ class BatchSampler:
         device: str | torch.device,
         seed: int = 0,
     ) -> None:
-        if len(data) <= context_length:
-            # Fail at construction, before any training work, rather than at the first step.
-            raise ConfigError(
-                f"context_length {context_length} is longer than the data ({len(data)} tokens); every window "
-                f"needs context_length + 1 tokens. Use a smaller --context_length or more data."
-            )
+        require_windows(len(data), context_length)  # at construction, before any training work
         self.data = data
         self.batch_size = batch_size
         self.context_length = context_length

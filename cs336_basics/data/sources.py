@@ -28,7 +28,6 @@ from cs336_basics.errors import ConfigError
 
 # Bump when the cached files' format or the way they are built changes: old entries are then ignored.
 CACHE_VERSION = 1
-DATASETS = ("stdlib", "tinystories")
 # Every VAL_EVERY-th standard-library file (in sorted order) is validation: a file-level split, so no
 # source file contributes to both sides.
 VAL_EVERY = 20
@@ -267,43 +266,49 @@ def _download_tinystories() -> tuple[Path, Path]:
 
 
 def _classify(path: Path, flag: str) -> str:
+    """ "text" or "tokens" for a data file that exists; a ConfigError naming the flag otherwise."""
     suffix = path.suffix.lower()
-    if suffix in _TEXT_SUFFIXES:
-        if not path.is_file():
-            raise ConfigError(f"{flag} file {path} does not exist; check the path.")
-        return "text"
-    if suffix in _TOKEN_SUFFIXES:
-        return "tokens"  # load_token_array reports a missing file itself
-    raise ConfigError(
-        f"{flag} file {path} has unsupported extension {path.suffix!r}; pass raw text (.txt) or token "
-        "arrays (.npy, or raw .bin of uint16/uint32)."
-    )
+    if suffix not in _TEXT_SUFFIXES + _TOKEN_SUFFIXES:
+        raise ConfigError(
+            f"{flag} file {path} has unsupported extension {path.suffix!r}; pass raw text (.txt) or token "
+            "arrays (.npy, or raw .bin of uint16/uint32)."
+        )
+    if not path.exists():
+        raise ConfigError(f"{flag} file {path} does not exist; check the path.")
+    if not path.is_file():
+        raise ConfigError(f"{flag} file {path} is not a regular file; pass the path of a file.")
+    return "text" if suffix in _TEXT_SUFFIXES else "tokens"
+
+
+def check_data_sources(cfg: DataConfig) -> str | None:
+    """The cheap checks of where the data comes from (the files exist, their kinds agree), made before anything
+    slow runs. Returns "text" or "tokens" for the user's files, None for a built-in corpus."""
+    if cfg.train_data is None:
+        if cfg.val_data is not None:
+            raise ConfigError("--val_data was given without --train_data; pass both, or only --train_data.")
+        return None
+    kind = _classify(Path(cfg.train_data).expanduser(), "--train_data")
+    if cfg.val_data is not None and _classify(Path(cfg.val_data).expanduser(), "--val_data") != kind:
+        raise ConfigError(
+            f"--train_data ({Path(cfg.train_data).name}) and --val_data ({Path(cfg.val_data).name}) must both be text "
+            "(.txt) or both token arrays (.npy/.bin): text is tokenised with a BPE trained on the train file, which "
+            "token arrays made elsewhere would not match."
+        )
+    return kind
 
 
 def prepare_data(cfg: DataConfig, vocab_size: int) -> PreparedData:
     """Resolve ``cfg`` to train/val token arrays (memory-mapped), training and caching a tokenizer if needed."""
     cache = Path(cfg.cache_dir).expanduser() if cfg.cache_dir else default_cache_dir()
-    if cfg.train_data is None:
-        if cfg.val_data is not None:
-            raise ConfigError("--val_data was given without --train_data; pass both, or only --train_data.")
+    kind = check_data_sources(cfg)
+    if kind is None:
         if cfg.dataset == "stdlib":
             return _prepare_stdlib(cache, vocab_size)
-        if cfg.dataset == "tinystories":
-            train_path, val_path = _download_tinystories()
-            return _prepare_text(train_path, val_path, vocab_size, cache, "TinyStories V2 (GPT-4)")
-        raise ConfigError(
-            f"Unknown dataset {cfg.dataset!r}; choose one of {', '.join(DATASETS)}, or pass your own --train_data."
-        )
+        train_path, val_path = _download_tinystories()
+        return _prepare_text(train_path, val_path, vocab_size, cache, "TinyStories V2 (GPT-4)")
 
     train_path = Path(cfg.train_data).expanduser()
     val_path = Path(cfg.val_data).expanduser() if cfg.val_data else None
-    kind = _classify(train_path, "--train_data")
-    if val_path is not None and _classify(val_path, "--val_data") != kind:
-        raise ConfigError(
-            f"--train_data ({train_path.name}) and --val_data ({val_path.name}) must both be text (.txt) or "
-            "both token arrays (.npy/.bin): text is tokenised with a BPE trained on the train file, which "
-            "token arrays made elsewhere would not match."
-        )
     if kind == "text":
         return _prepare_text(train_path, val_path, vocab_size, cache, str(train_path))
     return _prepare_arrays(train_path, val_path, vocab_size)

@@ -184,6 +184,12 @@ class BPETokenizer:
             shutil.rmtree(tmp, ignore_errors=True)
         return directory
 
+    def __eq__(self, other: object) -> bool:
+        """Same vocabulary, merges, special tokens and pre-/post-processing: encodes every text the same way."""
+        return isinstance(other, BPETokenizer) and self._tok.to_str() == other._tok.to_str()
+
+    __hash__ = None  # mutable wrapper: equality by content, no hashing
+
     # ---------------------------------------------------------------------------------- encode/decode
     @property
     def eot_id(self) -> int:

@@ -11,7 +11,7 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from cs336_basics.config import ATTENTION_BACKENDS, ModelConfig
-from cs336_basics.errors import ConfigError
+from cs336_basics.errors import ConfigError, NotSupportedHere
 from cs336_basics.model.layers import RotaryEmbedding
 
 try:  # flash-attn is an opt-in CUDA build (`uv sync --extra flash`); without it "flash" falls back to SDPA.
@@ -73,12 +73,12 @@ def check_attention_backend(backend: str, device: torch.device, dtype: torch.dty
     if backend != "flash":
         raise ConfigError(f"attention backend must be one of {ATTENTION_BACKENDS}, got {backend!r}.")
     if device.type != "cuda":
-        raise ConfigError(
+        raise NotSupportedHere(
             f"flash attention needs a CUDA GPU; this run is on {device.type}. "
             "Use --attention sdpa (the default), which picks the best kernel this machine has."
         )
     if dtype not in (torch.bfloat16, torch.float16):
-        raise ConfigError(
+        raise NotSupportedHere(
             f"flash attention kernels need half precision (bfloat16 or float16), but attention would run "
             f"in {dtype}. Train in bfloat16, or use --attention sdpa (the default)."
         )
@@ -93,7 +93,7 @@ def check_attention_backend(backend: str, device: torch.device, dtype: torch.dty
             causal_attention(q, q, q, "flash")
         except RuntimeError as e:
             reasons = "; ".join(str(w.message) for w in caught)
-            raise ConfigError(
+            raise NotSupportedHere(
                 f"flash attention cannot run on this GPU with {dtype} and head_dim {head_dim} "
                 f"({description}): {e} {reasons}".rstrip()
                 + " Install flash-attn (`uv sync --extra flash`) or use --attention sdpa (the default)."

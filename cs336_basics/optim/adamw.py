@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from cs336_basics.compiled import plain_name
 from cs336_basics.errors import ConfigError
 
 __all__ = ["MasterWeightAdamW", "STATE_DICT_FORMAT", "adamw_update", "fused_by_default"]
@@ -37,10 +38,6 @@ _LOW_PRECISION = (torch.bfloat16, torch.float16)
 # Group hyperparameters restored from a checkpoint (torch's usual semantics for load_state_dict).
 _RESTORED_HPARAMS = ("lr", "betas", "eps", "weight_decay")
 
-# torch.compile wraps a module as `_orig_mod`; parameter names taken from the wrapper would carry this
-# prefix, and names are the keys of our state dict, so they are normalised to the plain module's names.
-_COMPILE_PREFIX = "_orig_mod."
-
 # torch.nn.utils.clip_grad_norm_'s guard against dividing by a zero norm; kept so clipping matches torch.
 _CLIP_EPS = 1e-6
 
@@ -48,10 +45,6 @@ _CLIP_EPS = 1e-6
 def fused_by_default(device: torch.device) -> bool:
     """Whether MasterWeightAdamW(fused=None) runs the Triton kernel on `device` (the config summary says so)."""
     return device.type == "cuda"
-
-
-def _clean_name(name: str) -> str:
-    return name.replace(_COMPILE_PREFIX, "")
 
 
 def adamw_update(
@@ -120,7 +113,7 @@ class MasterWeightAdamW:
             if not p.is_floating_point():
                 raise ConfigError(f"parameter {raw_name!r} has dtype {p.dtype}; only float weights can train.")
             seen.add(id(p))
-            name = _clean_name(raw_name)
+            name = plain_name(raw_name)  # names key the state dict: never torch.compile's wrapper names
             if name in self.names:
                 raise ConfigError(f"two different parameters are both named {name!r}; names must be unique.")
             self.names.append(name)
@@ -231,6 +224,12 @@ class MasterWeightAdamW:
                     beta1, beta2, group["eps"], group["weight_decay"], None if master is p else p,
                 )  # fmt: skip
         return norm
+
+    @torch.no_grad()
+    def state_is_finite(self) -> bool:
+        """Whether every master weight and moment is finite (one host sync: call it at checkpoint time only)."""
+        tensors = [*self.masters, *(s[k] for s in self.state.values() for k in ("exp_avg", "exp_avg_sq"))]
+        return bool(torch.stack([torch.isfinite(t).all() for t in tensors]).all())
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Clear the model's gradients."""

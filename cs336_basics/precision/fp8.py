@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from cs336_basics.compiled import compiled_submodules, unwrap
 from cs336_basics.config import FP8Config
 from cs336_basics.errors import ConfigError
 from cs336_basics.precision.support import TORCHAO_INSTALL_HINT, import_torchao
@@ -290,27 +291,13 @@ class FP8ConversionReport:
         return "\n".join(f"  {fqn}: {reason}" for fqn, reason in self.skipped.items())
 
 
-def _compiled_modules(model: nn.Module) -> list[str]:
-    """Names of modules that are torch.compile wrappers or were compiled in place with module.compile()."""
-    try:
-        from torch._dynamo.eval_frame import OptimizedModule
-    except Exception:  # noqa: BLE001 - no dynamo, nothing can be compiled
-        OptimizedModule = ()  # noqa: N806
-    found = []
-    for name, module in model.named_modules():
-        # module.compile() keeps the class and stores the compiled forward in _compiled_call_impl.
-        if isinstance(module, OptimizedModule) or getattr(module, "_compiled_call_impl", None) is not None:
-            found.append(name or "<the model itself>")
-    return found
-
-
 def _check_model_ready(model: nn.Module, cfg: FP8Config) -> None:
     if isinstance(model, nn.Linear):
         raise ConfigError(
             "convert_model_to_fp8 converts the nn.Linear layers inside a model in place; got a bare nn.Linear. "
             "Wrap it in a module (e.g. nn.Sequential(linear))."
         )
-    compiled = _compiled_modules(model)
+    compiled = compiled_submodules(model)
     if compiled:
         raise ConfigError(
             f"the model is already compiled ({', '.join(compiled[:3])}), so FP8 conversion would not reach the "
@@ -420,5 +407,4 @@ def count_float8_linears(model: nn.Module) -> int:
         Float8Linear = _float8_linear_class()  # noqa: N806
     except ConfigError:
         return 0  # without torchao there can be no Float8Linear
-    inner = getattr(model, "_orig_mod", model)
-    return sum(isinstance(m, Float8Linear) for _, m in inner.named_modules(remove_duplicate=False))
+    return sum(isinstance(m, Float8Linear) for _, m in unwrap(model).named_modules(remove_duplicate=False))

@@ -1,21 +1,23 @@
 """Can this machine train in FP8? Answered by probing, not by guessing from version strings.
 
-`check_fp8_support` reports facts (GPU, compute capability, torch/torchao versions, whether a real FP8
-matmul runs); `require_fp8` turns a user's FP8 request into either a go-ahead or a ConfigError that says
-what to do instead. Both run before any model is built, so a bad request fails in seconds.
+`check_fp8_support` reports facts (GPU, compute capability, torch/torchao versions, whether a real FP8 matmul
+runs), probing each device once per process; `require_fp8` turns a user's FP8 request into either a go-ahead or
+an error that says what to do instead. Both run in the build stage, before any model is built.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from dataclasses import dataclass
+from importlib import metadata
 from typing import Any
 
 import torch
 
 from cs336_basics.config import FP8Config
-from cs336_basics.errors import ConfigError
+from cs336_basics.errors import NotSupportedHere
 
 # FP8 tensor cores arrived with Ada (sm_89) and Hopper (sm_90); Blackwell (sm_100+) keeps them.
 MIN_FP8_CAPABILITY = (8, 9)
@@ -25,6 +27,7 @@ TORCHAO_INSTALL_HINT = "`uv sync` installs torchao>=0.18 (or `pip install torcha
 @dataclass(frozen=True)
 class FP8Support:
     device: str  # GPU name, or "cpu"
+    device_type: str  # "cuda" or "cpu"
     capability: tuple[int, int] | None
     torch_version: str
     torchao_version: str | None
@@ -118,22 +121,38 @@ def _resolve_device(device: torch.device | str | None) -> torch.device:
 
 
 def check_fp8_support(device: torch.device | str | None = None) -> FP8Support:
-    """Facts about FP8 training on `device` (default: the current CUDA GPU, else cpu). Never raises."""
-    device = _resolve_device(device)
-    ao_version, ao_error = torchao_version()
-    reasons = [] if ao_version else [f"torchao is not importable ({ao_error}); {TORCHAO_INSTALL_HINT}"]
-    common = dict(torch_version=torch.__version__, torchao_version=ao_version, torchao_ok=ao_version is not None)
+    """Facts about FP8 training on `device` (default: the current CUDA GPU, else cpu). Never raises.
 
+    Probed once per device and process: the answer cannot change while the process runs."""
+    return _check_fp8_support(str(_resolve_device(device)))
+
+
+@functools.cache
+def _check_fp8_support(device_name: str) -> FP8Support:
+    device = torch.device(device_name)
     if device.type != "cuda":
-        reasons.insert(0, f"FP8 needs a CUDA GPU with compute capability >= 8.9 (sm_89+); device is {device.type}")
+        # No FP8 here whatever torchao says, so torchao is not imported (seconds of start-up for nothing): the
+        # installed version is read from the package metadata. Emulation imports it when it converts.
+        try:
+            version = metadata.version("torchao")
+        except metadata.PackageNotFoundError:
+            version = None
         return FP8Support(
-            device=device.type,
+            device="cpu",
+            device_type="cpu",
             capability=None,
+            torch_version=torch.__version__,
+            torchao_version=version,
+            torchao_ok=version is not None,
             capability_ok=False,
             scaled_mm_ok=False,
-            reason="; ".join(reasons),
-            **common,
+            reason=f"FP8 needs a CUDA GPU with compute capability >= 8.9 (sm_89+); device is {device.type}",
         )
+    ao_version, ao_error = torchao_version()
+    reasons = [] if ao_version else [f"torchao is not importable ({ao_error}); {TORCHAO_INSTALL_HINT}"]
+    common = dict(
+        device_type="cuda", torch_version=torch.__version__, torchao_version=ao_version, torchao_ok=bool(ao_version)
+    )
     if not torch.cuda.is_available():
         reasons.insert(0, "a CUDA device was asked for but torch.cuda.is_available() is False")
         return FP8Support(
@@ -167,25 +186,23 @@ def check_fp8_support(device: torch.device | str | None = None) -> FP8Support:
     )
 
 
-def require_fp8(cfg: FP8Config, device: torch.device | str | None) -> FP8Support:
-    """Check that the FP8 request in `cfg` can be honoured on `device`; raise ConfigError if not.
+def require_fp8(cfg: FP8Config, support: FP8Support) -> FP8Support:
+    """Check that the FP8 request in `cfg` can be honoured where `support` was probed; raise if not.
 
-    Returns the support report (with a note for runs that work differently from what the flags may
-    suggest). With cfg.use_fp8 False nothing is required and the report is returned as is.
+    Returns the support report (with a note for runs that work differently from what the flags may suggest).
+    With cfg.use_fp8 off nothing is required and the report is returned as is.
     """
-    support = check_fp8_support(device)
     if not cfg.use_fp8:
         return support
-    if not support.torchao_ok:
-        _, error = torchao_version()
-        raise ConfigError(
+    version, error = torchao_version()  # imported now: on CPU the report above only read the package metadata
+    if not (support.torchao_ok and version):
+        raise NotSupportedHere(
             f"--use_fp8 needs torchao, which is not importable here ({error}). {TORCHAO_INSTALL_HINT}, "
             "or run without --use_fp8 (BF16)."
         )
-    device_type = _resolve_device(device).type
     if cfg.fp8_emulate:
         # Emulation runs FP8 numerics with ordinary matmuls, so it needs no FP8 hardware at all.
-        if device_type == "cuda":
+        if support.device_type == "cuda":
             return dataclasses.replace(
                 support,
                 note="--fp8_emulate on a GPU: FP8 rounding is emulated with high-precision matmuls, so no FP8 "
@@ -194,25 +211,25 @@ def require_fp8(cfg: FP8Config, device: torch.device | str | None) -> FP8Support
         return dataclasses.replace(
             support, note="--fp8_emulate: FP8 numerics emulated on CPU, for numerics tests only (slow)."
         )
-    if device_type != "cuda":
-        raise ConfigError(
+    if support.device_type != "cuda":
+        raise NotSupportedHere(
             "FP8 needs an H100-class GPU (sm_89+); on CPU use --fp8_emulate for numerics tests only, it is slow. "
             "Or run without --use_fp8."
         )
-    if not torch.cuda.is_available():
-        raise ConfigError(
+    if support.capability is None:
+        raise NotSupportedHere(
             "--use_fp8 was asked for on CUDA, but torch sees no CUDA GPU; check the driver and that this torch "
             "build has CUDA, or run on CPU with --fp8_emulate (numerics only)."
         )
     if not support.capability_ok:
         major, minor = support.capability
-        raise ConfigError(
+        raise NotSupportedHere(
             f"FP8 training needs compute capability >= 8.9 (Ada / Hopper / Blackwell), but {support.device} is "
             f"{major}.{minor}. Run without --use_fp8 (BF16 is the fast path on this GPU), or use --fp8_emulate to "
             "check FP8 numerics (slow)."
         )
     if not support.scaled_mm_ok:
-        raise ConfigError(
+        raise NotSupportedHere(
             f"{support.reason}. The GPU should support FP8, so this torch build or driver cannot run FP8 matmuls; "
             "reinstall a CUDA 12.x+ build of torch, or run without --use_fp8."
         )

@@ -12,7 +12,6 @@ Five checks, each PASS / FAIL / SKIP with the evidence:
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,19 +20,12 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from cs336_basics.build import build, plan, resolve_device
 from cs336_basics.config import RunConfig
-from cs336_basics.data import get_batch, prepare_data
-from cs336_basics.errors import ConfigError
-from cs336_basics.precision.fp8 import (
-    FP8ConversionReport,
-    convert_model_to_fp8,
-    count_float8_linears,
-    grad_weight_in_fp8,
-)
-from cs336_basics.precision.support import check_fp8_support, require_fp8
+from cs336_basics.data import get_batch, prepare_data, require_windows
+from cs336_basics.precision.fp8 import grad_weight_in_fp8
 from cs336_basics.results import result_record
-from cs336_basics.runtime import resolve
-from cs336_basics.training.run import release_memory, seeded_model, train_for_measurement
+from cs336_basics.training.measure import release_memory, train_for_measurement
 from cs336_basics.training.trainer import Trainer
 
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
@@ -107,33 +99,25 @@ def count_graph_breaks(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.
 
 def verify_fp8(config: RunConfig, loss_tolerance: float = 0.02, min_speedup: float = 1.0, log=print) -> Verification:
     """Run the five checks for `config`'s model and batch. On CPU FP8 is emulated and checks 1-4 run."""
-    config, device, _ = resolve(dataclasses.replace(config, fp8=dataclasses.replace(config.fp8, use_fp8=True)))
-    on_gpu = device.type == "cuda"
+    on_gpu = resolve_device(config.train.device).type == "cuda"
     if not on_gpu:  # torchao's emulation: FP8 numerics without FP8 hardware; compile would only add minutes here
-        config = dataclasses.replace(
-            config,
-            fp8=dataclasses.replace(config.fp8, fp8_emulate=True),
-            train=dataclasses.replace(config.train, compile_model=False, dtype="bfloat16"),
-        )
-    if config.train.dtype != "bfloat16":
-        raise ConfigError("FP8 verification compares against BF16: use --dtype bfloat16 (or auto).")
-    support = check_fp8_support(device)
-    log(support.format())
-    require_fp8(config.fp8, device)
+        config = config.replace(fp8={"fp8_emulate": True}, train={"compile_model": False, "dtype": "bfloat16"})
+    fp8_plan = plan(config.with_fp8(True))  # the same checks as train_h100.py: FP8 support, batch shape, attention
+    config, device = fp8_plan.config, fp8_plan.device
+    log(fp8_plan.fp8_support.format())
     data = prepare_data(config.data, config.model.vocab_size)
-    bf16_config = dataclasses.replace(config, fp8=dataclasses.replace(config.fp8, use_fp8=False))
+    require_windows(len(data.train), config.model.context_length, "the training data")
     checks: list[Check] = []
 
-    # 1. conversion really happened
-    model = seeded_model(config, device)
-    report: FP8ConversionReport = convert_model_to_fp8(model, config.fp8)
-    counted = count_float8_linears(model)
+    # 1. conversion really happened (the build stage converts, then counts the Float8Linear modules itself)
+    built = build(fp8_plan)
+    model, report = built.model, built.conversion
     checks.append(
         _check(
             "float8_modules",
-            counted == report.n_converted > 0,
-            f"{counted} Float8Linear counted, {report.n_converted} expected ({report.summary_line()})",
-            counted=counted,
+            built.float8_modules == report.n_converted > 0,
+            f"{built.float8_modules} Float8Linear counted, {report.n_converted} expected ({report.summary_line()})",
+            counted=built.float8_modules,
             expected=report.n_converted,
             skipped=report.skipped,
         )
@@ -191,7 +175,8 @@ def verify_fp8(config: RunConfig, loss_tolerance: float = 0.02, min_speedup: flo
     release_memory()
 
     log("training BF16 ...")
-    bf16_model = seeded_model(bf16_config, device)
+    bf16 = build(fp8_plan.with_fp8(False))  # the twin: same seed, same initial weights
+    bf16_config, bf16_model = bf16.config, bf16.model
     bf16_trainer, bf16_result = train_for_measurement(bf16_model, bf16_config, data.train, data.val, device, log)
     del bf16_trainer, bf16_model
     release_memory()
@@ -224,4 +209,4 @@ def verify_fp8(config: RunConfig, loss_tolerance: float = 0.02, min_speedup: flo
         checks.append(Check("fp8_speedup", "SKIP", "needs a GPU: emulated FP8 on CPU says nothing about speed"))
 
     runs = [result_record(c, r) for c, r in ((bf16_config, bf16_result), (config, fp8_result))]
-    return Verification(checks=checks, runs=runs, support=support.format())
+    return Verification(checks=checks, runs=runs, support=fp8_plan.fp8_support.format())

@@ -11,10 +11,8 @@ tensors (numpy's RNG state is converted to Python ints), and loading always uses
 
 from __future__ import annotations
 
-import contextlib
 import os
 import random
-import tempfile
 import warnings
 from collections import OrderedDict
 from pathlib import Path
@@ -24,42 +22,27 @@ import numpy as np
 import torch
 from torch import nn
 
+from cs336_basics.atomic import atomic_write
+from cs336_basics.compiled import plain_name, unwrap
 from cs336_basics.errors import ConfigError
 
-__all__ = ["CHECKPOINT_NAME", "CHECKPOINT_FORMAT", "save_checkpoint", "load_checkpoint", "latest_checkpoint"]
+__all__ = [
+    "CHECKPOINT_FORMAT",
+    "CHECKPOINT_NAME",
+    "latest_checkpoint",
+    "load_checkpoint",
+    "read_checkpoint",
+    "restore_checkpoint",
+    "save_checkpoint",
+]
 
 CHECKPOINT_NAME = "checkpoint.pt"
 CHECKPOINT_FORMAT = "cs336_basics.checkpoint/v1"
 
-# torch.compile's wrapper stores the real module as `_orig_mod`; compiled submodules put this in state keys.
-_COMPILE_PREFIX = "_orig_mod."
-
-# Read once at import (os.umask can only be read by setting it): tempfile creates files 0600, and a
-# checkpoint should get the same permissions as any other file the user writes.
-_UMASK = os.umask(0)
-os.umask(_UMASK)
-
-
-def _unwrap(model: nn.Module) -> nn.Module:
-    """The plain module under torch.compile / DistributedDataParallel wrappers."""
-    from torch._dynamo.eval_frame import OptimizedModule  # deferred: importing dynamo is not free
-
-    while True:
-        if isinstance(model, OptimizedModule):
-            model = model._orig_mod
-        elif isinstance(model, nn.parallel.DistributedDataParallel):
-            model = model.module
-        else:
-            return model
-
-
-def _clean_key(key: str) -> str:
-    return key.replace(_COMPILE_PREFIX, "")
-
 
 def _model_state(model: nn.Module) -> OrderedDict[str, torch.Tensor]:
-    # Stripping the prefix also covers submodules compiled on their own (e.g. per-block compile).
-    return OrderedDict((_clean_key(k), v) for k, v in _unwrap(model).state_dict().items())
+    # Plain names also cover submodules compiled on their own (e.g. per-block compile).
+    return OrderedDict((plain_name(k), v) for k, v in unwrap(model).state_dict().items())
 
 
 # ---- keeping the payload weights_only-safe ----
@@ -130,40 +113,6 @@ def _set_rng_state(state: dict[str, Any]) -> None:
             torch.cuda.set_rng_state(s.cpu(), device=i)
 
 
-# ---- atomic write ----
-def _fsync_dir(directory: Path) -> None:
-    """Make the rename itself durable (POSIX); a no-op where directories cannot be opened (Windows)."""
-    if os.name == "nt":
-        return
-    with contextlib.suppress(OSError):
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-def _atomic_torch_save(obj: Any, path: Path) -> None:
-    """torch.save to `path` such that readers see the old file or the complete new one, never a torn one.
-
-    The temp file sits in the same directory so os.replace is a same-filesystem rename, which is atomic.
-    """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())  # data on disk before the rename makes it visible
-        os.chmod(tmp, 0o666 & ~_UMASK)
-        os.replace(tmp, path)
-    except BaseException:  # including KeyboardInterrupt: never leave temp litter behind
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    _fsync_dir(path.parent)
-
-
 # ---- public API ----
 def save_checkpoint(
     path: str | os.PathLike,
@@ -194,25 +143,13 @@ def save_checkpoint(
         "extra": _plain(extra, "extra"),
         "rng": _rng_state(),
     }
-    _atomic_torch_save(payload, path)
+    atomic_write(path, lambda f: torch.save(payload, f))
     return path
 
 
-def load_checkpoint(
-    path: str | os.PathLike,
-    *,
-    model: nn.Module | None = None,
-    optimizer: Any = None,
-    map_location: str | torch.device | None = "cpu",
-    restore_rng: bool = True,
-) -> dict[str, Any]:
-    """Read a checkpoint written by save_checkpoint, restoring what is passed in.
-
-    The model is restored first (strictly, into the uncompiled module), then the optimizer: with
-    MasterWeightAdamW that order lets the fp32 masters overwrite weights the model may hold in lower
-    precision. Returns the whole checkpoint dict: "step", "config", "sampler_state", "extra", plus
-    "model", "optimizer", "rng", "torch_version", "format".
-    """
+def read_checkpoint(path: str | os.PathLike, map_location: str | torch.device | None = "cpu") -> dict[str, Any]:
+    """Read and check a checkpoint written by save_checkpoint, restoring nothing: "step", "config",
+    "sampler_state", "extra", "model", "optimizer", "rng", "torch_version", "format"."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(
@@ -238,22 +175,47 @@ def load_checkpoint(
             f"{path} is not a cs336_basics checkpoint (format {found!r}, expected {CHECKPOINT_FORMAT!r}); "
             "point at a checkpoint written by this package's trainer."
         )
+    ckpt["path"] = str(path)
+    return ckpt
 
+
+def restore_checkpoint(
+    ckpt: dict[str, Any], *, model: nn.Module | None = None, optimizer: Any = None, restore_rng: bool = True
+) -> None:
+    """Restore what is passed in from a checkpoint read by read_checkpoint.
+
+    The model is restored first (strictly, into the uncompiled module), then the optimizer: with
+    MasterWeightAdamW that order lets the fp32 masters overwrite weights the model may hold in lower precision.
+    """
+    path = ckpt.get("path", "the checkpoint")
     if model is not None:
-        _load_model_state(_unwrap(model), ckpt["model"], path)
+        _load_model_state(unwrap(model), ckpt["model"], path)
     if optimizer is not None:
         if ckpt.get("optimizer") is None:
             raise ConfigError(f"{path} holds no optimizer state; it cannot resume training, only initialise a model.")
         optimizer.load_state_dict(ckpt["optimizer"])
     if restore_rng:
         _set_rng_state(ckpt["rng"])
+
+
+def load_checkpoint(
+    path: str | os.PathLike,
+    *,
+    model: nn.Module | None = None,
+    optimizer: Any = None,
+    map_location: str | torch.device | None = "cpu",
+    restore_rng: bool = True,
+) -> dict[str, Any]:
+    """read_checkpoint + restore_checkpoint: read `path`, restore what is passed in, return the whole dict."""
+    ckpt = read_checkpoint(path, map_location)
+    restore_checkpoint(ckpt, model=model, optimizer=optimizer, restore_rng=restore_rng)
     return ckpt
 
 
-def _load_model_state(module: nn.Module, state: dict[str, torch.Tensor], path: Path) -> None:
-    # Map clean checkpoint keys onto this module's own keys, which may contain `_orig_mod.` where
-    # submodules were compiled in place.
-    own = {_clean_key(k): k for k in module.state_dict()}
+def _load_model_state(module: nn.Module, state: dict[str, torch.Tensor], path: str) -> None:
+    # Map plain checkpoint keys onto this module's own keys, which carry compile prefixes where submodules were
+    # compiled in place.
+    own = {plain_name(k): k for k in module.state_dict()}
     missing = sorted(set(own) - set(state))
     unexpected = sorted(set(state) - set(own))
     if missing or unexpected:

@@ -9,7 +9,9 @@ from typing import Any
 
 import torch
 
+from cs336_basics.atomic import write_text_atomic
 from cs336_basics.config import ModelConfig
+from cs336_basics.errors import ConfigError
 
 # Dense BF16 tensor-core peak (no sparsity), FLOP/s, by GPU name fragment. H100 SXM and H200 share the same
 # compute die, hence the same peak; FP8 runs are reported against this BF16 peak too, so MFU stays comparable.
@@ -40,15 +42,16 @@ class MetricsLog:
 
     def __init__(self, path: Path, resume_from_step: int | None = None):
         """A fresh log, or with resume_from_step the existing one cut back to that step: steps that ran after
-        the checkpoint being resumed are run again, and must not appear twice."""
+        the checkpoint being resumed are run again, and must not appear twice. The cut is atomic, so a kill
+        during it loses nothing."""
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        kept = []
         if resume_from_step is not None and self.path.exists():
             kept = [r for r in read_metrics(self.path) if r["step"] <= resume_from_step]
-        self._file = self.path.open("w")
-        for record in kept:
-            self.write(record)
+            write_text_atomic(self.path, "".join(json.dumps(r) + "\n" for r in kept))
+            self._file = self.path.open("a")
+        else:
+            self._file = self.path.open("w")
 
     def write(self, record: dict[str, Any]) -> None:
         self._file.write(json.dumps(record) + "\n")
@@ -59,7 +62,18 @@ class MetricsLog:
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    """The records of a metrics log. A last line cut short (the process was killed while appending it) is
+    left out; a damaged line anywhere else is an error."""
+    lines = [line for line in Path(path).read_text().splitlines() if line.strip()]
+    records = []
+    for i, line in enumerate(lines):
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as exc:
+            if i == len(lines) - 1:
+                break
+            raise ConfigError(f"{path} line {i + 1} is not valid JSON ({exc}); the metrics log is damaged.") from exc
+    return records
 
 
 def plot_loss_curve(metrics_path: Path, png_path: Path, title: str = "") -> Path:

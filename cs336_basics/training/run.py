@@ -1,136 +1,134 @@
-"""The main job, in the order of its operations: resolve config → data → build model → move to device and
-dtype → FP8 conversion → count Float8 modules → summary → Trainer (compiles) → train → results and a sample."""
+"""The main job, in the order of its operations: check the run folder and data paths (cheap, first) → lock the
+folder, read and check the checkpoint to resume → plan (resolve, probe FP8, refuse what cannot run) → data → build
+the model and convert to FP8 (build.py) → summary → write the run's config → Trainer (compiles) → train → results.
+
+Nothing is written to the run folder before every check has passed, apart from its lock file.
+"""
 
 from __future__ import annotations
 
-import dataclasses
-import gc
-import json
-import tempfile
 from pathlib import Path
+from typing import Any
 
-import torch
-
+from cs336_basics.atomic import write_json_atomic
+from cs336_basics.build import Built, build, plan
 from cs336_basics.config import RunConfig
-from cs336_basics.data import prepare_data
+from cs336_basics.data import BPETokenizer, check_data_sources, prepare_data, require_windows
 from cs336_basics.errors import ConfigError
 from cs336_basics.generate import sample_text
-from cs336_basics.model import TransformerLM, check_attention_backend
-from cs336_basics.precision import (
-    check_fp8_support,
-    check_fp8_tokens,
-    convert_model_to_fp8,
-    count_float8_linears,
-    require_fp8,
-    skip_reason,
-)
+from cs336_basics.optim import cosine_lr
 from cs336_basics.results import append_runs, format_or_na, result_record
-from cs336_basics.runtime import resolve, torch_dtype
+from cs336_basics.training.run_folder import RunFolder
 from cs336_basics.training.summary import RunFacts, format_summary
 from cs336_basics.training.trainer import Trainer, TrainResult
 
 
-def preflight(config: RunConfig) -> tuple[RunConfig, torch.device, list[str], str]:
-    """Can this machine run `config`? Resolves the "auto" settings and makes every machine check before any
-    work (device present, FP8 support and batch shape, attention kernel); a ConfigError says why not.
-    Returns the resolved config, the device, the automatic choices and the attention kernel's description."""
-    config, device, auto = resolve(config)
-    t, m, fp8 = config.train, config.model, config.fp8
-    if fp8.use_fp8:
-        require_fp8(fp8, device)
-        check_fp8_tokens(t.batch_size, m.context_length, fp8)
-    kernel = check_attention_backend(m.attention, device, torch_dtype(t.dtype), head_dim=m.head_dim)
-    return config, device, auto, kernel
+def _lr_at(config: RunConfig, step: int) -> float:
+    o = config.optim
+    return cosine_lr(step, o.lr, o.min_lr, o.warmup_steps, o.lr_decay_steps or config.train.max_steps)
 
 
-def seeded_model(config: RunConfig, device: torch.device) -> TransformerLM:
-    """config's model on `device` in its training dtype. Seeded, so two builds (a BF16 and an FP8 run of one
-    comparison) start from the same weights."""
-    torch.manual_seed(config.train.seed)
-    return TransformerLM(config.model).to(device=device, dtype=torch_dtype(config.train.dtype))
+def _resume_notes(saved: RunConfig, config: RunConfig, step: int) -> list[str]:
+    """What a resumed run does differently from the run it continues, in words for the summary."""
+    notes = []
+    before, after = _lr_at(saved, step), _lr_at(config, step)
+    if abs(after - before) > 1e-12 * max(abs(before), 1e-30):
+        notes.append(
+            f"the learning rate at step {step} changes from {before:.3g} to {after:.3g}: the schedule settings differ "
+            "from the checkpoint's"
+        )
+    if config.train.max_steps != saved.train.max_steps:
+        decay = config.optim.lr_decay_steps
+        notes.append(
+            f"max_steps {saved.train.max_steps} -> {config.train.max_steps}; the cosine reaches min_lr at step {decay}"
+            + (" and stays there" if decay < config.train.max_steps else "")
+        )
+    return notes
 
 
-def train_for_measurement(
-    model: torch.nn.Module, config: RunConfig, train_tokens, val_tokens, device: torch.device, log=print
-) -> tuple[Trainer, TrainResult]:
-    """Train `model` for config.train.max_steps as a measurement rather than a run to keep: no evaluation, no
-    checkpoints, no resume, in a folder deleted afterwards. The returned Trainer can still take (profiled) steps."""
-    with tempfile.TemporaryDirectory() as out_dir:
-        train = dataclasses.replace(config.train, out_dir=out_dir, eval_every=0, checkpoint_every=0, resume=False)
-        trainer = Trainer(model, dataclasses.replace(config, train=train), train_tokens, val_tokens, device, log=log)
-        return trainer, trainer.train()
+def _check_tokenizer(folder: RunFolder, tokenizer: BPETokenizer | None) -> None:
+    saved = folder.tokenizer_path
+    if tokenizer is None or not (saved / "tokenizer.json").is_file():
+        return
+    if BPETokenizer.load(saved) != tokenizer:
+        raise ConfigError(
+            f"--resume: the data's tokenizer differs from the one this run trained with ({saved}); resume with the "
+            "run's own --train_data and --vocab_size."
+        )
 
 
-def release_memory() -> None:
-    """Between two measured runs in one process: drop compiled graphs and cached GPU memory, so the next run
-    compiles afresh and its peak memory is its own."""
-    gc.collect()
-    torch._dynamo.reset()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
+def run_training(config: RunConfig, results_json: str | Path | None = None, log=print) -> TrainResult | None:
+    """Train `config` in its run folder. Returns the result, or None when a resumed run had nothing left to do."""
+    t = config.train
+    folder = RunFolder(t.out_dir)
+    folder.check_usable(t.resume)
+    check_data_sources(config.data)  # before any heavy work: a wrong path fails in a second
+    with folder.locked():
+        resume_state = folder.read_resume_state(config) if t.resume else None
+        notes: list[str] = []
+        if resume_state is not None:
+            step = resume_state["step"]
+            if step >= t.max_steps:
+                log(
+                    f"nothing to do: {folder.checkpoint_path} is at step {step} and max_steps is {t.max_steps}; "
+                    "pass a larger --max_steps to train further. The run folder was left as it was."
+                )
+                return None
+        p = plan(config)
+        if resume_state is not None:
+            notes = _resume_notes(RunConfig.from_dict(resume_state["config"]), p.config, resume_state["step"])
+        data = prepare_data(p.config.data, p.config.model.vocab_size)
+        for name, tokens in (("training", data.train), ("validation", data.val)):
+            require_windows(len(tokens), p.config.model.context_length, f"the {name} data")
+        built = build(p)
+        config = built.config
+        if resume_state is not None:
+            _check_tokenizer(folder, data.tokenizer)
+        else:
+            folder.start_fresh(t.overwrite)
 
+        if built.device.type == "cuda" or config.fp8.use_fp8:
+            log(built.plan.fp8_support.format())
+        log(format_summary(config, _facts(built, data.description, notes)))
+        # The run's settings, as a later --resume reads them: how this invocation started is not one of them.
+        saved = config.replace(train={"resume": False, "overwrite": False})
+        write_json_atomic(folder.config_path, saved.to_dict())
+        if data.tokenizer is not None and resume_state is None:
+            data.tokenizer.save(folder.tokenizer_path)
 
-def run_training(config: RunConfig, results_json: str | Path | None = None, log=print) -> TrainResult:
-    fp8_auto = config.fp8.use_fp8 is None
-    config, device, auto, attention_kernel = preflight(config)
-    t, m, fp8 = config.train, config.model, config.fp8
-    if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = True  # only float32 matmuls are affected; BF16 ones are not
-        torch.backends.cudnn.allow_tf32 = True
-
-    data = prepare_data(config.data, m.vocab_size)
-    for name, tokens in (("training", data.train), ("validation", data.val)):
-        if len(tokens) <= m.context_length:
-            raise ConfigError(
-                f"context_length {m.context_length} is longer than the {name} data ({len(tokens)} tokens); "
-                "use a smaller --context_length or more data."
-            )
-
-    model = seeded_model(config, device)
-    fp8_line = "off"
-    if fp8.use_fp8 and fp8_auto and not any(skip_reason(mod, fqn, fp8) is None for fqn, mod in model.named_modules()):
-        # FP8 was our choice, not the user's: with no layer worth converting, say so and stay in BF16.
-        config = dataclasses.replace(config, fp8=dataclasses.replace(fp8, use_fp8=False))
-        fp8 = config.fp8
-        auto = [a for a in auto if not a.startswith("use_fp8")] + ["use_fp8=False (no layer passes the FP8 filter)"]
-    if fp8.use_fp8:
-        report = convert_model_to_fp8(model, fp8)
-        counted = count_float8_linears(model)
-        if counted == 0:  # convert_model_to_fp8 already refuses this; the count is the independent check
-            raise ConfigError("FP8 was requested but no Float8Linear modules are in the model after conversion.")
-        fp8_line = f"{report.summary_line()}; {counted} Float8Linear modules counted"
-    fp8_support = check_fp8_support(device)
-    facts = RunFacts(
-        device=device,
-        total_params=model.num_parameters(),
-        non_embedding_params=model.num_parameters(exclude_embeddings=True),
-        attention_kernel=attention_kernel,
-        data_description=data.description,
-        auto_choices=auto,
-        fp8_line=fp8_line,
-        fp8_capable=fp8_support.ok,
-    )
-    if device.type == "cuda" or fp8.use_fp8:
-        log(fp8_support.format())
-    log(format_summary(config, facts))
-
-    out_dir = Path(t.out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "config.json").write_text(json.dumps(config.to_dict(), indent=2) + "\n")
-    if data.tokenizer is not None:
-        data.tokenizer.save(out_dir / "tokenizer")
-
-    result = Trainer(model, config, data.train, data.val, device, log=log).train()
-    log(format_result(result))
-    record = result_record(
-        config, result, total_params=facts.total_params, non_embedding_params=facts.non_embedding_params
-    )
-    (out_dir / "result.json").write_text(json.dumps(record, indent=2) + "\n")
-    if results_json is not None:
-        append_runs(results_json, [record])
-    if data.tokenizer is not None:
-        log("sample: " + repr(sample_text(model, data.tokenizer, prompt="def ", max_new_tokens=48)))
+        trainer = Trainer(built.model, config, data.train, data.val, built.device, log=log, resume_state=resume_state)
+        result = trainer.train()
+        log(format_result(result))
+        record = result_record(config, result, **_parameter_counts(built))
+        write_json_atomic(folder.result_path, record)
+        if results_json is not None:
+            append_runs(results_json, [record])
+        log(format_outputs(folder, result))
+        if data.tokenizer is not None:
+            log("sample: " + repr(sample_text(built.model, data.tokenizer, prompt="def ", max_new_tokens=48)))
     return result
+
+
+def _parameter_counts(built: Built) -> dict[str, Any]:
+    return {
+        "total_params": built.model.num_parameters(),
+        "non_embedding_params": built.model.num_parameters(exclude_embeddings=True),
+    }
+
+
+def _facts(built: Built, data_description: str, notes: list[str]) -> RunFacts:
+    counts = _parameter_counts(built)
+    return RunFacts(
+        device=built.device,
+        total_params=counts["total_params"],
+        non_embedding_params=counts["non_embedding_params"],
+        attention_kernel=built.plan.attention_kernel,
+        data_description=data_description,
+        auto_choices=list(built.auto_choices),
+        fp8_line=built.fp8_line,
+        fp8_capable=built.plan.fp8_support.ok,
+        resume_notes=notes,
+    )
 
 
 def format_result(result: TrainResult) -> str:
@@ -141,3 +139,14 @@ def format_result(result: TrainResult) -> str:
         f"MFU {num(None if result.mfu is None else 100 * result.mfu, '.1f', '%')}, "
         f"peak memory {num(result.peak_mem_gib, '.2f')} GiB, compile {num(result.compile_s, '.1f')} s"
     )
+
+
+def format_outputs(folder: RunFolder, result: TrainResult) -> str:
+    lines = [
+        f"  metrics:    {result.metrics_path}",
+        f"  loss curve: {result.plot_path}",
+        f"  checkpoint: {result.checkpoint_path or 'none (--checkpoint_every 0)'}",
+        f"  result:     {folder.result_path}",
+        f"  config:     {folder.config_path}",
+    ]
+    return "wrote:\n" + "\n".join(lines)

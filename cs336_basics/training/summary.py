@@ -23,12 +23,13 @@ class RunFacts:
     auto_choices: list[str] = field(default_factory=list)
     fp8_line: str = "off"
     fp8_capable: bool = False
+    resume_notes: list[str] = field(default_factory=list)
 
 
-# The number is the GUIDE's reference measurement (H200, 366M shape, torch 2.11, torchao 0.18).
+# How much slower: benchmarks/results/2026-11-21-sweep-fused-adamw-h200/sweep.md (the eager rows).
 FP8_EAGER_WARNING = (
-    "FP8 WITHOUT torch.compile: torchao's scaling and casting then run as separate unfused kernels, and FP8 "
-    "eager measured about 0.28x the speed of compiled BF16 on an H200. Add --compile_model."
+    "FP8 WITHOUT torch.compile: torchao's scaling and casting then run as separate unfused kernels, and FP8 eager "
+    "is far slower than compiled BF16 (and than eager BF16). Add --compile_model."
 )
 
 
@@ -101,11 +102,12 @@ def format_summary(config: RunConfig, facts: RunFacts) -> str:
         ("steps", f"{t.max_steps}, eval every {t.eval_every}, checkpoint every {t.checkpoint_every}"),
         (
             "optimizer",
-            f"AdamW lr {o.lr:g} -> {o.min_lr:g} cosine, warmup {o.warmup_steps}, weight decay {o.weight_decay:g}, "
-            f"clip {o.max_grad_norm:g}",
+            f"AdamW lr {o.lr:g} -> {o.min_lr:g} cosine (warmup {o.warmup_steps}, min_lr from step "
+            f"{o.lr_decay_steps}), weight decay {o.weight_decay:g}, clip {o.max_grad_norm:g}",
         ),
         ("data", facts.data_description),
-        ("output", t.out_dir + (" (resuming)" if t.resume else "")),
+        ("output", t.out_dir + (" (resuming)" if t.resume else " (replacing the earlier run)" if t.overwrite else "")),
+        *(("resume", note) for note in facts.resume_notes),
         ("auto-selected", auto),
     ]
     width = max(len(k) for k, _ in rows)

@@ -1,29 +1,41 @@
 """The training loop: compile, AdamW with fp32 master weights, cosine schedule, accumulation, clipping,
-validation, metrics, atomic checkpoints and exact resume.
+validation, metrics, checkpoints and exact resume.
 
-The Trainer receives a model that is already on its device, in its dtype and (for FP8) already converted:
-conversion must happen before compilation, so the Trainer is the one place that compiles.
+The Trainer receives a model that is already on its device, in its dtype and (for FP8) already converted (the
+build stage, cs336_basics/build.py): conversion must happen before compilation, so the Trainer is the one place
+that compiles.
+
+What a checkpoint guarantees: it is written only at a step boundary (the data sampler, optimizer and step agree),
+only from a finite state (every loss and gradient norm since the start finite, every master weight and moment
+finite), and atomically (the previous checkpoint stays until the new one is complete). A resumed run therefore
+continues bit for bit where the checkpoint was taken, on the same machine.
 """
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import statistics
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from cs336_basics.compiled import is_compiled
 from cs336_basics.config import RunConfig
 from cs336_basics.data import BatchSampler, get_batch
 from cs336_basics.errors import ConfigError
 from cs336_basics.optim import MasterWeightAdamW, cosine_lr
-from cs336_basics.precision import count_float8_linears
-from cs336_basics.training.checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
+from cs336_basics.timing import StepTimer
+from cs336_basics.training.checkpoint import CHECKPOINT_NAME, restore_checkpoint, save_checkpoint
 from cs336_basics.training.metrics import MetricsLog, flops_per_token, mfu, peak_flops, plot_loss_curve
-from cs336_basics.training.summary import FP8_EAGER_WARNING
+from cs336_basics.training.run_folder import io_error
+from cs336_basics.training.signals import GracefulStop, Interrupted
 
 # Steps left out of the throughput median after a (re)start: the first compiles, the second still
 # allocates optimizer state and settles the caching allocator.
@@ -31,7 +43,7 @@ WARMUP_STEPS_EXCLUDED = 2
 
 
 class TrainingDiverged(RuntimeError):
-    """The loss became NaN or infinite. The last checkpoint on disk predates it and is intact."""
+    """The loss or the gradient norm became NaN or infinite. No checkpoint is written from such a state."""
 
 
 @dataclass
@@ -46,41 +58,7 @@ class TrainResult:
     compile_s: float | None
     metrics_path: str
     plot_path: str
-    checkpoint_path: str
-
-
-class StepTimer:
-    """Times whole optimizer steps without synchronising: CUDA events on GPU, the host clock on CPU (where
-    every op already runs synchronously). Durations are read in bulk at log time."""
-
-    def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
-        self._pending: list[tuple] = []
-
-    def start(self):
-        if self.cuda:
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            return event
-        return time.perf_counter()
-
-    def stop(self, step: int, started) -> None:
-        if self.cuda:
-            ended = torch.cuda.Event(enable_timing=True)
-            ended.record()
-            self._pending.append((step, started, ended))
-        else:
-            self._pending.append((step, started, time.perf_counter()))
-
-    def collect(self) -> list[tuple[int, float]]:
-        """(step, seconds) for every step since the last collect; synchronises once on GPU."""
-        if self.cuda:
-            torch.cuda.synchronize()
-            out = [(s, a.elapsed_time(b) / 1e3) for s, a, b in self._pending]
-        else:
-            out = [(s, b - a) for s, a, b in self._pending]
-        self._pending.clear()
-        return out
+    checkpoint_path: str | None  # None when the run writes no checkpoints (checkpoint_every 0)
 
 
 class Trainer:
@@ -92,24 +70,25 @@ class Trainer:
         val_data: np.ndarray,
         device: torch.device,
         log=print,
+        resume_state: dict[str, Any] | None = None,
     ):
-        if isinstance(model, torch._dynamo.eval_frame.OptimizedModule):
+        """`resume_state`: a checkpoint read with training.checkpoint.read_checkpoint (the run folder checks it
+        fits `config` first); the model, optimizer, step, sampler, RNG and log interval continue from it."""
+        if is_compiled(model):
             raise ConfigError(
                 "the Trainer compiles the model itself (after any FP8 conversion); pass the uncompiled module."
             )
         self.model = model  # the uncompiled module: checkpoints are saved from and loaded into it
         self.config = config
         self.device = device
+        self.log = log
         self.out_dir = Path(config.train.out_dir)
         self.checkpoint_path = self.out_dir / CHECKPOINT_NAME
         self.val_data = val_data
         t, o, m = config.train, config.optim, config.model
         self.tokens_per_step = t.batch_size * m.context_length * t.gradient_accumulation_steps
 
-        self.float8_modules = count_float8_linears(model)
-        if self.float8_modules and not t.compile_model:
-            log(f"WARNING: {FP8_EAGER_WARNING}")
-        # Compile after any precision conversion (done by the caller). fullgraph=True: a graph break in the
+        # Compile after any precision conversion (done by the build stage). fullgraph=True: a graph break in the
         # model is a bug we want to hear about, not a silent slowdown.
         self.step_model = torch.compile(model, mode=t.compile_mode, fullgraph=True) if t.compile_model else model
         # BF16 keeps FP32's exponent range and torchao scales FP8 tensors itself, so no loss scaling: no AMP
@@ -119,36 +98,75 @@ class Trainer:
         )
         self.sampler = BatchSampler(train_data, t.batch_size, m.context_length, device, seed=t.seed)
         self.step = 0
+        self.saved_step: int | None = None  # the step of the checkpoint on disk that this run knows is good
         self.flops_per_token = flops_per_token(m, model.num_parameters(exclude_embeddings=True))
         self.peak_flops = peak_flops(device)
-        if t.resume:
-            self._resume()
+        # The current log interval's running loss: part of a checkpoint, so a resumed interval averages the same
+        # steps as an uninterrupted one.
+        self._loss_sum = torch.zeros((), device=device)
+        self._loss_count = 0
+        # The first step whose loss or gradient norm was not finite, tracked on the device (no step waits for it).
+        self._first_bad_step = torch.full((), -1, device=device, dtype=torch.long)
+        if resume_state is not None:
+            self._restore(resume_state)
 
     # ---- checkpoints ----
-    def _resume(self) -> None:
-        if not self.checkpoint_path.exists():
-            raise ConfigError(
-                f"--resume was given but {self.checkpoint_path} does not exist; "
-                "start without --resume or point --out_dir at the run to continue."
-            )
-        state = load_checkpoint(self.checkpoint_path, model=self.model, optimizer=self.optimizer)
-        self.step = state["step"]
+    def _restore(self, state: dict[str, Any]) -> None:
+        restore_checkpoint(state, model=self.model, optimizer=self.optimizer)
+        self.step = self.saved_step = state["step"]
         self.sampler.load_state_dict(state["sampler_state"])
+        interval = (state.get("extra") or {}).get("log_interval")
+        if interval:
+            self._loss_sum = interval["loss_sum"].to(self.device)
+            self._loss_count = interval["count"]
 
-    def save(self) -> Path:
-        return save_checkpoint(
-            self.checkpoint_path,
-            model=self.model,
-            optimizer=self.optimizer,
-            step=self.step,
-            config=self.config.to_dict(),
-            sampler_state=self.sampler.state_dict(),
+    def save(self, stop: GracefulStop | None = None) -> Path:
+        """Write a checkpoint of the state at this step boundary: only a finite one, atomically."""
+        self._raise_if_diverged()
+        if not self.optimizer.state_is_finite():
+            raise TrainingDiverged(
+                f"the weights or optimizer moments became NaN/inf by step {self.step}, so no checkpoint was written. "
+                f"{self._kept()} {self._advice()}"
+            )
+        interval = {"loss_sum": self._loss_sum.detach().cpu(), "count": self._loss_count}
+        with stop.writing() if stop is not None else contextlib.nullcontext():
+            try:
+                path = save_checkpoint(
+                    self.checkpoint_path,
+                    model=self.model,
+                    optimizer=self.optimizer,
+                    step=self.step,
+                    config=self.config.to_dict(),
+                    sampler_state=self.sampler.state_dict(),
+                    extra={"log_interval": interval},
+                )
+            except (OSError, RuntimeError) as exc:
+                raise io_error(exc, self.checkpoint_path, self._kept()) from exc
+            self.saved_step = self.step
+        return path
+
+    def _kept(self) -> str:
+        if self.saved_step is None:
+            return "No checkpoint of this run had been written."
+        return f"The checkpoint from step {self.saved_step}, {self.checkpoint_path}, is intact."
+
+    def _advice(self) -> str:
+        return (
+            f"Try a lower --lr, a longer --warmup_steps (now {self.config.optim.warmup_steps}) or a smaller "
+            "--max_grad_norm."
         )
+
+    def _raise_if_diverged(self) -> None:
+        bad_step = int(self._first_bad_step.item())
+        if bad_step >= 0:
+            raise TrainingDiverged(
+                f"the loss or gradient norm became NaN/inf at step {bad_step + 1}. {self._kept()} {self._advice()}"
+            )
 
     # ---- one optimizer step ----
     def _set_lr(self) -> float:
         o = self.config.optim
-        lr = cosine_lr(self.step, o.lr, o.min_lr, o.warmup_steps, self.config.train.max_steps)
+        lr = cosine_lr(self.step, o.lr, o.min_lr, o.warmup_steps, o.lr_decay_steps or self.config.train.max_steps)
         self.optimizer.set_lr(lr)
         return lr
 
@@ -182,10 +200,12 @@ class Trainer:
 
     # ---- the loop ----
     def train(self) -> TrainResult:
+        """Train to config.train.max_steps. Raises TrainingDiverged (nothing saved from a non-finite state) or,
+        on SIGINT / SIGTERM, Interrupted after saving a checkpoint at the current step boundary."""
         t = self.config.train
-        self.out_dir.mkdir(parents=True, exist_ok=True)
+        resumed = self.step > 0
         metrics_path = self.out_dir / "metrics.jsonl"
-        log = MetricsLog(metrics_path, resume_from_step=self.step if t.resume else None)
+        metrics = MetricsLog(metrics_path, resume_from_step=self.step if resumed else None)
         timer = StepTimer(self.device)
         on_cuda = self.device.type == "cuda"
         if on_cuda:
@@ -196,81 +216,81 @@ class Trainer:
         interval_times: list[float] = []
         compile_s = None
         train_peak_bytes = 0
-        loss_sum = torch.zeros((), device=self.device)
-        loss_count = 0
         last_loss = float("nan")
         val_loss = None
-        # First step whose loss was not finite, tracked on the device so no step has to synchronise.
-        first_bad_step = torch.full((), -1, device=self.device, dtype=torch.long)
 
         self.model.train()
         bar = tqdm(total=t.max_steps, initial=self.step, desc="train", unit="step", dynamic_ncols=True)
         try:
-            while self.step < t.max_steps:
-                lr = self._set_lr()
-                wall0 = time.perf_counter()
-                started = timer.start()
-                loss, grad_norm = self.train_step()
-                timer.stop(self.step, started)
-                if self.step == first_step and t.compile_model:
-                    loss.item()  # the first step compiles; wait for it so its time is reported apart
-                    compile_s = time.perf_counter() - wall0
-                bad = ~torch.isfinite(loss)
-                first_bad_step = torch.where(bad & (first_bad_step < 0), self.step, first_bad_step)
-                loss_sum += loss
-                loss_count += 1
-                self.step += 1
+            with GracefulStop(log=self._say(bar)) as stop:
+                while self.step < t.max_steps and not stop.requested:
+                    lr = self._set_lr()
+                    wall0 = time.perf_counter()
+                    started = timer.start()
+                    loss, grad_norm = self.train_step()
+                    timer.stop(self.step, started)
+                    if self.step == first_step and t.compile_model:
+                        loss.item()  # the first step compiles; wait for it so its time is reported apart
+                        compile_s = time.perf_counter() - wall0
+                    bad = ~(torch.isfinite(loss) & torch.isfinite(grad_norm))
+                    self._first_bad_step = torch.where(
+                        bad & (self._first_bad_step < 0), self.step, self._first_bad_step
+                    )
+                    self._loss_sum += loss
+                    self._loss_count += 1
+                    self.step += 1
 
-                is_last = self.step == t.max_steps
-                do_eval = t.eval_every > 0 and (self.step % t.eval_every == 0 or is_last)
-                do_ckpt = t.checkpoint_every > 0 and (is_last or self.step % t.checkpoint_every == 0)
-                if self.step % t.log_every and not (do_eval or do_ckpt):
+                    is_last = self.step == t.max_steps
+                    do_eval = t.eval_every > 0 and (self.step % t.eval_every == 0 or is_last)
+                    do_ckpt = t.checkpoint_every > 0 and (is_last or self.step % t.checkpoint_every == 0)
+                    if self.step % t.log_every and not (do_eval or do_ckpt):
+                        bar.update(1)
+                        continue
+
+                    # ---- log point: the only place the host waits for the device ----
+                    for step, seconds in timer.collect():
+                        interval_times.append(seconds)
+                        if step >= first_step + WARMUP_STEPS_EXCLUDED:
+                            step_times.append(seconds)
+                    self._raise_if_diverged()
+                    last_loss = (self._loss_sum / self._loss_count).item()
+                    self._loss_sum.zero_()
+                    self._loss_count = 0
+                    tok_s = self.tokens_per_step / statistics.median(interval_times)
+                    interval_times.clear()
+                    if on_cuda:
+                        train_peak_bytes = max(train_peak_bytes, torch.cuda.max_memory_allocated(self.device))
+                    record = {
+                        "step": self.step,
+                        "tokens": self.step * self.tokens_per_step,
+                        "loss": last_loss,
+                        "val_loss": None,
+                        "lr": lr,
+                        "grad_norm": grad_norm.item(),
+                        "tokens_per_sec": tok_s,
+                        "mfu": mfu(tok_s, self.flops_per_token, self.peak_flops),
+                        "peak_mem_gib": train_peak_bytes / 2**30 if on_cuda else None,
+                    }
+                    if do_eval:
+                        val_loss = self.evaluate()
+                        record["val_loss"] = val_loss
+                        if on_cuda:  # keep eval's activations out of the training peak
+                            torch.cuda.reset_peak_memory_stats(self.device)
+                    try:
+                        metrics.write(record)
+                    except OSError as exc:
+                        raise io_error(exc, metrics_path, self._kept()) from exc
+                    bar.set_postfix(self._postfix(record), refresh=False)
                     bar.update(1)
-                    continue
-
-                # ---- log point: the only place the host waits for the device ----
-                for step, seconds in timer.collect():
-                    interval_times.append(seconds)
-                    if step >= first_step + WARMUP_STEPS_EXCLUDED:
-                        step_times.append(seconds)
-                self._raise_if_diverged(int(first_bad_step.item()))
-                last_loss = (loss_sum / loss_count).item()
-                loss_sum.zero_()
-                loss_count = 0
-                tok_s = self.tokens_per_step / statistics.median(interval_times)
-                interval_times.clear()
-                if on_cuda:
-                    train_peak_bytes = max(train_peak_bytes, torch.cuda.max_memory_allocated(self.device))
-                record = {
-                    "step": self.step,
-                    "tokens": self.step * self.tokens_per_step,
-                    "loss": last_loss,
-                    "val_loss": None,
-                    "lr": lr,
-                    "grad_norm": grad_norm.item(),
-                    "tokens_per_sec": tok_s,
-                    "mfu": mfu(tok_s, self.flops_per_token, self.peak_flops),
-                    "peak_mem_gib": train_peak_bytes / 2**30 if on_cuda else None,
-                }
-                if do_eval:
-                    val_loss = self.evaluate()
-                    record["val_loss"] = val_loss
-                    if on_cuda:  # keep eval's activations out of the training peak
-                        torch.cuda.reset_peak_memory_stats(self.device)
-                log.write(record)
-                bar.set_postfix(self._postfix(record), refresh=False)
-                bar.update(1)
-                if do_ckpt:
-                    self.save()
-        except KeyboardInterrupt:
-            # Keep the work done so far, unless it already diverged (then the older checkpoint is the good one).
-            if int(first_bad_step.item()) < 0:
-                self.save()
-                raise KeyboardInterrupt(f"interrupted at step {self.step}; saved {self.checkpoint_path}") from None
-            raise
+                    if do_ckpt:
+                        self.save(stop)
+                if stop.requested and self.step < t.max_steps:
+                    self._stop(stop)
+        except Interrupted as exc:  # a second signal: stopped at once, nothing new saved
+            raise Interrupted(exc.signum, f"{exc} at step {self.step}. {self._kept()}") from None
         finally:
             bar.close()
-            log.close()
+            metrics.close()
 
         plot_path = plot_loss_curve(metrics_path, self.out_dir / "loss_curve.png", title=str(self.out_dir.name))
         tok_s = self.tokens_per_step / statistics.median(step_times) if step_times else None
@@ -285,21 +305,22 @@ class Trainer:
             compile_s=compile_s,
             metrics_path=str(metrics_path),
             plot_path=str(plot_path),
-            checkpoint_path=str(self.checkpoint_path),
+            checkpoint_path=str(self.checkpoint_path) if self.saved_step is not None else None,
         )
 
-    def _raise_if_diverged(self, bad_step: int) -> None:
-        if bad_step < 0:
-            return
-        kept = (
-            f"The last good checkpoint, {self.checkpoint_path}, is intact."
-            if self.checkpoint_path.exists()
-            else "No checkpoint had been written yet."
-        )
-        raise TrainingDiverged(
-            f"loss became NaN/inf at step {bad_step}. {kept} Try a lower --lr, a longer --warmup_steps "
-            f"(now {self.config.optim.warmup_steps}) or a smaller --max_grad_norm."
-        )
+    def _stop(self, stop: GracefulStop) -> None:
+        """A stop signal arrived: save at this step boundary (if the run keeps checkpoints), then stop."""
+        name = f"stopped by {signal.Signals(stop.signum).name} at step {self.step}"
+        if self.config.train.checkpoint_every == 0:
+            raise Interrupted(stop.signum, f"{name}; this run writes no checkpoints (--checkpoint_every 0)")
+        if self.saved_step != self.step:
+            self.save(stop)
+        raise Interrupted(stop.signum, f"{name}; saved {self.checkpoint_path}")
+
+    @staticmethod
+    def _say(bar: tqdm):
+        # Diagnostics go to stderr, like the progress bar, without breaking its line.
+        return lambda message: bar.write(message.strip(), file=sys.stderr)
 
     @staticmethod
     def _postfix(record: dict) -> dict:

@@ -1,24 +1,6 @@
-"""Where the time goes: Amdahl's law for FP8 training.
-
-For one model shape and batch size this measures two numbers and predicts the FP8 speedup from them:
-
-  X  the share of the BF16 training step's wall time spent in the GEMMs that FP8 would accelerate: the forward,
-     grad_input and grad_weight GEMMs of the nn.Linear layers the FP8 config converts. Their GPU kernel time comes
-     from the profiler (one warm compiled step); the step time is the median of CUDA-event-timed steps. Linears
-     FP8 leaves in BF16 (the shape rule's rejects, the lm_head unless --fp8_lm_head) are part of 1 - X.
-  s  the FP8-over-BF16 speedup of exactly those GEMMs at their shapes: torch.mm against torch._scaled_mm, timed
-     alone (no casts, no scaling), summed over the step with each shape weighted by how often it runs.
-
-  predicted speedup = 1 / ((1 - X) + X / s)            (Amdahl's law)
-  predicted FP8 step = BF16 step x ((1 - X) + X / s)
-
-The measured FP8 step is slower than that prediction by what FP8 costs besides its GEMMs (amax reductions,
-casts, transposes and scales of every operand): `cast_overhead_ms` reports the gap in milliseconds per step.
-
-    python -m cs336_basics.benchmark.amdahl --preset 366m --batch_size 8 --json out.json
-
-The math and the GEMM enumeration are pure functions that work on CPU; measuring needs a CUDA GPU with FP8.
-"""
+"""Measuring the two numbers of the Amdahl model on a GPU: the GEMM microbenchmark (s: FP8 vs BF16 speed of each
+converted GEMM, alone), the profile of one warm training step (X: the converted GEMMs' share of the BF16 step, and
+where the rest of the time goes), and `analyse`, which runs both precisions of one preset end to end."""
 
 from __future__ import annotations
 
@@ -26,21 +8,28 @@ import dataclasses
 import math
 import re
 import statistics
-import sys
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
-from unittest import mock
 
 import numpy as np
 import torch
-from torch import nn
 
+from cs336_basics.benchmark.amdahl.law import (
+    GemmShape,
+    MatmulTimings,
+    _merge,
+    amdahl_prediction,
+    cast_overhead_ms,
+    linear_gemm_shapes,
+    predicted_step_ms,
+    problem_key,
+)
+from cs336_basics.benchmark.amdahl.report import AmdahlRow
 from cs336_basics.config import FP8_RECIPES, FP8Config, ModelConfig, RunConfig
-from cs336_basics.errors import ConfigError, report_error
-from cs336_basics.results import format_or_na, write_results
-
-GEMM_KINDS = ("forward", "grad_input", "grad_weight")
+from cs336_basics.errors import ConfigError
+from cs336_basics.precision.support import MIN_FP8_CAPABILITY
+from cs336_basics.timing import calls_per_round, time_calls_ms
 
 # CPU ops whose kernels are nn.Linear GEMMs (eager and inductor's extern_kernels.mm both dispatch to these).
 LINEAR_GEMM_OPS = ("aten::mm", "aten::addmm", "aten::_scaled_mm")
@@ -60,209 +49,6 @@ ATTENTION_KERNEL_PATTERNS = ("flash", "fmha", "attention", "attn", "sdpa")
 # FP8 GEMM kernels: cuBLAS's nvjet names FP8 operands q (E4M3) and r (E5M2), e.g. nvjet_sm90_qqtst_... (E4M3 x
 # E4M3) and nvjet_sm90_qrtst_... (E4M3 x E5M2, torchao's hybrid gradients); xmma/cutlass kernels spell e4m3 out.
 FP8_KERNEL_RE = re.compile(r"e4m3|e5m2|fp8|f8f8|nvjet_(?:sm\d+_)?[qr]{2}t", re.IGNORECASE)
-
-
-# ---- Amdahl's law ----
-
-
-def amdahl_prediction(x: float, s: float) -> float:
-    """End-to-end speedup when a share x of the time is sped up s times: 1 / ((1 - x) + x / s)."""
-    if not 0.0 <= x <= 1.0:
-        raise ValueError(f"the accelerated share x must be in [0, 1], got {x}")
-    if not s > 0.0:
-        raise ValueError(f"the speedup s must be positive, got {s}")
-    return 1.0 / ((1.0 - x) + x / s)
-
-
-def predicted_step_ms(bf16_step_ms: float, x: float, s: float) -> float:
-    """The FP8 step time Amdahl's law predicts: bf16_step_ms x ((1 - x) + x / s)."""
-    return bf16_step_ms / amdahl_prediction(x, s)
-
-
-def cast_overhead_ms(bf16_step_ms: float, fp8_step_ms_measured: float, x: float, s: float) -> float:
-    """Measured FP8 step time minus the Amdahl prediction, in ms per step: what FP8 costs besides its GEMMs
-    (casting and scaling). Negative means FP8 did better than its GEMM speedup alone explains."""
-    return fp8_step_ms_measured - predicted_step_ms(bf16_step_ms, x, s)
-
-
-# ---- the GEMMs of one training step ----
-
-
-@dataclass(frozen=True)
-class GemmShape:
-    """One training GEMM, (m x k) @ (k x n), run `count` times per micro-batch by the linears in `layers`.
-
-    For a linear with in_features K, out_features N and M tokens: forward is (M x K) @ (K x N), grad_input
-    (M x N) @ (N x K), grad_weight (N x M) @ (M x K). `converted` means it runs as an FP8 GEMM after conversion
-    (the layer passes the FP8 filter; for rowwise_with_gw_hp the grad_weight GEMM stays BF16).
-    """
-
-    kind: str
-    m: int
-    k: int
-    n: int
-    converted: bool
-    count: int = 1
-    layers: tuple[str, ...] = ()
-
-    @property
-    def key(self) -> tuple[str, int, int, int, bool]:
-        return (self.kind, self.m, self.k, self.n, self.converted)
-
-    @property
-    def problem(self) -> tuple[int, int, int]:
-        """(k, smaller outer dim, larger): the same for C = A @ B and C^T = B^T @ A^T, which cost the same."""
-        return problem_key(self.m, self.k, self.n)
-
-    @property
-    def flops(self) -> int:
-        return 2 * self.m * self.k * self.n
-
-    def label(self) -> str:
-        return f"{self.kind} {self.m}x{self.k} @ {self.k}x{self.n}"
-
-
-def problem_key(m: int, k: int, n: int) -> tuple[int, int, int]:
-    return (k, min(m, n), max(m, n))
-
-
-def _linear_layers(model_config: ModelConfig) -> list[tuple[str, nn.Module]]:
-    """(fqn, module) for every nn.Linear of the TransformerLM, in torchao's traversal order.
-
-    Built under FakeTensorMode (no memory, no compute: the "meta" device cannot run RoPE's table set-up, and
-    the course init's truncated normal is data-dependent, so it is skipped here); a real CPU build otherwise.
-    """
-    from cs336_basics.model import TransformerLM
-    from cs336_basics.model import transformer as transformer_module
-
-    try:
-        from torch._subclasses.fake_tensor import FakeTensorMode
-
-        with FakeTensorMode(), mock.patch.object(transformer_module, "init_weights", lambda model: None):
-            model = TransformerLM(model_config)
-    except Exception:  # noqa: BLE001 - any fake-mode limitation: the real model has the same modules
-        model = TransformerLM(model_config)
-    return [(fqn, m) for fqn, m in model.named_modules(remove_duplicate=False) if isinstance(m, nn.Linear)]
-
-
-def _merge(shapes: Iterable[GemmShape]) -> list[GemmShape]:
-    """Identical GEMMs (kind, m, k, n, converted) merged into one entry with summed count, first-seen order."""
-    merged: dict[tuple, GemmShape] = {}
-    for shape in shapes:
-        seen = merged.get(shape.key)
-        merged[shape.key] = (
-            shape
-            if seen is None
-            else dataclasses.replace(seen, count=seen.count + shape.count, layers=seen.layers + shape.layers)
-        )
-    return list(merged.values())
-
-
-def linear_gemm_shapes(
-    model_config: ModelConfig,
-    batch_size: int,
-    fp8_filter: FP8Config | Callable[[nn.Module, str], bool] | None = None,
-) -> list[GemmShape]:
-    """The three training GEMMs of every nn.Linear (lm_head included) for a micro-batch of batch_size sequences,
-    deduplicated with counts. `fp8_filter` decides `converted`: an FP8Config (the package's filter:
-    skip_reason(...) is None), a torchao-style `(module, fqn) -> bool`, or None for FP8Config() defaults.
-    With gradient checkpointing the blocks' forward GEMMs run twice (recomputed in backward)."""
-    from cs336_basics.precision import grad_weight_in_fp8, skip_reason
-
-    if batch_size < 1:
-        raise ConfigError(f"batch_size must be a positive integer, got {batch_size}.")
-    cfg = FP8Config() if fp8_filter is None else fp8_filter
-    if isinstance(cfg, FP8Config):
-        is_converted = lambda module, fqn: skip_reason(module, fqn, cfg) is None
-        hp_grad_weight = not grad_weight_in_fp8(cfg.fp8_recipe)
-    else:
-        is_converted, hp_grad_weight = cfg, False
-    tokens = batch_size * model_config.context_length
-    shapes = []
-    for fqn, module in _linear_layers(model_config):
-        k, n = module.in_features, module.out_features
-        converted = bool(is_converted(module, fqn))
-        recomputed = model_config.gradient_checkpointing and fqn.startswith("layers.")
-        gemms = (
-            ("forward", (tokens, k, n), 2 if recomputed else 1),
-            ("grad_input", (tokens, n, k), 1),
-            ("grad_weight", (n, tokens, k), 1),
-        )
-        for kind, (gm, gk, gn), runs in gemms:
-            fp8 = converted and not (kind == "grad_weight" and hp_grad_weight)
-            shapes.append(GemmShape(kind, gm, gk, gn, fp8, runs, (fqn,)))
-    return _merge(shapes)
-
-
-# ---- the GEMM microbenchmark: the ceiling s ----
-
-
-def matmul_speedup(times: Mapping[GemmShape, tuple[float, float]]) -> float:
-    """Aggregate FP8 GEMM speedup over the converted GEMMs: sum(count x bf16) / sum(count x fp8); nan if none."""
-    pairs = [(shape.count * bf16, shape.count * fp8) for shape, (bf16, fp8) in times.items() if shape.converted]
-    bf16_total, fp8_total = sum(p[0] for p in pairs), sum(p[1] for p in pairs)
-    if not pairs or not fp8_total > 0:
-        return math.nan
-    return bf16_total / fp8_total
-
-
-@dataclass(eq=False)
-class MatmulTimings(Mapping):
-    """GemmShape -> (bf16_ms, fp8_ms) per call (fp8 nan where FP8 cannot run), and the aggregate speedup."""
-
-    recipe: str
-    times: dict[GemmShape, tuple[float, float]] = field(default_factory=dict)
-
-    def __getitem__(self, shape: GemmShape) -> tuple[float, float]:
-        return self.times[shape]
-
-    def __iter__(self) -> Iterator[GemmShape]:
-        return iter(self.times)
-
-    def __len__(self) -> int:
-        return len(self.times)
-
-    @property
-    def speedup(self) -> float:
-        return matmul_speedup(self.times)
-
-    @property
-    def converted_bf16_ms(self) -> float:
-        """BF16 time of the converted GEMMs of one micro-batch (each shape x its count)."""
-        return sum(s.count * t[0] for s, t in self.times.items() if s.converted)
-
-    @property
-    def converted_fp8_ms(self) -> float:
-        return sum(s.count * t[1] for s, t in self.times.items() if s.converted)
-
-    def rows(self) -> list[dict[str, Any]]:
-        return [
-            {
-                "kind": s.kind,
-                "m": s.m,
-                "k": s.k,
-                "n": s.n,
-                "count": s.count,
-                "converted": s.converted,
-                "bf16_ms": bf16,
-                "fp8_ms": fp8,
-                "speedup": bf16 / fp8 if fp8 > 0 else math.nan,
-                "bf16_tflops": s.flops / (bf16 * 1e9) if bf16 > 0 else math.nan,
-                "fp8_tflops": s.flops / (fp8 * 1e9) if fp8 > 0 else math.nan,
-                "layers": _layer_summary(s.layers),
-            }
-            for s, (bf16, fp8) in self.times.items()
-        ]
-
-
-def _layer_summary(layers: tuple[str, ...]) -> str:
-    """e.g. "layers.*.ffn.w1 (24)" instead of 24 names."""
-    groups: dict[str, int] = {}
-    for fqn in layers:
-        parts = fqn.split(".")
-        generic = ".".join("*" if p.isdigit() else p for p in parts)
-        groups[generic] = groups.get(generic, 0) + 1
-    return ", ".join(f"{g} ({c})" if c > 1 else g for g, c in groups.items())
 
 
 def _cuda_device(device: torch.device | str | None, what: str) -> torch.device:
@@ -292,25 +78,10 @@ def _fast_accum(recipe: str) -> dict[str, bool]:
 
 
 def _time_ms(fn: Callable[[], Any], warmup: int, repeats: int, min_round_ms: float) -> float:
-    """Median per-call GPU time of fn: rounds of back-to-back calls between two CUDA events."""
+    """Median per-call GPU time of fn over `repeats` rounds of back-to-back calls."""
     for _ in range(warmup):
         fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    fn()
-    end.record()
-    end.synchronize()
-    calls = max(1, min(200, math.ceil(min_round_ms / max(start.elapsed_time(end), 1e-3))))
-    samples = []
-    for _ in range(repeats):
-        start.record()
-        for _ in range(calls):
-            fn()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) / calls)
-    return statistics.median(samples)
+    return statistics.median(time_calls_ms(fn, repeats, batch=calls_per_round(fn, min_round_ms)))
 
 
 def _gemm_operands(shape: GemmShape, device: torch.device, gen: torch.Generator):
@@ -369,7 +140,7 @@ def time_matmuls(
     if recipe not in FP8_RECIPES:
         raise ConfigError(f"recipe must be one of {FP8_RECIPES}, got {recipe!r}.")
     capability = torch.cuda.get_device_capability(device)
-    if capability < (8, 9):
+    if capability < MIN_FP8_CAPABILITY:
         raise ConfigError(
             f"{torch.cuda.get_device_name(device)} (sm_{capability[0]}{capability[1]}) has no FP8 tensor cores; "
             "FP8 GEMMs need sm_89+ (Ada, Hopper, Blackwell)."
@@ -605,16 +376,7 @@ def profile_step_breakdown(
             if isinstance(model_config, ModelConfig)
             else []
         )
-    torch.cuda.synchronize(device)
-    marks = []
-    for _ in range(max(1, timing_steps)):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        trainer.train_step()
-        end.record()
-        marks.append((start, end))
-    torch.cuda.synchronize(device)
-    samples = [a.elapsed_time(b) for a, b in marks]
+    samples = time_calls_ms(trainer.train_step, max(1, timing_steps))
 
     activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
     with torch.profiler.profile(activities=activities, record_shapes=True) as prof:
@@ -622,104 +384,6 @@ def profile_step_breakdown(
             trainer.train_step()
         torch.cuda.synchronize(device)
     return breakdown_from_events(prof.events(), shapes, steps=profile_steps, step_ms_samples=samples)
-
-
-# ---- one preset end to end ----
-
-
-@dataclass
-class AmdahlRow:
-    """Predicted vs measured FP8 speedup for one preset and batch size. Times are ms per optimizer step.
-
-    linear_share is Amdahl's X: the share of the BF16 step in the GEMMs of the linears FP8 converts (the lm_head
-    counts only when converted; all_linear_share is every nn.Linear GEMM, lm_head included). matmul_speedup is s.
-    """
-
-    preset: str
-    batch_size: int
-    linear_share: float
-    matmul_speedup: float
-    predicted_speedup: float
-    measured_speedup: float
-    predicted_fp8_step_ms: float
-    measured_fp8_step_ms: float
-    cast_overhead_ms: float
-    n_converted: int
-    n_linear: int = 0
-    recipe: str = "tensorwise"
-    seq_len: int = 0
-    bf16_step_ms: float = math.nan
-    all_linear_share: float = math.nan
-    # s seen in the training step itself: BF16 converted-GEMM kernel time / FP8 _scaled_mm kernel time.
-    in_situ_matmul_speedup: float = math.nan
-    # FP8's extra non-GEMM kernel time per step over BF16's (casts, amax, scales), straight from the profiles.
-    profiled_fp8_extra_ms: float = math.nan
-    method: str = ""
-    attribution: str = ""
-    compile: str | bool = "default"
-    gpu: str | None = None
-    notes: list[str] = field(default_factory=list)
-    shapes: list[dict[str, Any]] = field(default_factory=list)
-    bf16_breakdown: dict[str, Any] = field(default_factory=dict)
-    fp8_breakdown: dict[str, Any] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready: nan and inf become None (JSON has neither)."""
-        return _json_safe(dataclasses.asdict(self))
-
-
-def _json_safe(value: Any) -> Any:
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_json_safe(v) for v in value]
-    return value
-
-
-def format_table(rows: Iterable[AmdahlRow | dict[str, Any]]) -> str:
-    """A markdown table: X, s, predicted vs measured speedup and FP8 step time, and the cast overhead.
-    Rows may be AmdahlRow objects or their to_dict() form (as read back from JSON)."""
-    header = (
-        "| preset | batch | FP8 linears | X (converted GEMM share of BF16 step) | s (FP8 GEMM speedup) "
-        "| predicted speedup | measured speedup | BF16 step (ms) | FP8 step predicted (ms) | FP8 step measured (ms) "
-        "| cast overhead (ms/step) |"
-    )
-    lines = [header, "|" + "---|" * header.count(" | ") + "---|"]
-    for row in rows:
-        r = row.to_dict() if isinstance(row, AmdahlRow) else row
-        share = r["linear_share"]
-        cells = [
-            r["preset"],
-            str(r["batch_size"]),
-            f"{r['n_converted']}/{r['n_linear']}" if r["n_linear"] else str(r["n_converted"]),
-            format_or_na(None if share is None else 100 * share, ".1f", "%"),
-            format_or_na(r["matmul_speedup"], ".2f", "x"),
-            format_or_na(r["predicted_speedup"], ".3f", "x"),
-            format_or_na(r["measured_speedup"], ".3f", "x"),
-            format_or_na(r["bf16_step_ms"], ".2f"),
-            format_or_na(r["predicted_fp8_step_ms"], ".2f"),
-            format_or_na(r["measured_fp8_step_ms"], ".2f"),
-            format_or_na(r["cast_overhead_ms"], "+.2f"),
-        ]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
-def format_shape_table(shape_rows: Iterable[dict[str, Any]]) -> str:
-    """Per-GEMM microbenchmark table (MatmulTimings.rows() or AmdahlRow.shapes)."""
-    lines = [
-        "| GEMM | M x K @ K x N | per step | FP8 | BF16 ms | FP8 ms | speedup | layers |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for s in shape_rows:
-        lines.append(
-            f"| {s['kind']} | {s['m']}x{s['k']} @ {s['k']}x{s['n']} | {s['count']} | "
-            f"{'yes' if s['converted'] else 'no'} | {format_or_na(s['bf16_ms'], '.3f')} | "
-            f"{format_or_na(s['fp8_ms'], '.3f')} | {format_or_na(s['speedup'], '.2f', 'x')} | {s['layers']} |"
-        )
-    return "\n".join(lines)
 
 
 def analyse(
@@ -745,24 +409,18 @@ def analyse(
         )
     if steps < 3:
         raise ConfigError(f"steps must be at least 3 (the first compiles, the second settles), got {steps}.")
+    from cs336_basics.build import build, plan
     from cs336_basics.data import PreparedData, prepare_data
-    from cs336_basics.precision import convert_model_to_fp8
-    from cs336_basics.training.run import preflight, release_memory, seeded_model, train_for_measurement
+    from cs336_basics.training.measure import release_memory, train_for_measurement
 
-    train = dataclasses.replace(
-        config.train,
-        device=str(device) if device is not None else config.train.device,
-        max_steps=steps,
-        log_every=steps,
-    )
-    fp8_config = dataclasses.replace(config.fp8, use_fp8=True)
-    config, device, _, _ = preflight(dataclasses.replace(config, train=train, fp8=fp8_config))
+    train = {"max_steps": steps, "log_every": steps}
+    if device is not None:
+        train["device"] = str(device)
+    fp8_plan = plan(config.replace(train=train).with_fp8(True))  # the checks train_h100.py makes
+    config, device = fp8_plan.config, fp8_plan.device
     if device.type != "cuda":
         raise ConfigError(f"the Amdahl analysis needs a CUDA GPU; the config resolves to {device}.")
-    if config.train.dtype != "bfloat16":
-        raise ConfigError("the Amdahl analysis compares FP8 with BF16: use --dtype bfloat16 (or auto).")
     batch, seq = config.train.batch_size, config.model.context_length
-    bf16_config = dataclasses.replace(config, fp8=dataclasses.replace(config.fp8, use_fp8=False))
     notes = []
     if not config.train.compile_model:
         notes.append("eager (no torch.compile): FP8 casts are not fused, so the overhead is far larger than compiled")
@@ -773,19 +431,19 @@ def analyse(
     train_tokens, val_tokens = np.asarray(train_tokens), np.asarray(val_tokens)
     shapes = linear_gemm_shapes(config.model, batch, config.fp8)
 
-    def measure(run_config: RunConfig, fp8: bool):
-        model = seeded_model(run_config, device)  # the same initial weights for both precisions
-        report = convert_model_to_fp8(model, run_config.fp8) if fp8 else None
-        trainer, _ = train_for_measurement(model, run_config, train_tokens, val_tokens, device, log)
+    def measure(use_fp8: bool):
+        built = build(fp8_plan.with_fp8(use_fp8))  # twins: the same initial weights for both precisions
+        trainer, _ = train_for_measurement(built.model, built.config, train_tokens, val_tokens, device, log)
         breakdown = profile_step_breakdown(trainer, shapes, profile_steps=profile_steps, timing_steps=timing_steps)
-        del trainer, model
+        conversion = built.conversion
+        del trainer, built
         release_memory()
-        return breakdown, report
+        return breakdown, conversion
 
     log(f"[amdahl] BF16: {steps} steps, then {timing_steps} timed and {profile_steps} profiled ...")
-    bf16, _ = measure(bf16_config, fp8=False)
+    bf16, _ = measure(use_fp8=False)
     log(f"[amdahl] FP8 ({config.fp8.fp8_recipe}): {steps} steps, then {timing_steps} timed and {profile_steps} ...")
-    fp8, report = measure(config, fp8=True)
+    fp8, report = measure(use_fp8=True)
     log(f"[amdahl] {report.summary_line()}")
     log(f"[amdahl] GEMM microbenchmark: {len(shapes)} distinct shapes ...")
     timings = time_matmuls(shapes, device, config.fp8.fp8_recipe)
@@ -826,46 +484,3 @@ def analyse(
         bf16_breakdown=bf16.to_dict(),
         fp8_breakdown=fp8.to_dict(),
     )
-
-
-# ---- command line ----
-
-
-def main(argv: list[str] | None = None) -> int:
-    from cs336_basics.runtime import config_from_args, config_parser
-
-    parser = config_parser(
-        "Where the time goes: Amdahl's-law prediction of the FP8 speedup vs the measured one.",
-        prog="python -m cs336_basics.benchmark.amdahl",
-    )
-    parser.add_argument("--steps", type=int, default=8, help="training steps per precision before timing (>= 3)")
-    parser.add_argument("--timing_steps", type=int, default=5, help="CUDA-event-timed steps (median)")
-    parser.add_argument("--profile_steps", type=int, default=1, help="profiled steps (averaged)")
-    parser.add_argument("--json", help="write the result here ({gpu, torch, torchao, command, runs: [row]})")
-    args = parser.parse_args(argv)
-    try:
-        config = config_from_args(args)
-        row = analyse(config, steps=args.steps, timing_steps=args.timing_steps, profile_steps=args.profile_steps)
-    except ConfigError as exc:
-        return report_error(exc)
-    print(format_table([row]))
-    print()
-    print(format_shape_table(row.shapes))
-    bf16, fp8 = row.bf16_breakdown, row.fp8_breakdown
-    print(
-        f"\nBF16 step {row.bf16_step_ms:.2f} ms: all linear GEMMs {bf16['linear_gemm_ms']:.2f} ms "
-        f"({100 * row.all_linear_share:.1f}%, lm_head included), converted ones {bf16['converted_gemm_ms']:.2f} ms "
-        f"(X = {100 * row.linear_share:.1f}%), attention {bf16['attention_ms']:.2f} ms; "
-        f"FP8 _scaled_mm {fp8['fp8_gemm_ms']:.2f} ms (in-situ s = {row.in_situ_matmul_speedup:.2f}x), "
-        f"FP8's extra non-GEMM kernels {row.profiled_fp8_extra_ms:+.2f} ms/step. "
-        f"Kernels attributed by {row.method}, X by {row.attribution}."
-    )
-    for note in row.notes:
-        print(f"note: {note}")
-    if args.json:
-        write_results(args.json, [row.to_dict()])
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

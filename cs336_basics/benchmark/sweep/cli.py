@@ -1,0 +1,212 @@
+"""The sweep's command line: the grid flags, the train_h100.py settings passed through to every configuration,
+the plan printed first, and the outputs written as results arrive."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from cs336_basics.benchmark.sweep import run as sweep_run
+from cs336_basics.benchmark.sweep.plan import (
+    COMPILE_CHOICES,
+    DEFAULTS,
+    PRECISIONS,
+    QUICK,
+    Grid,
+    Planned,
+    SweepOptions,
+    amdahl_targets,
+    check_pass_through,
+    default_out_dir,
+    parse_batch_sizes,
+    parse_choices,
+    parse_on_off,
+    plan_sweep,
+)
+from cs336_basics.benchmark.sweep.report import format_amdahl, write_outputs
+from cs336_basics.cli import add_config_arguments, load_config_file, overrides_from_args
+from cs336_basics.config import ATTENTION_BACKENDS, PRESETS
+from cs336_basics.errors import ConfigError, report_error
+from cs336_basics.results import environment
+from cs336_basics.training.trainer import WARMUP_STEPS_EXCLUDED
+
+EPILOG = """\
+Every other flag is a train_h100.py setting applied to every configuration, e.g. --dim/--n_layers/--context_length
+(a custom shape on top of each preset), --no_fp8_shape_filter, --fp8_format, --device, --seed, --lr,
+--dataset, --train_data/--val_data, --config FILE. Flags the sweep sets itself (--batch_size, --attention,
+--use_fp8, --compile_mode, ...) are refused with the sweep flag to use instead.
+
+examples:
+  optimize_performance.py --quick                       # 366m, bf16 vs fp8-tensorwise, compile default, 20 steps
+  optimize_performance.py --presets 366m,1.3b --precisions bf16,fp8-tensorwise --compile default \\
+      --attention sdpa --ac off --batch_sizes 4,8
+  optimize_performance.py --presets 1.3b --fp8_lm_head off,on --dry_run   # print the plan only
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="optimize_performance.py",
+        description="Throughput sweep: each configuration trained for a few steps in its own process; step time, "
+        "tokens/s, MFU, peak memory, compile time, loss and the speedup over BF16 + compile(default).",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
+    )
+    full = lambda key: ",".join(DEFAULTS[key])  # noqa: E731
+    grid = parser.add_argument_group("the grid (comma-separated subsets; defaults: the full grid, lm_head off)")
+    grid.add_argument("--presets", help=f"from {', '.join(PRESETS)} (default {full('presets')})")
+    grid.add_argument("--precisions", help=f"from {', '.join(PRECISIONS)} (default {full('precisions')})")
+    grid.add_argument(
+        "--fp8_lm_head",
+        help="off,on: also convert the output projection; multiplies only the FP8 precisions (default off, as in "
+        "train_h100.py)",
+    )
+    grid.add_argument("--compile", help=f"from {', '.join(COMPILE_CHOICES)} (default {full('compile')})")
+    grid.add_argument("--attention", help=f"from {', '.join(ATTENTION_BACKENDS)} (default {full('attention')})")
+    grid.add_argument("--ac", help="activation checkpointing: off,on (default off,on)")
+    grid.add_argument("--batch_sizes", help="e.g. 4,8 (default: each preset's own batch size)")
+    run = parser.add_argument_group("the run")
+    run.add_argument("--steps", type=int, help=f"optimizer steps per configuration (default {DEFAULTS['steps']})")
+    run.add_argument(
+        "--timeout_s", type=float, help=f"per-configuration limit in seconds (default {DEFAULTS['timeout_s']:g})"
+    )
+    run.add_argument("--out_dir", help="default benchmarks/results/<date>-sweep-<gpu>")
+    run.add_argument(
+        "--quick",
+        action="store_true",
+        help="366m, bf16 vs fp8-tensorwise, compile default, sdpa, AC off, batch 8, 20 steps, 200 s per config, "
+        "then the Amdahl analysis (about 4 minutes on one H200); explicit grid flags still override",
+    )
+    run.add_argument(
+        "--amdahl",
+        action="store_true",
+        help="after the sweep, for each preset/batch with an FP8 + compile configuration: where the time goes "
+        "(profiled GEMM share X, FP8 GEMM speedup s, Amdahl prediction vs measured, cast cost in ms); on with --quick",
+    )
+    run.add_argument("--dry_run", action="store_true", help="print the planned configurations and exit")
+    return parser
+
+
+def parse_options(argv: Sequence[str] | None = None) -> SweepOptions:
+    args, rest = build_parser().parse_known_args(argv)
+    passthrough = argparse.ArgumentParser(
+        prog="optimize_performance.py",
+        usage="optimize_performance.py [sweep flags] [train_h100.py settings] (see --help)",
+        allow_abbrev=False,
+    )
+    add_config_arguments(passthrough)
+    train_args = passthrough.parse_args(rest)
+    base = overrides_from_args(train_args)
+    check_pass_through(base)
+    from_file = load_config_file(train_args.config) if train_args.config else {}
+
+    defaults = QUICK if args.quick else DEFAULTS
+    pick = lambda name, parse: parse(getattr(args, name)) if getattr(args, name) is not None else defaults[name]  # noqa: E731
+    grid = Grid(
+        presets=pick("presets", lambda s: parse_choices(s, tuple(PRESETS), "--presets")),
+        precisions=pick("precisions", lambda s: parse_choices(s, PRECISIONS, "--precisions")),
+        fp8_lm_head=pick("fp8_lm_head", lambda s: parse_on_off(s, "--fp8_lm_head")),
+        compile=pick("compile", lambda s: parse_choices(s, COMPILE_CHOICES, "--compile")),
+        attention=pick("attention", lambda s: parse_choices(s, ATTENTION_BACKENDS, "--attention")),
+        ac=pick("ac", lambda s: parse_on_off(s, "--ac")),
+        batch_sizes=pick("batch_sizes", parse_batch_sizes),
+    )
+    steps = args.steps if args.steps is not None else defaults["steps"]
+    if steps <= WARMUP_STEPS_EXCLUDED:
+        raise ConfigError(
+            f"--steps must be more than {WARMUP_STEPS_EXCLUDED}: the first {WARMUP_STEPS_EXCLUDED} steps (compile, "
+            "warm-up) are left out of the step-time median."
+        )
+    timeout_s = args.timeout_s if args.timeout_s is not None else defaults["timeout_s"]
+    if timeout_s <= 0:
+        raise ConfigError(f"--timeout_s must be positive, got {timeout_s:g}.")
+    return SweepOptions(
+        grid=grid,
+        steps=steps,
+        timeout_s=timeout_s,
+        out_dir=Path(args.out_dir) if args.out_dir else None,
+        base_overrides=base,
+        from_file=from_file,
+        quick=args.quick,
+        dry_run=args.dry_run,
+        amdahl=args.amdahl or args.quick,
+    )
+
+
+def format_plan(plan: Sequence[Planned], options: SweepOptions, out_dir: Path) -> str:
+    mode = " (--quick)" if options.quick else ""
+    lines = [
+        f"sweep plan{mode}: {len(plan)} configuration{'s' * (len(plan) != 1)}, {options.steps} steps each, "
+        f"each in its own process with a {options.timeout_s:g} s limit"
+    ]
+    width = len(str(len(plan)))
+    for i, planned in enumerate(plan, 1):
+        note = "  (baseline)" if planned.point.is_baseline else ""
+        lines.append(f"  {i:>{width}}. {planned.point.label}{note}")
+    if options.base_overrides:
+        lines.append(f"settings for every configuration: {json.dumps(options.base_overrides)}")
+    lines.append(f"results: {out_dir}/sweep.{{json,csv,md,png}}")
+    return "\n".join(lines)
+
+
+def _terminate(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        options = parse_options(argv)
+        plan = plan_sweep(options)
+    except ConfigError as exc:
+        return report_error(exc)
+    gpu = environment()["gpu"]
+    out_dir = options.out_dir or default_out_dir(gpu)
+    print(format_plan(plan, options, out_dir), flush=True)
+    if options.dry_run:
+        print("dry run: nothing was run.")
+        return 0
+    if options.quick and gpu is None:
+        print("note: --quick is sized for an H100/H200; without a GPU the FP8 row is skipped and 366m is slow.")
+    say = lambda line: print(line, flush=True)  # noqa: E731
+    records: list[dict[str, Any]] = []
+    # A scheduler's SIGTERM takes the Ctrl-C path: the running worker (in its own session) is killed, not orphaned.
+    previous_handler = signal.signal(signal.SIGTERM, _terminate)
+    try:
+        sweep_run.prepare_all_data(plan, log=say)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        records = sweep_run.run_sweep(plan, options, out_dir, log=say)
+    except ConfigError as exc:  # the data: missing files, ids outside the vocabulary, ...
+        return report_error(exc)
+    except KeyboardInterrupt:
+        if not (out_dir / "sweep.json").exists():
+            print("\ninterrupted before any configuration finished; nothing was written.", file=sys.stderr)
+            return 130
+        write_outputs(out_dir, plot=True)
+        print(
+            f"\ninterrupted: {out_dir}/sweep.{{json,csv,md,png}} hold the configurations that finished.",
+            file=sys.stderr,
+        )
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous_handler)
+    report, _ = write_outputs(out_dir, plot=True)
+    print()
+    print(report)
+    if options.amdahl:
+        rows = []
+        for planned in amdahl_targets(plan):
+            say(f"where the time goes: {planned.point.preset} batch {planned.point.batch_size} ...")
+            rows.append(sweep_run.run_amdahl(planned, out_dir, options.timeout_s))
+        if rows:
+            analysis = format_amdahl(rows)
+            (out_dir / "amdahl.md").write_text(analysis + "\n")
+            print()
+            print(analysis)
+    print(f"wrote {out_dir}/sweep.json, sweep.csv, sweep.md, sweep.png (per-configuration logs in {out_dir}/logs)")
+    return 1 if any(r.get("status") == "error" for r in records) else 0

@@ -1,0 +1,258 @@
+"""The sweep's grid and plan: which configurations, in which order (each group's BF16 + compile baseline first),
+each with its config built and validated before anything runs."""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import itertools
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cs336_basics.config import PRESETS, RunConfig, TrainConfig, build_config
+from cs336_basics.errors import ConfigError
+
+PRECISIONS = ("bf16", "fp8-tensorwise", "fp8-rowwise", "fp8-rowwise_with_gw_hp", "fp32")
+COMPILE_CHOICES = ("eager", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+ON_OFF = {"off": False, "on": True}
+DEFAULT_PRESETS = ("366m", "gpt2-small", "1.3b")
+DEFAULTS: dict[str, Any] = dict(
+    presets=DEFAULT_PRESETS,
+    precisions=PRECISIONS[:4],
+    fp8_lm_head=(False,),  # the package default; --fp8_lm_head off,on sweeps it
+    compile=("eager", "default", "max-autotune"),
+    attention=("sdpa", "flash"),
+    ac=(False, True),
+    batch_sizes=None,  # each preset's own batch size
+    steps=30,
+    timeout_s=600.0,
+)
+# --quick: the question most people have (does FP8 pay on this GPU, at the shape we measured?), in ~2-5 minutes
+# on one H100/H200: 2 configs x (process start + compile, 30-120 s cold + 20 steps); each is capped at 200 s,
+# so the whole sweep stays under 8 minutes even if a compile hangs.
+QUICK: dict[str, Any] = dict(
+    presets=("366m",),
+    precisions=("bf16", "fp8-tensorwise"),
+    fp8_lm_head=(False,),
+    compile=("default",),
+    attention=("sdpa",),
+    ac=(False,),
+    batch_sizes=(8,),
+    steps=20,
+    timeout_s=200.0,
+)
+
+# Settings the sweep itself sets for every configuration: as pass-through flags they would be silently
+# overridden, so they are refused with the sweep flag to use instead.
+SWEPT_SETTINGS = {
+    ("model", "attention"): "--attention",
+    ("model", "gradient_checkpointing"): "--ac off,on",
+    ("train", "batch_size"): "--batch_sizes",
+    ("train", "max_steps"): "--steps",
+    ("train", "compile_model"): "--compile eager,default,...",
+    ("train", "compile_mode"): "--compile",
+    ("train", "dtype"): "--precisions (bf16 and fp8-* train BF16 weights, fp32 float32)",
+    ("train", "out_dir"): "--out_dir (the runs themselves use temporary folders)",
+    ("train", "resume"): "nothing (every configuration starts fresh)",
+    ("train", "log_every"): "nothing (set from --steps)",
+    ("train", "eval_every"): "nothing (benchmarks do not evaluate)",
+    ("train", "checkpoint_every"): "nothing (benchmarks write no checkpoints)",
+    ("fp8", "use_fp8"): "--precisions",
+    ("fp8", "fp8_recipe"): "--precisions fp8-tensorwise,fp8-rowwise,...",
+    ("fp8", "fp8_lm_head"): "--fp8_lm_head off,on",
+}
+
+BASELINE_PRECISION, BASELINE_COMPILE = "bf16", "default"
+
+
+# ---- the grid ----
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    """One configuration of the grid."""
+
+    preset: str
+    batch_size: int
+    precision: str
+    fp8_lm_head: bool
+    compile: str  # "eager" or a torch.compile mode
+    attention: str
+    ac: bool
+
+    @property
+    def is_fp8(self) -> bool:
+        return self.precision.startswith("fp8-")
+
+    @property
+    def is_baseline(self) -> bool:
+        return self.precision == BASELINE_PRECISION and self.compile == BASELINE_COMPILE
+
+    @property
+    def label(self) -> str:
+        precision = self.precision + ("+lm_head" if self.fp8_lm_head else "")
+        return f"{self.preset}/bs{self.batch_size}/{precision}/{self.compile}/{self.attention}/ac-{on_off(self.ac)}"
+
+    def overrides(self, base: dict[str, Any], steps: int) -> dict[str, Any]:
+        """config.build_config overrides for this point: the pass-through settings plus the swept ones."""
+        values = copy.deepcopy(base)
+        values["preset"] = self.preset
+        values.setdefault("model", {}).update(attention=self.attention, gradient_checkpointing=self.ac)
+        values.setdefault("train", {}).update(
+            batch_size=self.batch_size,
+            max_steps=steps,
+            log_every=log_every_for(steps),
+            eval_every=0,
+            checkpoint_every=0,
+            resume=False,
+            compile_model=self.compile != "eager",
+            compile_mode=BASELINE_COMPILE if self.compile == "eager" else self.compile,
+            dtype="float32" if self.precision == "fp32" else "bfloat16",
+        )
+        fp8 = values.setdefault("fp8", {})
+        fp8.update(use_fp8=self.is_fp8, fp8_lm_head=self.fp8_lm_head)
+        if self.is_fp8:
+            fp8["fp8_recipe"] = self.precision.removeprefix("fp8-")
+        return values
+
+
+@dataclass(frozen=True)
+class Grid:
+    presets: tuple[str, ...]
+    precisions: tuple[str, ...]
+    fp8_lm_head: tuple[bool, ...]
+    compile: tuple[str, ...]
+    attention: tuple[str, ...]
+    ac: tuple[bool, ...]
+    batch_sizes: tuple[int, ...] | None  # None: each preset's own batch size
+
+
+def on_off(flag: bool) -> str:
+    return "on" if flag else "off"
+
+
+def log_every_for(steps: int) -> int:
+    """Log (the Trainer's only sync point) every 5-10 steps, on a divisor of `steps` so the last step is a log
+    point: its timings are collected and `loss` is the mean over the last interval, not the whole run."""
+    return next((d for d in range(10, 4, -1) if steps % d == 0), steps)
+
+
+def preset_batch_size(preset: str) -> int:
+    return PRESETS[preset].get("train", {}).get("batch_size", TrainConfig.batch_size)
+
+
+def expand_grid(grid: Grid) -> list[SweepPoint]:
+    """Every combination, grouped by (preset, batch, attention, AC) with the group's BF16 + compile(default)
+    baseline first. fp8_lm_head only multiplies the FP8 precisions (it means nothing without FP8)."""
+    points = []
+    for preset in grid.presets:
+        for batch in grid.batch_sizes or (preset_batch_size(preset),):
+            for attention, ac in itertools.product(grid.attention, grid.ac):
+                group = [
+                    SweepPoint(preset, batch, precision, lm_head, mode, attention, ac)
+                    for mode in grid.compile
+                    for precision in grid.precisions
+                    for lm_head in (grid.fp8_lm_head if precision.startswith("fp8-") else (False,))
+                ]
+                points += sorted(group, key=lambda p: not p.is_baseline)  # stable: the baseline moves first
+    return points
+
+
+def parse_choices(text: str, allowed: Sequence[str], flag: str) -> tuple[str, ...]:
+    """A comma-separated subset of `allowed`, in the given order, duplicates dropped."""
+    items = [item.strip() for item in text.split(",") if item.strip()]
+    if not items:
+        raise ConfigError(f"{flag} is empty; give a comma-separated list from: {', '.join(allowed)}.")
+    bad = [item for item in items if item not in allowed]
+    if bad:
+        raise ConfigError(f"{flag}: unknown value(s) {', '.join(map(repr, bad))}; choose from {', '.join(allowed)}.")
+    return tuple(dict.fromkeys(items))
+
+
+def parse_on_off(text: str, flag: str) -> tuple[bool, ...]:
+    return tuple(ON_OFF[item] for item in parse_choices(text, tuple(ON_OFF), flag))
+
+
+def parse_batch_sizes(text: str) -> tuple[int, ...]:
+    items = [item.strip() for item in text.split(",") if item.strip()]
+    try:
+        sizes = [int(item) for item in items]
+    except ValueError:
+        sizes = []
+    if not items or len(sizes) != len(items) or min(sizes) < 1:
+        raise ConfigError(f"--batch_sizes must be comma-separated positive integers (e.g. 4,8), got {text!r}.")
+    return tuple(dict.fromkeys(sizes))
+
+
+# ---- the plan: points with their validated configs ----
+
+
+@dataclass(frozen=True)
+class Planned:
+    point: SweepPoint
+    overrides: dict[str, Any]
+    from_file: dict[str, Any]
+    config: RunConfig  # built here, so a bad pass-through setting fails before the sweep starts
+
+    @property
+    def spec(self) -> dict[str, Any]:
+        """What the worker gets: it rebuilds the same config with config.build_config."""
+        return {"overrides": self.overrides, "from_file": self.from_file, "extra": {"label": self.point.label}}
+
+
+@dataclass
+class SweepOptions:
+    grid: Grid
+    steps: int
+    timeout_s: float
+    out_dir: Path | None  # None: the dated default
+    base_overrides: dict[str, Any]
+    from_file: dict[str, Any]
+    quick: bool
+    dry_run: bool
+    amdahl: bool = False
+
+
+def plan_sweep(options: SweepOptions) -> list[Planned]:
+    plan = []
+    for point in expand_grid(options.grid):
+        overrides = point.overrides(options.base_overrides, options.steps)
+        plan.append(Planned(point, overrides, options.from_file, build_config(overrides, options.from_file)))
+    return plan
+
+
+def check_pass_through(overrides: dict[str, Any]) -> None:
+    if "preset" in overrides:
+        raise ConfigError("--preset is set per configuration by the sweep; use --presets (comma-separated).")
+    for (section, name), instead in SWEPT_SETTINGS.items():
+        if name in overrides.get(section, {}):
+            raise ConfigError(f"--{name} is set per configuration by the sweep; use {instead}.")
+
+
+def gpu_slug(gpu_name: str | None) -> str:
+    """For file names: "NVIDIA H100 80GB HBM3" -> "h100"; an unknown GPU -> its name as a slug; none -> "cpu"."""
+    if not gpu_name:
+        return "cpu"
+    known = re.search(r"\b([A-Z]{1,2}\d{2,3}[A-Z]?)\b", gpu_name)
+    if known:
+        return known.group(1).lower()
+    return re.sub(r"[^a-z0-9]+", "-", gpu_name.lower()).strip("-") or "gpu"
+
+
+def default_out_dir(gpu_name: str | None, today: datetime.date | None = None) -> Path:
+    today = today or datetime.date.today()
+    return Path("benchmarks/results") / f"{today.isoformat()}-sweep-{gpu_slug(gpu_name)}"
+
+
+def amdahl_targets(plan: Sequence[Planned]) -> list[Planned]:
+    """The first FP8 + compile configuration of each preset/batch/attention/AC group: its FP8 settings (recipe,
+    lm_head, shape filter) decide which GEMMs count as converted in the analysis."""
+    chosen: dict[tuple, Planned] = {}
+    for planned in plan:
+        p = planned.point
+        if p.is_fp8 and p.compile != "eager":
+            chosen.setdefault((p.preset, p.batch_size, p.attention, p.ac), planned)
+    return list(chosen.values())

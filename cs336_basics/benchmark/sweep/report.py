@@ -1,0 +1,288 @@
+"""The sweep's outputs: each record paired with its group's BF16 + compile baseline, and sweep.csv / sweep.md /
+sweep.png rebuilt from sweep.json (the one file a killed sweep leaves complete)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from cs336_basics.atomic import write_text_atomic
+from cs336_basics.benchmark.amdahl import format_table as amdahl_table
+from cs336_basics.benchmark.sweep.plan import BASELINE_COMPILE, BASELINE_PRECISION, on_off
+from cs336_basics.results import format_or_na
+from cs336_basics.training.trainer import WARMUP_STEPS_EXCLUDED
+
+# A record's group: everything but the precision/compile variant. Its baseline is BF16 + compile(default).
+# fmt: off
+GROUP_FIELDS = (
+    "preset", "dim", "n_layers", "n_heads", "n_kv_heads", "d_ff", "vocab_size", "seq_len", "batch_size",
+    "gradient_accumulation_steps", "attention", "gradient_checkpointing",
+)
+# fmt: on
+VARIANT_FIELDS = ("precision", "fp8_lm_head", "fp8_shape_filter", "compile")
+
+# fmt: off
+CSV_COLUMNS = (
+    "label", "preset", "dim", "n_layers", "n_heads", "n_kv_heads", "d_ff", "vocab_size", "batch_size",
+    "gradient_accumulation_steps", "seq_len", "precision", "fp8_lm_head", "fp8_shape_filter", "compile",
+    "attention", "gradient_checkpointing", "status", "step_time_ms", "tokens_per_sec", "mfu", "peak_mem_gib",
+    "compile_s", "loss", "speedup_vs_bf16", "steps", "total_params", "non_embedding_params", "train_s", "wall_s",
+    "error", "reason", "log", "command",
+)
+# fmt: on
+
+MFU_NOTE = (
+    "MFU is against the dense BF16 tensor-core peak (989 TFLOP/s on H100/H200) for every precision, FP8 included, "
+    "so it compares across rows; n/a where the peak is unknown (CPU)."
+)
+
+
+def group_key(record: dict[str, Any]) -> tuple:
+    return tuple(record.get(name) for name in GROUP_FIELDS)
+
+
+def config_key(record: dict[str, Any]) -> tuple:
+    return group_key(record) + tuple(record.get(name) for name in VARIANT_FIELDS)
+
+
+def is_baseline(record: dict[str, Any]) -> bool:
+    return record.get("precision") == BASELINE_PRECISION and record.get("compile") == BASELINE_COMPILE
+
+
+def speedup_for(record: dict[str, Any], records: Sequence[dict[str, Any]]) -> float | None:
+    """tokens/s of `record` over that of the BF16 + compile(default) run of its group (same preset, shape,
+    batch, attention and AC) among `records` (the last one if several); None if either did not run OK or the
+    group has no baseline. The baseline itself gets 1.0."""
+    if record.get("status") != "ok" or not record.get("tokens_per_sec"):
+        return None
+    if is_baseline(record):
+        return 1.0
+    key = group_key(record)
+    baselines = [r for r in records if is_baseline(r) and r.get("status") == "ok" and group_key(r) == key]
+    baselines = [r for r in baselines if r.get("tokens_per_sec")]
+    return record["tokens_per_sec"] / baselines[-1]["tokens_per_sec"] if baselines else None
+
+
+def pair_speedups(records: Sequence[dict[str, Any]]) -> list[float | None]:
+    return [speedup_for(record, records) for record in records]
+
+
+def latest_runs(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One record per configuration: a configuration run again (a later sweep into the same folder) replaces
+    its earlier record, in the earlier one's place."""
+    latest: dict[tuple, dict[str, Any]] = {}
+    for record in records:
+        latest[config_key(record)] = record
+    order = list(dict.fromkeys(config_key(r) for r in records))
+    return [latest[key] for key in order]
+
+
+def _pct(fraction: float | None) -> str:
+    return format_or_na(None if fraction is None else 100 * fraction, ".1f", "%")
+
+
+def _status_cell(record: dict[str, Any], width: int = 70) -> str:
+    status = record.get("status", "?")
+    detail = record.get("error") or record.get("reason")
+    if status == "ok" or not detail:
+        return status
+    text = f"{status}: {detail}"
+    return (text if len(text) <= width else text[: width - 3] + "...").replace("|", "\\|")
+
+
+def compile_label(record: dict[str, Any]) -> str:
+    return "eager" if record.get("compile") is False else str(record.get("compile"))
+
+
+def format_table(records: Sequence[dict[str, Any]], speedups: Sequence[float | None]) -> str:
+    header = [
+        "#",
+        "preset",
+        "batch",
+        "precision",
+        "fp8 lm_head",
+        "compile",
+        "attention",
+        "AC",
+        "status",
+        "step (ms)",
+        "tokens/s",
+        "MFU (vs BF16 peak)",
+        "peak mem (GiB)",
+        "compile (s)",
+        "loss",
+        "vs BF16+compile",
+    ]
+    rows = []
+    for i, (r, speedup) in enumerate(zip(records, speedups, strict=True), 1):
+        fp8 = str(r.get("precision", "")).startswith("fp8-")
+        rows.append(
+            [
+                str(i),
+                str(r.get("preset")),
+                str(r.get("batch_size")),
+                str(r.get("precision")),
+                on_off(bool(r.get("fp8_lm_head"))) if fp8 else "-",
+                compile_label(r),
+                str(r.get("attention")),
+                on_off(bool(r.get("gradient_checkpointing"))),
+                _status_cell(r),
+                format_or_na(r.get("step_time_ms"), ".1f"),
+                format_or_na(r.get("tokens_per_sec"), ",.0f"),
+                _pct(r.get("mfu")),
+                format_or_na(r.get("peak_mem_gib"), ".2f"),
+                format_or_na(r.get("compile_s"), ".1f"),
+                format_or_na(r.get("loss"), ".4f"),
+                format_or_na(speedup, ".3f", "x"),
+            ]
+        )
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def format_report(data: dict[str, Any], records: Sequence[dict[str, Any]], speedups: Sequence[float | None]) -> str:
+    counts = {s: sum(r.get("status") == s for r in records) for s in ("ok", "skipped", "oom", "error")}
+    steps = sorted({r.get("steps") for r in records if r.get("steps")})
+    lines = [
+        f"# Throughput sweep on {data.get('gpu') or 'CPU'}",
+        "",
+        f"torch {data.get('torch')}, torchao {data.get('torchao')}; {len(records)} configurations: "
+        + ", ".join(f"{n} {s}" for s, n in counts.items() if n),
+        "",
+        f"- {MFU_NOTE}",
+        f"- step (ms): median optimizer-step time over steps {WARMUP_STEPS_EXCLUDED + 1}.."
+        f"{'/'.join(map(str, steps)) or 'N'} (the first {WARMUP_STEPS_EXCLUDED}, which compile and warm up, "
+        "excluded); tokens/s = tokens per step / that median; compile (s): the first step, reported apart.",
+        "- vs BF16+compile: tokens/s over the BF16 + torch.compile (default mode) run of the same preset, batch, "
+        "attention and AC in this file; n/a without that baseline.",
+        "- loss: mean training loss over the last log interval; peak mem: torch.cuda.max_memory_allocated.",
+        "",
+        format_table(records, speedups),
+    ]
+    failures = [(i, r) for i, r in enumerate(records, 1) if r.get("status") != "ok"]
+    if failures:
+        lines += ["", "Not run / failed:", ""]
+        lines += [
+            f"{i}. `{r.get('label')}` {r.get('status')}: {r.get('error') or r.get('reason')}" for i, r in failures
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def write_csv(path: Path, records: Sequence[dict[str, Any]], speedups: Sequence[float | None]) -> Path:
+    rows = [{**r, "speedup_vs_bf16": s} for r, s in zip(records, speedups, strict=True)]
+    extra = sorted({key for row in rows for key in row} - set(CSV_COLUMNS))
+    text = io.StringIO(newline="")
+    writer = csv.DictWriter(text, fieldnames=[*CSV_COLUMNS, *extra])
+    writer.writeheader()
+    writer.writerows(rows)
+    return write_text_atomic(path, text.getvalue())
+
+
+def _variant_label(record: dict[str, Any], show_compile: bool) -> str:
+    label = str(record.get("precision")) + ("+lm_head" if record.get("fp8_lm_head") else "")
+    return label + (f" ({compile_label(record)})" if show_compile else "")
+
+
+def _group_label(record: dict[str, Any], show_attention: bool, show_ac: bool) -> str:
+    label = f"{record.get('preset')}\nbs{record.get('batch_size')}"
+    if show_attention:
+        label += f" {record.get('attention')}"
+    if show_ac:
+        label += f" AC {on_off(bool(record.get('gradient_checkpointing')))}"
+    return label
+
+
+def write_plot(path: Path, records: Sequence[dict[str, Any]], speedups: Sequence[float | None], title: str) -> Path:
+    """Two bar panels, grouped by preset/batch (and attention/AC where those vary): speedup over the BF16 +
+    compile(default) baseline, and MFU. One bar (one colour) per precision, and compile mode where that varies."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ok = [(r, s) for r, s in zip(records, speedups, strict=True) if r.get("status") == "ok"]
+    vary = lambda key: len({r.get(key) for r, _ in ok}) > 1  # noqa: E731
+    show_compile, show_attention, show_ac = vary("compile"), vary("attention"), vary("gradient_checkpointing")
+    groups = list(dict.fromkeys(_group_label(r, show_attention, show_ac) for r, _ in ok))
+    variants = list(dict.fromkeys(_variant_label(r, show_compile) for r, _ in ok))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    width = 0.8 / max(1, len(variants))
+    fig, axes = plt.subplots(2, 1, figsize=(max(7.0, 1.5 + 0.4 * len(groups) * max(1, len(variants))), 8.5))
+    panels = (
+        (axes[0], "speedup vs BF16 + compile(default)", lambda r, s: s, "{:.2f}x"),
+        (
+            axes[1],
+            "MFU (% of dense BF16 peak)",
+            lambda r, s: None if r.get("mfu") is None else 100 * r["mfu"],
+            "{:.1f}",
+        ),
+    )
+    handles = {}
+    for ax, ylabel, value_of, fmt in panels:
+        values = []
+        for j, variant in enumerate(variants):
+            offset = (j - (len(variants) - 1) / 2) * width
+            points = [
+                (groups.index(_group_label(r, show_attention, show_ac)) + offset, value_of(r, s))
+                for r, s in ok
+                if _variant_label(r, show_compile) == variant and value_of(r, s) is not None
+            ]
+            if points:
+                xs, ys = zip(*points, strict=True)
+                bars = ax.bar(xs, ys, width=width, color=colors[j % len(colors)], label=variant)
+                ax.bar_label(bars, labels=[fmt.format(y) for y in ys], fontsize=7, padding=1)
+                handles.setdefault(variant, bars)
+                values += ys
+        if not values:
+            reason = "no successful runs" if not ok else "n/a (no baseline in the sweep, or no known peak here)"
+            ax.text(0.5, 0.5, reason, ha="center", va="center", transform=ax.transAxes)
+        elif ax is axes[0]:
+            # Speedups differ by a few percent: zoom in around 1.0 (the bars are labelled with their values).
+            ax.axhline(1.0, color="gray", linewidth=0.8, linestyle="--")
+            low, high = min([*values, 1.0]), max([*values, 1.0])
+            pad = max(0.05, 0.15 * (high - low))
+            ax.set_ylim(max(0.0, low - pad), high + pad)
+            ylabel += "\n(axis zoomed around 1.0)"
+        else:
+            ax.set_ylim(0, max(values) * 1.15)
+        ax.set_xticks(range(len(groups)), groups, fontsize=8)
+        ax.set_ylabel(ylabel, fontsize=9)
+        ax.grid(axis="y", alpha=0.3)
+    axes[0].set_title(title)
+    if handles:
+        fig.legend(handles.values(), handles.keys(), loc="lower center", ncols=min(4, len(handles)), fontsize=8)
+    fig.tight_layout(rect=(0, 0.04 + 0.03 * ((len(handles) - 1) // 4), 1, 1))
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def write_outputs(out_dir: Path, plot: bool = True) -> tuple[str, list[dict[str, Any]]]:
+    """Rebuild sweep.csv / sweep.md (and sweep.png) from sweep.json; returns (markdown, latest records)."""
+    data = json.loads((out_dir / "sweep.json").read_text())
+    records = latest_runs(data["runs"])
+    speedups = pair_speedups(records)
+    report = format_report(data, records, speedups)
+    write_csv(out_dir / "sweep.csv", records, speedups)
+    write_text_atomic(out_dir / "sweep.md", report)
+    if plot:
+        write_plot(out_dir / "sweep.png", records, speedups, title=f"sweep on {data.get('gpu') or 'CPU'}")
+    return report, records
+
+
+def format_amdahl(rows: Sequence[dict[str, Any]]) -> str:
+    done = [r for r in rows if r["status"] == "ok"]
+    lines = ["## Where the time goes (Amdahl: speedup = 1 / ((1 - X) + X / s))", ""]
+    if done:
+        lines += [amdahl_table(done), ""]
+        lines.append(
+            "X: share of the BF16 step in the GEMMs that FP8 converts (profiled); s: FP8 vs BF16 speed of those GEMMs "
+            "at their shapes (microbenchmarked, casts excluded); cast overhead: measured FP8 step minus predicted."
+        )
+    lines += [f"- {r['preset']} batch {r['batch_size']}: {r['status']}: {r['error']}" for r in rows if r not in done]
+    return "\n".join(lines)

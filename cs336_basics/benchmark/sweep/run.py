@@ -1,0 +1,174 @@
+"""Running the sweep: every configuration in a fresh worker process (its own session, killed whole on timeout or
+Ctrl-C), each record appended to sweep.json as soon as it exists; and the Amdahl analysis per preset/batch."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from cs336_basics.benchmark.sweep.plan import Planned, SweepOptions, on_off
+from cs336_basics.benchmark.sweep.report import _pct, _status_cell, latest_runs, speedup_for, write_outputs
+from cs336_basics.benchmark.worker import classify_failure, last_line
+from cs336_basics.config import merge_layers
+from cs336_basics.data import prepare_data
+from cs336_basics.results import append_runs, format_or_na, run_record
+
+
+def worker_command(spec: dict[str, Any], out_path: Path) -> list[str]:
+    return [sys.executable, "-m", "cs336_basics.benchmark.worker", "--spec", json.dumps(spec), "--out", str(out_path)]
+
+
+def _worker_env() -> dict[str, str]:
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parents[2])  # so the package imports from any working directory
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    env["PYTHONUNBUFFERED"] = "1"
+    env["TQDM_DISABLE"] = "1"  # no progress bar in the log files
+    return env
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """Kill the worker and anything it started (torch.compile's compile workers), all in its own session."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _tail(path: Path, n_bytes: int = 20000) -> str:
+    try:
+        with path.open("rb") as f:
+            f.seek(max(0, path.stat().st_size - n_bytes))
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def run_logged(command: list[str], log_path: Path, timeout_s: float) -> tuple[int, bool]:
+    """Run command in its own session with its output in log_path; (return code, timed out). Never leaves it
+    running: on timeout or Ctrl-C the whole process group is killed."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    timed_out = False
+    with log_path.open("w") as log:
+        log.write("$ " + " ".join(shlex.quote(part) for part in command) + "\n")
+        log.flush()
+        proc = subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, env=_worker_env(), start_new_session=True
+        )
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        finally:  # also on Ctrl-C: the worker is in its own session, so the terminal's SIGINT never reaches it
+            _kill_group(proc)
+            proc.wait()
+    return proc.returncode, timed_out
+
+
+def run_isolated(planned: Planned, work_dir: Path, log_path: Path, timeout_s: float) -> dict[str, Any]:
+    """Run one configuration in a fresh worker process, its output going to log_path; return its record (never
+    raises for a failed run)."""
+    out_path = work_dir / f"result-{time.monotonic_ns()}.json"
+    started = time.perf_counter()
+    returncode, timed_out = run_logged(worker_command(planned.spec, out_path), log_path, timeout_s)
+    wall_s = time.perf_counter() - started
+
+    base = run_record(planned.config, status="error")
+    base.update(step_time_ms=None, label=planned.point.label)
+    if out_path.exists():  # the worker finished its record (even if it then hung on exit)
+        record = {**base, **json.loads(out_path.read_text())}
+        out_path.unlink()
+    else:
+        status, message = classify_failure(_tail(log_path), returncode, timed_out=timed_out, timeout_s=timeout_s)
+        record = {**base, "status": status, "error": message}
+    record["wall_s"] = wall_s
+    return record
+
+
+def prepare_all_data(plan: Sequence[Planned], log: Callable[[str], None]) -> None:
+    """Tokenise and cache each distinct (data, vocabulary) once, here, so that the workers only read the cache
+    and never race to build it."""
+    seen = set()
+    for planned in plan:
+        key = (planned.config.data, planned.config.model.vocab_size)
+        if key not in seen:
+            seen.add(key)
+            started = time.perf_counter()
+            data = prepare_data(*key)
+            log(f"data: {data.description} (vocab {key[1]}; ready in {time.perf_counter() - started:.1f} s)")
+
+
+def _progress_line(i: int, n: int, record: dict[str, Any]) -> str:
+    head = f"[{i}/{n}] {record.get('label')}: "
+    if record.get("status") != "ok":
+        return head + _status_cell(record, width=160) + f" ({record['wall_s']:.0f} s)"
+    speedup = record.get("speedup_vs_bf16")
+    return head + (
+        f"ok {record['step_time_ms']:.1f} ms/step, {format_or_na(record.get('tokens_per_sec'), ',.0f')} tokens/s, "
+        f"MFU {_pct(record.get('mfu'))}, peak {format_or_na(record.get('peak_mem_gib'), '.2f')} GiB, "
+        f"compile {format_or_na(record.get('compile_s'), '.1f')} s"
+        + (f", {speedup:.3f}x vs BF16+compile" if speedup is not None else "")
+        + f" ({record['wall_s']:.0f} s)"
+    )
+
+
+def _log_name(label: str) -> str:
+    return re.sub(r"[^A-Za-z0-9.+-]+", "_", label) + ".log"
+
+
+def run_sweep(plan: Sequence[Planned], options: SweepOptions, out_dir: Path, log=print) -> list[dict[str, Any]]:
+    """Run every planned configuration in its own process, appending each record to out_dir/sweep.json as it
+    arrives. Returns this invocation's records."""
+    json_path = out_dir / "sweep.json"
+    previous = json.loads(json_path.read_text())["runs"] if json_path.exists() else []
+    if previous:
+        log(
+            f"appending to {json_path} ({len(previous)} runs already there; a configuration run again replaces "
+            "its earlier row in the table)"
+        )
+    records: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="cs336-sweep-") as work:
+        for i, planned in enumerate(plan, 1):
+            log(f"[{i}/{len(plan)}] {planned.point.label}: running ...")
+            log_name = f"logs/{_log_name(planned.point.label)}"
+            record = run_isolated(planned, Path(work), out_dir / log_name, options.timeout_s)
+            record["log"] = log_name  # relative to the results folder, which may be moved or committed
+            record["speedup_vs_bf16"] = speedup_for(record, latest_runs([*previous, *records, record]))
+            records.append(record)
+            append_runs(json_path, [record])
+            write_outputs(out_dir, plot=False)
+            log(_progress_line(i, len(plan), record))
+    return records
+
+
+def run_amdahl(planned: Planned, out_dir: Path, timeout_s: float) -> dict[str, Any]:
+    """cs336_basics.benchmark.amdahl in its own process for one configuration; its row, or a status record."""
+    p = planned.point
+    name = f"amdahl-{p.preset}-bs{p.batch_size}-{p.attention}-ac-{on_off(p.ac)}"
+    config_path = out_dir / "logs" / f"{name}.config.json"
+    config_path.parent.mkdir(parents=True, exist_ok=True)
+    config_path.write_text(json.dumps(merge_layers(planned.from_file, planned.overrides), indent=2))
+    json_path = out_dir / f"{name}.json"
+    command = [sys.executable, "-m", "cs336_basics.benchmark.amdahl", "--config", str(config_path)]
+    returncode, timed_out = run_logged(
+        [*command, "--json", str(json_path)], out_dir / "logs" / f"{name}.log", timeout_s
+    )
+    if json_path.exists() and not timed_out and returncode == 0:
+        return {**json.loads(json_path.read_text())["runs"][0], "status": "ok"}
+    tail = last_line(_tail(out_dir / "logs" / f"{name}.log"))
+    status = "skipped" if returncode == 2 else "error"  # 2: a ConfigError, e.g. no CUDA GPU here
+    return {
+        "preset": p.preset,
+        "batch_size": p.batch_size,
+        "status": status,
+        "error": f"timeout after {timeout_s:g} s" if timed_out else tail,
+    }

@@ -1,0 +1,177 @@
+"""The build stage every entry point shares: train_h100.py, the FP8 verification, the sweep worker and the Amdahl
+analysis all turn a config into a model here, so each decision is made once, in one place.
+
+    plan:  resolve the "auto" settings -> probe FP8 support (once per process and device) -> refuse what this
+           machine cannot run (FP8, its batch shape, the attention kernel) -> a Plan
+    build: build the model, seeded -> move it to its device and dtype -> decide auto-FP8 (on where the GPU runs
+           FP8 and at least one layer passes the filter) -> convert to FP8 -> count the Float8 modules -> a Built
+
+Compilation is deliberately not here: the Trainer compiles, after conversion. A comparison of BF16 and FP8 builds
+twins from one plan: `build(plan)` and `build(plan.with_fp8(False))` start from the same seeded weights.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+from cs336_basics.config import RunConfig
+from cs336_basics.errors import ConfigError, NotSupportedHere
+from cs336_basics.model import TransformerLM, check_attention_backend
+from cs336_basics.precision import (
+    FP8ConversionReport,
+    FP8Support,
+    check_fp8_support,
+    check_fp8_tokens,
+    convert_model_to_fp8,
+    count_float8_linears,
+    require_fp8,
+    skip_reason,
+)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    return _DTYPES[name]
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError as exc:
+        raise ConfigError(f"--device {name!r} is not a device name; use auto, cpu, cuda or cuda:N.") from exc
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise NotSupportedHere(
+                f"--device {name} was asked for but CUDA is not available here (torch {torch.__version__}, "
+                f"built for CUDA {torch.version.cuda}). Install a CUDA build of torch on a GPU machine, "
+                "or use --device cpu."
+            )
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise NotSupportedHere(f"--device {name}: only {torch.cuda.device_count()} CUDA device(s) are visible.")
+    elif device.type != "cpu":
+        raise ConfigError(f"--device {name!r} is not supported; use auto, cpu, cuda or cuda:N.")
+    return device
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What was decided before any model exists. config.fp8.use_fp8 is None only where FP8 is automatic and the
+    GPU supports it: whether any layer is worth converting is decided when the model is built."""
+
+    config: RunConfig
+    device: torch.device
+    fp8_support: FP8Support
+    attention_kernel: str
+    auto_choices: tuple[str, ...] = ()
+
+    def with_fp8(self, use_fp8: bool) -> Plan:
+        """The same plan with FP8 on or off (the dtype and every other choice stay as resolved)."""
+        if use_fp8:
+            _check_fp8_request(self.config.with_fp8(True), self.fp8_support)
+        return dataclasses.replace(self, config=self.config.with_fp8(use_fp8))
+
+
+def _check_fp8_request(config: RunConfig, support: FP8Support) -> None:
+    require_fp8(config.fp8, support)
+    if config.train.dtype != "bfloat16":
+        raise ConfigError(
+            f"FP8 training converts a BF16 model; --dtype {config.train.dtype} was asked for. "
+            "Use --dtype bfloat16 (or auto), or run without --use_fp8."
+        )
+    check_fp8_tokens(config.train.batch_size, config.model.context_length, config.fp8)
+
+
+def plan(config: RunConfig) -> Plan:
+    """Resolve every "auto" setting for this machine and refuse, with the fix, what it cannot run. Builds nothing."""
+    t, o, fp8 = config.train, config.optim, config.fp8
+    device = resolve_device(t.device)
+    auto: list[str] = []
+    support = check_fp8_support(device)
+    use_fp8 = fp8.use_fp8
+    if use_fp8 is None and not support.ok:
+        use_fp8 = False
+        auto.append(f"use_fp8=False ({support.reason})")
+    dtype = t.dtype
+    if dtype == "auto":
+        # FP8 conversion and the fast tensor-core path want BF16 weights; on CPU float32 is faster and exact.
+        dtype = "bfloat16" if device.type == "cuda" or use_fp8 else "float32"
+        auto.append(f"dtype={dtype}")
+    compile_model = t.compile_model
+    if compile_model is None:
+        compile_model = device.type == "cuda"
+        auto.append(f"compile_model={compile_model}")
+    # Fixed here, at the run's start, and saved with it: a resumed run that raises max_steps keeps this schedule.
+    decay = o.lr_decay_steps if o.lr_decay_steps is not None else t.max_steps
+    config = config.replace(
+        train={"device": str(device), "dtype": dtype, "compile_model": compile_model},
+        fp8={"use_fp8": use_fp8},
+        optim={"lr_decay_steps": decay},
+    )
+    if use_fp8:
+        _check_fp8_request(config, support)
+    m = config.model
+    kernel = check_attention_backend(m.attention, device, torch_dtype(dtype), head_dim=m.head_dim)
+    return Plan(config, device, support, kernel, tuple(auto))
+
+
+@dataclass
+class Built:
+    """A model ready for the Trainer (which compiles it), and what was decided on the way."""
+
+    plan: Plan
+    config: RunConfig  # every setting concrete, use_fp8 included
+    model: TransformerLM
+    conversion: FP8ConversionReport | None  # None without FP8
+    float8_modules: int  # counted in the model after conversion, independently of the conversion's report
+    auto_choices: tuple[str, ...]
+
+    @property
+    def device(self) -> torch.device:
+        return self.plan.device
+
+    @property
+    def fp8_line(self) -> str:
+        """The FP8 row of the configuration summary."""
+        if self.conversion is None:
+            return "off"
+        return f"{self.conversion.summary_line()}; {self.float8_modules} Float8Linear modules counted"
+
+
+def seeded_model(config: RunConfig, device: torch.device) -> TransformerLM:
+    """config's model on `device` in its training dtype. Seeded, so twins (a BF16 and an FP8 build of one
+    comparison) start from the same weights."""
+    torch.manual_seed(config.train.seed)
+    return TransformerLM(config.model).to(device=device, dtype=torch_dtype(config.train.dtype))
+
+
+def build(config_or_plan: RunConfig | Plan) -> Built:
+    """Plan (if given a config), build the model, decide auto-FP8, convert, count. Raises ConfigError with the fix
+    for anything that cannot run; nothing has been trained or written when it does."""
+    p = plan(config_or_plan) if isinstance(config_or_plan, RunConfig) else config_or_plan
+    config, auto = p.config, list(p.auto_choices)
+    model = seeded_model(config, p.device)
+    use_fp8 = config.fp8.use_fp8
+    if use_fp8 is None:  # automatic, on a GPU that runs FP8: on if at least one layer is worth converting
+        use_fp8 = any(skip_reason(module, fqn, config.fp8) is None for fqn, module in model.named_modules())
+        auto.append("use_fp8=True" if use_fp8 else "use_fp8=False (no layer passes the FP8 filter)")
+        config = config.with_fp8(use_fp8)
+        if use_fp8:
+            _check_fp8_request(config, p.fp8_support)
+    report, counted = None, 0
+    if use_fp8:
+        report = convert_model_to_fp8(model, config.fp8)
+        counted = count_float8_linears(model)
+        if counted != report.n_converted or counted == 0:  # the independent check of the conversion's report
+            raise ConfigError(
+                f"FP8 was requested but {counted} Float8Linear modules are in the model after conversion "
+                f"({report.n_converted} expected)."
+            )
+    return Built(
+        plan=p, config=config, model=model, conversion=report, float8_modules=counted, auto_choices=tuple(auto)
+    )

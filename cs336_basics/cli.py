@@ -1,0 +1,121 @@
+"""The command line every script shares: one flat flag per config field, read from the fields' declarations.
+
+`--help` shows the value a run on this machine would use (the auto preset's, where it sets one), and flags are
+never abbreviated (`--max_step` is an error, not `--max_steps`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import typing
+from pathlib import Path
+from typing import Any
+
+from cs336_basics.config import PRESETS, SECTIONS, RunConfig, build_config, lookup
+from cs336_basics.errors import ConfigError
+
+
+def load_config_file(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    try:
+        values = json.loads(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc}") from exc
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"config file {path} is not valid JSON: {exc}") from exc
+    if not isinstance(values, dict):
+        raise ConfigError(f"config file {path} must hold a JSON object of sections, got {type(values).__name__}.")
+    return values
+
+
+def machine_device_type() -> str:
+    """ "cuda" where torch sees a GPU, else "cpu": what --device auto and --preset auto choose here."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _default_text(value: Any, preset_value: Any, preset: str) -> str:
+    if preset_value == value and type(preset_value) is type(value):
+        return f"(default {value})"
+    return f"(default here {preset_value}, from the {preset} preset)"
+
+
+def add_config_arguments(parser: argparse.ArgumentParser, defaults: RunConfig | None = None) -> None:
+    """Add --<field> for every config field, plus --no_<field> for booleans. Parsed values stay None unless the
+    user typed the flag, so only typed flags override the file and the preset. `defaults`: the config a run
+    would use without flags (for the help text); default: this machine's auto preset."""
+    if defaults is None:
+        defaults = build_config(device_type=machine_device_type())
+    parser.add_argument("--config", help="JSON config file (same layout as config.json in a run folder)")
+    parser.add_argument(
+        "--preset", choices=["auto", *PRESETS], help=f"named model/batch shape (default auto: here {defaults.preset})"
+    )
+    parser.add_argument(
+        "--use_flash_attn", action="store_const", const="flash", dest="attention", help="same as --attention flash"
+    )
+    for section, cls in SECTIONS.items():
+        group = parser.add_argument_group(f"{section} settings")
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            dest = f"{section}.{f.name}"
+            kind = hints[f.name]
+            used = getattr(getattr(defaults, section), f.name)
+            help_text = f"{f.metadata.get('help', '')} {_default_text(f.default, used, defaults.preset)}".strip()
+            if kind is bool or kind == (bool | None):
+                group.add_argument(f"--{f.name}", action="store_true", default=None, dest=dest, help=help_text)
+                group.add_argument(f"--no_{f.name}", action="store_false", default=None, dest=dest)
+            else:
+                scalar = next(t for t in typing.get_args(kind) or (kind,) if t is not type(None))
+                group.add_argument(
+                    f"--{f.name}",
+                    type=scalar,
+                    default=None,
+                    dest=dest,
+                    metavar=f.name.upper(),
+                    choices=f.metadata.get("choices"),
+                    help=help_text,
+                )
+
+
+def config_parser(description: str | None, prog: str | None = None) -> argparse.ArgumentParser:
+    """A script's parser with every config flag (train_h100.py's), so all scripts take the same settings."""
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description=description,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
+    )
+    add_config_arguments(parser)
+    return parser
+
+
+def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    overrides: dict[str, Any] = {}
+    for key, value in vars(args).items():
+        if value is None:
+            continue
+        if key == "attention":  # set by --use_flash_attn
+            overrides.setdefault("model", {})["attention"] = value
+        elif key == "preset":
+            overrides["preset"] = value
+        elif "." in key:
+            section, name = key.split(".", 1)
+            overrides.setdefault(section, {})[name] = value
+    return overrides
+
+
+def config_from_args(args: argparse.Namespace) -> RunConfig:
+    """CLI > --config file > preset > defaults. With --resume and no --config, the run folder's saved
+    config.json is the file layer, so `--resume --out_dir RUN` continues the same run."""
+    overrides = overrides_from_args(args)
+    from_file = load_config_file(args.config) if args.config else {}
+    if lookup("train", "resume", overrides, from_file) is True and not args.config:
+        saved = Path(lookup("train", "out_dir", overrides, from_file)) / "config.json"
+        if saved.is_file():
+            from_file = load_config_file(saved)
+    device = lookup("train", "device", overrides, from_file)
+    device_type = "cuda" if str(device).startswith("cuda") else "cpu" if device == "cpu" else machine_device_type()
+    return build_config(overrides, from_file, device_type)

@@ -1,0 +1,146 @@
+"""The run folder: one run at a time, nothing of an earlier run lost by accident, nothing left half-written.
+
+A run folder holds config.json, metrics.jsonl, loss_curve.png, checkpoint.pt, result.json and tokenizer/. Rules:
+- one process at a time: an exclusive lock (`.lock`, holding the owner's PID) for the whole run; the kernel drops
+  it when the process ends, however it ends, so a killed run never leaves a stale lock;
+- a new run starts only in an empty folder, or with --overwrite (which deletes the earlier run's files);
+- --resume needs the folder and its checkpoint, and everything is checked (the checkpoint reads, its model fits
+  the config, there is something left to train) before a single file is written;
+- temporary files of writes that a kill interrupted are removed at start (the lock proves no writer is alive).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from cs336_basics.atomic import is_leftover_temp
+from cs336_basics.config import MODEL_IDENTITY_FIELDS, RunConfig
+from cs336_basics.errors import ConfigError, RunFolderError
+from cs336_basics.training.checkpoint import CHECKPOINT_NAME, read_checkpoint
+
+LOCK_NAME = ".lock"
+RUN_FILES = ("config.json", "metrics.jsonl", "loss_curve.png", CHECKPOINT_NAME, "result.json", "tokenizer")
+
+
+class RunFolder:
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self._lock_fd: int | None = None
+
+    config_path = property(lambda self: self.path / "config.json")
+    metrics_path = property(lambda self: self.path / "metrics.jsonl")
+    plot_path = property(lambda self: self.path / "loss_curve.png")
+    checkpoint_path = property(lambda self: self.path / CHECKPOINT_NAME)
+    result_path = property(lambda self: self.path / "result.json")
+    tokenizer_path = property(lambda self: self.path / "tokenizer")
+
+    def check_usable(self, resume: bool) -> None:
+        """Cheap checks, before any heavy work: the path can be a run folder, and --resume has one to resume."""
+        if self.path.exists() and not self.path.is_dir():
+            raise ConfigError(f"--out_dir {self.path} is a file, not a folder; pass the path of a run folder.")
+        if resume and not self.checkpoint_path.is_file():
+            what = "has no checkpoint to resume from" if self.path.is_dir() else "does not exist"
+            hint = (
+                "; it was stopped before its first checkpoint: start it again with --overwrite"
+                if self.config_path.is_file()
+                else ""
+            )
+            raise ConfigError(
+                f"--resume was given but {self.path} {what} ({self.checkpoint_path} is missing){hint}. Start without "
+                "--resume, or point --out_dir at the run to continue."
+            )
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[RunFolder]:
+        """Hold the folder's lock (creating the folder if needed) for the duration; refuse if another run holds
+        it. Leftover temporary files are removed once the lock is ours."""
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise ConfigError(f"cannot use {self.path} as a run folder ({exc}); choose a writable --out_dir.") from exc
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            owner = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                raise ConfigError(f"cannot lock the run folder {self.path} ({exc}).") from exc
+            raise ConfigError(
+                f"{self.path} is in use by another run (PID {owner}); wait for it to finish, or choose another "
+                "--out_dir."
+            ) from None
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        except OSError as exc:
+            os.close(fd)
+            raise ConfigError(
+                f"cannot write to the run folder {self.path} ({exc}); choose a writable --out_dir."
+            ) from exc
+        self._lock_fd = fd
+        try:
+            self.remove_leftover_temps()
+            yield self
+        finally:
+            self._lock_fd = None
+            os.close(fd)  # closing the descriptor releases the flock
+
+    def remove_leftover_temps(self) -> list[Path]:
+        """Delete the temporary files of atomic writes that a killed process never finished."""
+        leftovers = [p for p in self.path.rglob(".*") if is_leftover_temp(p)]
+        leftovers += [p for p in self.path.rglob(".tmp-*") if p.is_dir()]  # tokenizer saves
+        for p in leftovers:
+            shutil.rmtree(p) if p.is_dir() else p.unlink()
+        return leftovers
+
+    def existing_run_files(self) -> list[str]:
+        return [name for name in RUN_FILES if (self.path / name).exists()]
+
+    def start_fresh(self, overwrite: bool) -> list[str]:
+        """Make the folder ready for a new run: refuse if an earlier run is there, unless `overwrite`, which
+        deletes its files. Returns what was deleted."""
+        existing = self.existing_run_files()
+        if existing and not overwrite:
+            raise ConfigError(
+                f"{self.path} already holds a run ({', '.join(existing)}). Pass --resume to continue it, --overwrite "
+                "to delete it and start again, or choose another --out_dir."
+            )
+        for name in existing:
+            target = self.path / name
+            shutil.rmtree(target) if target.is_dir() else target.unlink()
+        return existing
+
+    def read_resume_state(self, config: RunConfig) -> dict[str, Any]:
+        """The checkpoint to resume from, checked against `config`: it reads, and its model is the one `config`
+        builds (the attention kernel and activation checkpointing may change; the shape and function may not)."""
+        ckpt = read_checkpoint(self.checkpoint_path)
+        saved = RunConfig.from_dict(ckpt["config"]).model
+        changed = [
+            f"{name} {getattr(saved, name)} -> {getattr(config.model, name)}"
+            for name in MODEL_IDENTITY_FIELDS
+            if getattr(saved, name) != getattr(config.model, name)
+        ]
+        if changed:
+            raise ConfigError(
+                f"--resume: the checkpoint {self.checkpoint_path} was trained with another model "
+                f"({', '.join(changed)}). Resume without these flags (the run folder's config.json has the run's "
+                "settings), or start a new run in another --out_dir."
+            )
+        return ckpt
+
+
+def io_error(exc: BaseException, path: Path, intact: str) -> RunFolderError:
+    """A one-line error for a failed write of `path`, saying what is still intact. torch.save reports a full disk
+    as an opaque RuntimeError ("enforce fail ... PytorchStreamWriter failed writing file"), so that is named too."""
+    reason = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+    if "PytorchStreamWriter failed writing" in str(exc) or getattr(exc, "errno", None) == errno.ENOSPC:
+        reason = f"the disk is full or the file could not be written ({reason})"
+    return RunFolderError(f"could not write {path}: {reason}. {intact}")

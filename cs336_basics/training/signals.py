@@ -1,0 +1,93 @@
+"""Stopping a run on SIGINT (Ctrl-C) and SIGTERM (what schedulers, containers and `timeout` send), the same way.
+
+During training the first signal only records a stop request: the loop finishes the step it is in, saves a
+checkpoint at that step boundary (so the saved data-sampler position, optimizer state and step agree) and exits
+with 128 + the signal number (130 / 143). A second signal stops at once without saving, except while a checkpoint
+is being written: then it waits for the write to complete. Outside training, both signals end the process with a
+message (`terminate_raises`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+from collections.abc import Callable, Iterator
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class Interrupted(KeyboardInterrupt):
+    """The run was stopped by a signal. `exit_code` is the shell's convention: 128 + the signal number."""
+
+    def __init__(self, signum: int, message: str = ""):
+        super().__init__(message or f"stopped by {signal.Signals(signum).name}")
+        self.signum = signum
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+
+def _raise_interrupted(signum: int, frame: object) -> None:
+    raise Interrupted(signum)
+
+
+@contextlib.contextmanager
+def terminate_raises() -> Iterator[None]:
+    """While held, SIGTERM ends the work the way Ctrl-C does (an exception the script reports) instead of killing
+    the process without a word. Signal handlers can only be set from the main thread; elsewhere this does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _raise_interrupted)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+class GracefulStop:
+    """Context manager that turns the first stop signal into a request polled at step boundaries."""
+
+    def __init__(self, log: Callable[[str], None] = print):
+        self.signum: int | None = None
+        self._log = log
+        self._writing = 0
+        self._abort_after_write = False
+        self._previous: dict[int, object] = {}
+
+    @property
+    def requested(self) -> bool:
+        return self.signum is not None
+
+    def __enter__(self) -> GracefulStop:
+        if threading.current_thread() is threading.main_thread():  # handlers can only be set there
+            self._previous = {s: signal.signal(s, self._handle) for s in STOP_SIGNALS}
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+
+    def _handle(self, signum: int, frame: object) -> None:
+        name = signal.Signals(signum).name
+        if self.signum is None:
+            self.signum = signum
+            self._log(f"\n{name}: stopping after this step with a checkpoint (send it again to stop without saving)")
+        elif self._writing:
+            self._abort_after_write = True
+            self._log(f"\n{name}: a checkpoint is being written; stopping as soon as it is complete")
+        else:
+            raise Interrupted(self.signum, f"stopped by {name} (a second signal) without saving")
+
+    @contextlib.contextmanager
+    def writing(self) -> Iterator[None]:
+        """Hold while writing a checkpoint: a second signal then waits for the write instead of cutting it."""
+        self._writing += 1
+        try:
+            yield
+        finally:
+            self._writing -= 1
+        if self._abort_after_write and not self._writing:
+            raise Interrupted(self.signum or signal.SIGINT, "stopped after the checkpoint write")

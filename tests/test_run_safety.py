@@ -1,0 +1,394 @@
+"""Runs never lose or corrupt work: each case is one of the failures a careful tester found (issue: "Runs that never
+lose or corrupt work"), driven through train_h100.main on the tiny CPU model."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from tiny import TINY_FLAGS
+
+import train_h100
+from cs336_basics.training import checkpoint as checkpoint_module
+from cs336_basics.training.checkpoint import CHECKPOINT_NAME, load_checkpoint
+from cs336_basics.training.metrics import read_metrics
+from cs336_basics.training.run_folder import RunFolder
+from cs336_basics.training.trainer import Trainer
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run(argv, capsys):
+    code = train_h100.main([str(a) for a in argv])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def error_lines(err: str) -> list[str]:
+    return [line for line in err.splitlines() if line.startswith("error:")]
+
+
+def checkpoint_is_finite(path: Path) -> bool:
+    ckpt = torch.load(path, weights_only=True)
+    tensors = list(ckpt["model"].values()) + list(ckpt["optimizer"]["master"].values())
+    tensors += [t for s in ckpt["optimizer"]["state"].values() for k, t in s.items() if k != "step"]
+    return all(torch.isfinite(t).all() for t in tensors)
+
+
+@pytest.fixture
+def base(token_files):
+    return [*TINY_FLAGS, *token_files, "--eval_every", "0"]
+
+
+# ---- 1. never a checkpoint from a non-finite state ----
+
+
+def test_a_nan_gradient_never_reaches_a_checkpoint(tmp_path, base, capsys):
+    out = tmp_path / "nan"
+    argv = [*base, "--lr", "1e6", "--warmup_steps", "0", "--checkpoint_every", "1", "--max_steps", "8"]
+    code, _, err = run([*argv, "--out_dir", out], capsys)
+    assert code == 1 and "became NaN/inf" in err
+    assert len(error_lines(err)) == 1
+    bad_step = int(err.split("NaN/inf at step ")[1].split(".")[0])
+    ckpt_path = out / CHECKPOINT_NAME
+    if ckpt_path.exists():  # a checkpoint from before the bad step: finite, and the message names it
+        ckpt = load_checkpoint(ckpt_path, restore_rng=False)
+        assert ckpt["step"] < bad_step and checkpoint_is_finite(ckpt_path)
+        assert f"checkpoint from step {ckpt['step']}" in err and "is intact" in err
+
+
+def test_non_finite_weights_are_refused_at_save(tmp_path, base, capsys, monkeypatch):
+    # Finite losses and gradient norms, yet the weights turn NaN (as a bad update could): no checkpoint is written.
+    real_step = Trainer.train_step
+
+    def poison_after_step_3(self):
+        result = real_step(self)
+        if self.step == 3:
+            with torch.no_grad():
+                self.optimizer.masters[0].fill_(float("nan"))
+        return result
+
+    monkeypatch.setattr(Trainer, "train_step", poison_after_step_3)
+    out = tmp_path / "poison"
+    code, _, err = run([*base, "--max_steps", "8", "--checkpoint_every", "2", "--out_dir", out], capsys)
+    assert code == 1 and "weights or optimizer moments became NaN/inf" in err
+    assert load_checkpoint(out / CHECKPOINT_NAME, restore_rng=False)["step"] == 2
+    assert checkpoint_is_finite(out / CHECKPOINT_NAME)
+
+
+# ---- 2. and 3. one run per folder; a finished run is never overwritten by accident ----
+
+
+def test_a_second_run_in_a_locked_folder_is_refused(tmp_path, base, capsys):
+    out = tmp_path / "busy"
+    with RunFolder(out).locked():  # as if another process were training there
+        code, stdout, err = run([*base, "--max_steps", "2", "--out_dir", out], capsys)
+    assert code == 2 and f"in use by another run (PID {os.getpid()})" in err
+    assert "FINAL CONFIGURATION SUMMARY" not in stdout
+    assert not (out / "config.json").exists()
+
+
+def test_two_processes_started_together_one_runs_one_is_refused(tmp_path, token_files):
+    out = tmp_path / "race"
+    argv = [
+        *TINY_FLAGS,
+        *token_files,
+        "--eval_every",
+        "0",
+        "--log_every",
+        "10",
+        "--max_steps",
+        "30",
+        "--out_dir",
+        str(out),
+    ]
+    cmd = [sys.executable, str(REPO / "train_h100.py"), *argv]
+    env = {**os.environ, "TQDM_DISABLE": "1", "OMP_NUM_THREADS": "1"}
+    procs = [subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in "ab"]
+    results = [(p.wait(timeout=300), p.stderr.read()) for p in procs]
+    codes = sorted(code for code, _ in results)
+    assert codes == [0, 2], results
+    assert any("in use by another run" in err for _, err in results)
+    records = read_metrics(out / "metrics.jsonl")  # one run's metrics, every line valid JSON
+    assert [r["step"] for r in records] == list(range(10, 31, 10))
+
+
+def test_a_fresh_run_into_a_finished_runs_folder_is_refused(tmp_path, base, capsys):
+    out = tmp_path / "done"
+    assert run([*base, "--max_steps", "4", "--out_dir", out], capsys)[0] == 0
+    before = {name: (out / name).read_bytes() for name in ("config.json", "metrics.jsonl", "result.json")}
+    code, _, err = run([*base, "--max_steps", "6", "--lr", "1e-3", "--out_dir", out], capsys)
+    assert code == 2 and "already holds a run" in err and "--overwrite" in err and "--resume" in err
+    assert {name: (out / name).read_bytes() for name in before} == before
+    # --overwrite starts afresh, deliberately.
+    code, _, err = run([*base, "--max_steps", "6", "--overwrite", "--out_dir", out], capsys)
+    assert code == 0, err
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl")][-1] == 6
+    assert json.loads((out / "config.json").read_text())["train"]["overwrite"] is False  # not a run setting
+
+
+# ---- 4. SIGINT and SIGTERM: finish the step, save at its boundary, resume exactly ----
+
+
+def signal_self_at_step(monkeypatch, at_step: int, signums: list[int]) -> None:
+    """Make the training loop receive `signums` (one after another) during step `at_step`, as from outside."""
+    real_step = Trainer.train_step
+
+    def step_with_signals(self):
+        result = real_step(self)
+        if self.step == at_step:
+            for signum in signums:
+                os.kill(os.getpid(), signum)
+        return result
+
+    monkeypatch.setattr(Trainer, "train_step", step_with_signals)
+
+
+@pytest.mark.parametrize("signum, exit_code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_stop_signal_saves_at_the_step_boundary_and_resume_is_exact(
+    tmp_path, base, capsys, monkeypatch, signum, exit_code
+):
+    common = [*base, "--log_every", "5", "--checkpoint_every", "100", "--max_steps", "15"]
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    assert run([*common, "--out_dir", straight], capsys)[0] == 0
+
+    signal_self_at_step(monkeypatch, at_step=7, signums=[signum])  # inside the step: after the batch was drawn
+    code, _, err = run([*common, "--out_dir", split], capsys)
+    assert code == exit_code and f"stopped by {signal.Signals(signum).name} at step 8" in err
+    assert f"Continue with: --resume --out_dir {split}" in err
+    assert load_checkpoint(split / CHECKPOINT_NAME, restore_rng=False)["step"] == 8
+    monkeypatch.undo()
+    assert run(["--resume", "--out_dir", split], capsys)[0] == 0
+
+    expected = read_metrics(straight / "metrics.jsonl")
+    resumed = read_metrics(split / "metrics.jsonl")
+    # The interval 6..10 straddles the stop: its mean loss is still over the same five steps, bit for bit.
+    assert [(r["step"], r["loss"]) for r in resumed] == [(r["step"], r["loss"]) for r in expected]
+    a = load_checkpoint(straight / CHECKPOINT_NAME, restore_rng=False)["model"]
+    b = load_checkpoint(split / CHECKPOINT_NAME, restore_rng=False)["model"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_second_signal_during_the_save_waits_for_the_save(tmp_path, base, capsys, monkeypatch):
+    real_save = checkpoint_module.torch.save
+
+    def save_interrupted_midway(obj, f):
+        os.kill(os.getpid(), signal.SIGINT)  # the second signal arrives while the file is being written
+        real_save(obj, f)
+
+    signal_self_at_step(monkeypatch, at_step=3, signums=[signal.SIGTERM])
+    monkeypatch.setattr(checkpoint_module.torch, "save", save_interrupted_midway)
+    out = tmp_path / "twice"
+    code, _, err = run([*base, "--checkpoint_every", "100", "--max_steps", "10", "--out_dir", out], capsys)
+    assert code == 143 and "a checkpoint is being written" in err
+    assert load_checkpoint(out / CHECKPOINT_NAME, restore_rng=False)["step"] == 4
+    assert not [p for p in out.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_a_second_signal_outside_a_save_stops_at_once_without_saving(tmp_path, base, capsys, monkeypatch):
+    signal_self_at_step(monkeypatch, at_step=5, signums=[signal.SIGINT, signal.SIGINT])
+    out = tmp_path / "abort"
+    code, _, err = run([*base, "--checkpoint_every", "2", "--max_steps", "10", "--out_dir", out], capsys)
+    assert code == 130 and "second signal" in err and "checkpoint from step 4" in err
+    assert load_checkpoint(out / CHECKPOINT_NAME, restore_rng=False)["step"] == 4
+
+
+def test_sigterm_before_training_ends_with_a_message(tmp_path, token_files):
+    # The process is signalled while it prepares (here: right at the start of training_run): exit 143, a message.
+    script = textwrap.dedent(
+        f"""
+        import os, signal, sys
+        sys.path.insert(0, {str(REPO)!r})
+        import train_h100
+        from cs336_basics.training import run
+        real = run.prepare_data
+        def prepare_then_terminated(*a, **k):
+            os.kill(os.getpid(), signal.SIGTERM)
+            return real(*a, **k)
+        run.prepare_data = prepare_then_terminated
+        sys.exit(train_h100.main(sys.argv[1:]))
+        """
+    )
+    argv = [*TINY_FLAGS, *token_files, "--out_dir", str(tmp_path / "early")]
+    proc = subprocess.run([sys.executable, "-c", script, *argv], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 143, proc.stderr
+    assert "stopped by SIGTERM" in proc.stderr and "No checkpoint was saved" in proc.stderr
+
+
+# ---- 5. a failed resume leaves the folder as it was ----
+
+
+def test_a_resume_that_does_not_fit_writes_nothing(tmp_path, base, capsys):
+    out = tmp_path / "run"
+    assert run([*base, "--max_steps", "3", "--checkpoint_every", "3", "--out_dir", out], capsys)[0] == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    code, _, err = run(["--resume", "--out_dir", out, "--dim", "64"], capsys)
+    assert code == 2 and "trained with another model (dim 32 -> 64)" in err
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+    # ... so a plain --resume still works afterwards.
+    code, _, err = run(["--resume", "--out_dir", out, "--max_steps", "5"], capsys)
+    assert code == 0, err
+
+
+def test_resume_into_a_missing_folder_creates_nothing(tmp_path, capsys):
+    code, _, err = run(["--resume", "--out_dir", tmp_path / "nowhere", "--device", "cpu"], capsys)
+    assert code == 2 and "does not exist" in err
+    assert not (tmp_path / "nowhere").exists()
+
+
+def test_resuming_a_finished_run_leaves_its_results_alone(tmp_path, base, capsys):
+    out = tmp_path / "run"
+    assert run([*base, "--max_steps", "3", "--out_dir", out], capsys)[0] == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    code, stdout, _ = run(["--resume", "--out_dir", out], capsys)
+    assert code == 0 and "nothing to do" in stdout
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+
+
+def test_resume_with_another_tokenizer_is_refused(tmp_path, capsys):
+    text_a, text_b = tmp_path / "a.txt", tmp_path / "b.txt"
+    text_a.write_text("def add(a, b):\n    return a + b\n\n" * 300)
+    text_b.write_text("the cat sat on the mat and the dog ran far away\n" * 300)
+    common = [*TINY_FLAGS, "--vocab_size", "300", "--eval_every", "0", "--cache_dir", tmp_path / "cache"]
+    out = tmp_path / "run"
+    assert run([*common, "--train_data", text_a, "--max_steps", "2", "--out_dir", out], capsys)[0] == 0
+    code, _, err = run(["--resume", "--out_dir", out, "--train_data", text_b, "--max_steps", "4"], capsys)
+    assert code == 2 and "tokenizer differs" in err
+
+
+# ---- 6. no debris left by kills ----
+
+
+def test_leftover_temporary_files_are_removed_at_start(tmp_path, base, capsys):
+    out = tmp_path / "run"
+    assert run([*base, "--max_steps", "2", "--out_dir", out], capsys)[0] == 0
+    litter = [out / ".checkpoint.pt.k1ll3d.tmp", out / ".result.json.x.tmp", out / "tokenizer" / ".tmp-tokenizer-x"]
+    litter[0].write_bytes(b"half a checkpoint")
+    litter[1].write_text("{")
+    code, _, err = run(["--resume", "--out_dir", out, "--max_steps", "3"], capsys)
+    assert code == 0, err
+    assert not any(p.exists() for p in litter[:2])
+
+
+# ---- settings and folders that cannot work: one line each, nothing written ----
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--lr", "-0.01"], "lr must be > 0"),
+        (["--lr", "0"], "lr must be > 0"),
+        (["--lr", "1e39"], "lr must be > 0 and at most"),
+        (["--batch_size", "0"], "batch_size must be >= 1"),
+        (["--batch_size", "-2"], "batch_size must be >= 1"),
+        (["--gradient_accumulation_steps", "0"], "gradient_accumulation_steps must be >= 1"),
+        (["--log_every", "0"], "log_every must be >= 1"),
+        (["--eval_batches", "0"], "eval_batches must be >= 1"),
+        (["--beta1", "1.5"], "beta1 must be in [0, 1)"),
+        (["--warmup_steps", "-5"], "warmup_steps must be >= 0"),
+        (["--eval_every", "-3"], "eval_every must be >= 0"),
+        (["--checkpoint_every", "-1"], "checkpoint_every must be >= 0"),
+    ],
+)
+def test_out_of_range_settings_fail_before_anything_runs(tmp_path, base, capsys, flags, message):
+    code, stdout, err = run([*base, *flags, "--out_dir", tmp_path / "r"], capsys)
+    assert code == 2 and error_lines(err) == [f"error: {err.split('error: ')[1].strip()}"]
+    assert message in err and "Traceback" not in err
+    assert "FINAL CONFIGURATION SUMMARY" not in stdout and not (tmp_path / "r").exists()
+
+
+def test_bad_types_in_a_config_file_fail_in_one_line(tmp_path, capsys):
+    for values, message in (
+        ({"train": {"max_steps": "ten"}}, "max_steps must be an integer"),
+        ({"model": {"dim": "64"}}, "dim must be an integer"),
+        ({"train": {"resume": "no"}}, "resume must be true or false"),
+    ):
+        config = tmp_path / "c.json"
+        config.write_text(json.dumps(values))
+        code, _, err = run(["--device", "cpu", "--config", config, "--out_dir", tmp_path / "r"], capsys)
+        assert code == 2 and message in err and "Traceback" not in err
+        assert not (tmp_path / "r").exists()
+
+
+def test_an_out_dir_that_is_a_file_is_refused(tmp_path, base, capsys):
+    (tmp_path / "file").write_text("not a folder")
+    code, _, err = run([*base, "--out_dir", tmp_path / "file"], capsys)
+    assert code == 2 and "is a file, not a folder" in err
+
+
+def test_an_unwritable_out_dir_is_one_line(tmp_path, base, capsys):
+    target = Path("/sys/kernel")  # read-only for every user, root included, where sysfs is mounted
+    if not target.is_dir() or os.access(target, os.W_OK) and _can_create(target):
+        pytest.skip("no read-only folder to test against on this machine")
+    code, _, err = run([*base, "--out_dir", target], capsys)
+    assert code == 2 and "cannot use /sys/kernel as a run folder" in err and "Traceback" not in err
+
+
+def _can_create(folder: Path) -> bool:
+    try:
+        (folder / ".cs336-probe").touch()
+    except OSError:
+        return False
+    (folder / ".cs336-probe").unlink()
+    return True
+
+
+def test_a_full_disk_at_checkpoint_time_keeps_the_previous_checkpoint(tmp_path, base, capsys, monkeypatch):
+    out = tmp_path / "full"
+    real_save = checkpoint_module.torch.save
+    saves = []
+
+    def disk_fills_on_the_second_save(obj, f):
+        saves.append(1)
+        if len(saves) == 2:
+            f.write(b"PK\x03\x04 part of a zip")
+            raise RuntimeError(
+                "[enforce fail at inline_container.cc:778] . PytorchStreamWriter failed writing file data/3: "
+                "file write failed"
+            )
+        real_save(obj, f)
+
+    monkeypatch.setattr(checkpoint_module.torch, "save", disk_fills_on_the_second_save)
+    code, _, err = run([*base, "--checkpoint_every", "2", "--max_steps", "8", "--out_dir", out], capsys)
+    assert code == 1 and len(error_lines(err)) == 1 and "Traceback" not in err
+    assert "could not write" in err and "the disk is full" in err and "checkpoint from step 2" in err
+    assert load_checkpoint(out / CHECKPOINT_NAME, restore_rng=False)["step"] == 2
+    assert not [p for p in out.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_a_data_path_error_comes_before_heavy_imports(tmp_path):
+    # torchao takes seconds to import: a wrong path must fail before anything imports it.
+    script = (
+        "import sys, train_h100; code = train_h100.main(sys.argv[1:]); "
+        "print('torchao imported' if 'torchao' in sys.modules else 'torchao not imported'); sys.exit(code)"
+    )
+    argv = [*TINY_FLAGS, "--train_data", str(tmp_path / "missing.npy"), "--out_dir", str(tmp_path / "r")]
+    proc = subprocess.run([sys.executable, "-c", script, *argv], capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert proc.returncode == 2 and "missing.npy does not exist" in proc.stderr
+    assert "torchao not imported" in proc.stdout
+    assert not (tmp_path / "r").exists()
+
+
+# ---- extending a run keeps its learning-rate schedule continuous ----
+
+
+def test_extending_a_run_keeps_the_schedule_continuous(tmp_path, base, capsys):
+    out = tmp_path / "run"
+    argv = [*base, "--log_every", "1", "--warmup_steps", "2", "--lr", "1e-3", "--min_lr", "1e-4"]
+    assert run([*argv, "--max_steps", "10", "--out_dir", out], capsys)[0] == 0
+    code, stdout, _ = run(["--resume", "--out_dir", out, "--max_steps", "20"], capsys)
+    assert code == 0 and "the cosine reaches min_lr at step 10 and stays there" in " ".join(stdout.split())
+    lrs = [r["lr"] for r in read_metrics(out / "metrics.jsonl")]
+    after_warmup = lrs[2:]
+    assert len(lrs) == 20 and all(b <= a for a, b in zip(after_warmup, after_warmup[1:], strict=False))
+    assert lrs[10:] == [pytest.approx(1e-4)] * 10
+    # Asking for a longer decay on resume is allowed, and the summary says the learning rate jumps.
+    code, stdout, _ = run(["--resume", "--out_dir", out, "--max_steps", "30", "--lr_decay_steps", "40"], capsys)
+    assert code == 0 and "the learning rate at step 20 changes from 0.0001 to" in stdout
