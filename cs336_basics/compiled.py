@@ -8,9 +8,18 @@ the plain module and its plain names.
 
 from __future__ import annotations
 
+import sys
+
 from torch import nn
 
 COMPILE_PREFIX = "_orig_mod."
+
+
+def _optimized_module() -> type | None:
+    """torch.compile's wrapper class, or None if dynamo was never imported (then nothing can be compiled, and
+    importing it just to ask would cost seconds)."""
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
+    return eval_frame.OptimizedModule if eval_frame is not None else None
 
 
 def plain_name(name: str) -> str:
@@ -20,10 +29,9 @@ def plain_name(name: str) -> str:
 
 def unwrap(model: nn.Module) -> nn.Module:
     """The plain module under torch.compile / DistributedDataParallel wrappers."""
-    from torch._dynamo.eval_frame import OptimizedModule  # deferred: importing dynamo is not free
-
+    wrapper = _optimized_module()
     while True:
-        if isinstance(model, OptimizedModule):
+        if wrapper is not None and isinstance(model, wrapper):
             model = model._orig_mod
         elif isinstance(model, nn.parallel.DistributedDataParallel):
             model = model.module
@@ -32,17 +40,14 @@ def unwrap(model: nn.Module) -> nn.Module:
 
 
 def is_compiled(model: nn.Module) -> bool:
-    from torch._dynamo.eval_frame import OptimizedModule
-
-    return isinstance(model, OptimizedModule)
+    wrapper = _optimized_module()
+    return wrapper is not None and isinstance(model, wrapper)
 
 
 def compiled_submodules(model: nn.Module) -> list[str]:
     """Names of the modules that are torch.compile wrappers or were compiled in place with module.compile()."""
-    from torch._dynamo.eval_frame import OptimizedModule
-
     return [
         name or "<the model itself>"
         for name, module in model.named_modules()
-        if isinstance(module, OptimizedModule) or getattr(module, "_compiled_call_impl", None) is not None
+        if is_compiled(module) or getattr(module, "_compiled_call_impl", None) is not None
     ]

@@ -155,7 +155,7 @@ class MasterWeightAdamW:
             except ImportError as exc:
                 raise ConfigError(
                     f"the fused AdamW kernel needs triton ({exc}); it ships with torch's Linux CUDA wheels. "
-                    "Install triton, or build the optimizer with fused=False (about 5x slower steps)."
+                    "Install triton, or build the optimizer with fused=False (op by op: several times slower steps)."
                 ) from exc
 
             self._update = fused_adamw_update

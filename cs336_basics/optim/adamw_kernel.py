@@ -5,12 +5,11 @@ master, the moments and the rounded BF16 weight (28 bytes per parameter). torch'
 gradients for fp32 masters or write a second copy of the weight, so with it the step needs separate passes to
 cast, clip and copy back (52 bytes per parameter).
 
-Measured on an H200 (benchmarks/results/2026-11-21-optimizer-step-h200.json): 10.7 ms per step for the 1.3B
-preset against 19.4 ms for the separate passes (9.6 ms is torch's fused AdamW on BF16 weights with no masters).
-torch.compile can fuse `adamw.adamw_update` just as well, but both ways we tried cost too much
-(2026-11-21-optimizer-step-alternatives-h200.json): compiling one call over a whole parameter group took 80-90 s
-per run, and a compiled call per tensor spent ~78 us of dynamo overhead each, 17 ms per step at 366M. A Triton
-kernel compiles once, in under a second.
+What it saves, and what the alternatives cost: benchmarks/results/2026-11-21-optimizer-step-h200.json (this kernel
+against the separate passes and against torch's fused AdamW on BF16 weights without masters) and
+2026-11-21-optimizer-step-alternatives-h200.json (torch.compile of the same update: compiling one call over a whole
+parameter group takes minutes per run, and a compiled call per tensor pays dynamo's per-call overhead on every
+tensor). A Triton kernel compiles once, in under a second.
 
 Imported only on CUDA machines: triton ships with torch's Linux CUDA wheels.
 """
