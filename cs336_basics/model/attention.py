@@ -119,7 +119,18 @@ class CausalSelfAttention(nn.Module):
         self.rope = rope
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """x: (batch, seq, dim); positions: None (0..seq-1), (seq,), or (batch or 1, seq), one row per sequence."""
         batch, seq, _ = x.shape
+        if positions is not None:
+            if positions.ndim == 2:
+                # q and k are (batch, heads, seq, d): without a head axis, (batch, seq) positions would align
+                # their batch axis with the heads (silently wrong when batch == heads).
+                positions = positions.unsqueeze(1)
+            elif positions.ndim != 1:
+                raise ValueError(
+                    f"attention positions must be (seq,) or (batch, seq); got shape {tuple(positions.shape)} "
+                    f"for x of shape {tuple(x.shape)}."
+                )
         q = self.q_proj(x).view(batch, seq, self.n_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(batch, seq, self.n_kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(batch, seq, self.n_kv_heads, self.head_dim).transpose(1, 2)
