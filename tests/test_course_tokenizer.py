@@ -158,6 +158,21 @@ def test_parallel_chunks_count_exactly_what_one_pass_counts(tmp_path, monkeypatc
     assert train_bpe(path, 300, specials, num_processes=2) == train_bpe(path, 300, specials, num_processes=1)
 
 
+def test_chunks_never_cut_inside_a_special_token(tmp_path, monkeypatch):
+    # The only spaces are inside the special token, so most places that look safe are inside one.
+    special = "<| sep |>"
+    text = "".join(f"w{i % 13}{special}" for i in range(3000))
+    path = tmp_path / "t.txt"
+    path.write_text(text)
+    monkeypatch.setattr(bpe, "_SEARCH_BYTES", 64)
+    monkeypatch.setattr(bpe, "_MIN_CHUNK_BYTES", 512)
+    bounds = bpe._chunk_bounds(path, 40, [special])
+    assert len(bounds) > 30
+    assert all(text[b:].startswith(special) for b in bounds[1:-1])
+    expected = Counter(t for piece in text.split(special) for t in GPT2_SPLIT.findall(piece))
+    assert bpe.pretoken_counts(path, [special], num_processes=2) == expected
+
+
 def test_train_bpe_errors_and_small_corpus(tmp_path):
     path = tmp_path / "t.txt"
     path.write_text("ab ab")
@@ -274,6 +289,22 @@ def test_encode_iterable_equals_encode_however_the_text_is_cut(trained, monkeypa
     assert list(tok.encode_iterable([])) == [] and list(tok.encode_iterable(["", ""])) == []
     with pytest.raises(TypeError, match="strings"):
         list(tok.encode_iterable([b"bytes"]))
+
+
+@pytest.mark.parametrize(
+    "chunks",
+    [
+        # A whitespace run, then an unfinished special token: "  " stays one pre-token before the special.
+        ["x" * 30 + "  <|endoftext|", ">tail"],
+        ["x" * 30 + "  <|endof", "text|> tail"],
+        # A contraction cut after its first letter, and whitespace runs cut in the middle.
+        ["y" * 30 + " they'l", "l go"],
+        ["z" * 30 + " a \n\n  ", "  \n b"],
+    ],
+)
+def test_encode_iterable_at_the_edges_of_a_cut(tok, monkeypatch, chunks):
+    monkeypatch.setattr(bpe_tokenizer, "_STREAM_CHARS", 24)
+    assert list(tok.encode_iterable(chunks)) == tok.encode("".join(chunks))
 
 
 def test_encode_iterable_reads_a_file_lazily(tok, tmp_path):

@@ -21,7 +21,6 @@ from functools import cache
 
 from cs336_basics.data.bpe import merge_pair
 from cs336_basics.data.pretokenize import (
-    PRETOKEN_LOOKAHEAD,
     PRETOKEN_RE,
     special_token_regex,
     unique_special_tokens,
@@ -213,9 +212,9 @@ class Tokenizer:
     def _encode_ordinary(self, text: str, start: int, end: int, ids: list[int], bound: int | None) -> int:
         """Append the ids of ``text[start:end]`` (no special tokens inside) to ``ids``; return where it stopped.
 
-        With ``bound``, stop at the first pre-token whose match may read text at or past ``bound``: a
-        contraction reads up to three characters from its start, a run reads the character after its end,
-        and a whitespace run before a non-space also the one after that.
+        With ``bound``, stop at the first pre-token whose match may have read text at or past ``bound``: a
+        run reads the character after its end, a whitespace run given back to the next pre-token the one after
+        that, and a contraction three characters from its start (which is at most one before its end).
         """
         cache = self._cache
         if bound is None:
@@ -226,7 +225,7 @@ class Tokenizer:
                 ids.extend(token_ids)
             return end
         for m in PRETOKEN_RE.finditer(text, start, end):
-            if m.start() + PRETOKEN_LOOKAHEAD > bound or m.end() + 2 > bound:
+            if m.end() + 2 > bound:
                 return m.start()
             piece = m.group()
             token_ids = cache.get(piece)

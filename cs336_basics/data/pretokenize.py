@@ -16,9 +16,6 @@ import regex
 GPT2_SPLIT_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 PRETOKEN_RE = regex.compile(GPT2_SPLIT_PATTERN)
 
-# How far past a pre-token's start the pattern may look: a contraction reads its quote and two more characters.
-PRETOKEN_LOOKAHEAD = 3
-
 # A space or newline with a printable, non-space ASCII character on both sides. Text may be cut just before
 # it without changing its pre-tokens: the piece on the left ends with a letter, digit or punctuation run that
 # cannot take in a following space, and `` x`` / ``\nx`` start a new pre-token whatever precedes them. Cuts
