@@ -31,7 +31,7 @@ from cs336_basics.data.pretokenize import (
     unique_special_tokens,
 )
 
-__all__ = ["merge_pair", "pretoken_counts", "train_bpe"]
+__all__ = ["merge_pair", "pretoken_counts", "train_bpe", "usable_cores"]
 
 # Chunks per worker process: more than one keeps both cores busy when chunks take unequal time.
 _CHUNKS_PER_PROCESS = 4
@@ -81,7 +81,7 @@ def train_bpe(
 # ---------------------------------------------------------------------------------------- pre-tokenization
 def pretoken_counts(path: Path, special_tokens: list[str], num_processes: int | None = None) -> Counter[str]:
     """How often each GPT-2 pre-token occurs in the file, with the special tokens split out and not counted."""
-    processes = num_processes or _usable_cores()
+    processes = num_processes or usable_cores()
     size = path.stat().st_size
     n_chunks = max(1, min(processes * _CHUNKS_PER_PROCESS, size // _MIN_CHUNK_BYTES))
     bounds = _chunk_bounds(path, n_chunks, special_tokens)
@@ -97,7 +97,8 @@ def pretoken_counts(path: Path, special_tokens: list[str], num_processes: int | 
     return total
 
 
-def _usable_cores() -> int:
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity mask where the OS has one)."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 

@@ -19,6 +19,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from tqdm.auto import tqdm
 
 from cs336_basics.data.batching import token_dtype_for_vocab
+from cs336_basics.data.bpe import usable_cores
 from cs336_basics.data.pretokenize import SAFE_CUT_BYTES
 from cs336_basics.errors import ConfigError
 
@@ -223,8 +224,7 @@ class BPETokenizer:
         eot = np.array([self._eot_id], dtype=dtype)
         total_bytes = sum(p.stat().st_size for p in paths)
 
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        batch_bytes = max(_MIN_BATCH_BYTES, _CHUNKS_PER_CORE * cores * _CHUNK_BYTES)
+        batch_bytes = max(_MIN_BATCH_BYTES, _CHUNKS_PER_CORE * usable_cores() * _CHUNK_BYTES)
 
         raw_fd, raw_name = tempfile.mkstemp(dir=out_path.parent, prefix=f".tmp-{out_path.stem}-", suffix=".bin")
         npy_name = raw_name[: -len(".bin")] + ".npy"
