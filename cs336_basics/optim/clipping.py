@@ -40,5 +40,5 @@ def gradient_clipping(parameters: Iterable[torch.nn.Parameter], max_l2_norm: flo
     norm = global_grad_norm(grads)
     coefficient = clip_coefficient(norm, max_l2_norm)
     for g in grads:
-        g.mul_(coefficient.to(g.device))
+        g.mul_(coefficient)
     return norm
