@@ -147,8 +147,7 @@ def random_mask(*shape, seed=0):
 @pytest.mark.parametrize("lead", [(), (3,), (2, 3)])
 def test_attention_shapes_values_and_gradients(lead):
     g = torch.Generator().manual_seed(3)
-    q, k, v = torch.randn(*lead, 5, 8, generator=g), torch.randn(*lead, 7, 8, generator=g)[None][0], None
-    v = torch.randn(*lead, 7, 6, generator=g)
+    q, k, v = (torch.randn(*lead, n, d, generator=g) for n, d in ((5, 8), (7, 8), (7, 6)))
     mask = random_mask(*lead, 5, 7)
     for m in (None, mask):
         out = scaled_dot_product_attention(q, k, v, m)

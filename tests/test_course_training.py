@@ -196,7 +196,7 @@ def test_checkpoint_is_the_course_format_both_ways(tmp_path):
     save_checkpoint(model, opt, 7, tmp_path / "ours.pt")
     raw = torch.load(tmp_path / "ours.pt", weights_only=True)
     assert set(raw) == {"model", "optimizer", "iteration"} and raw["iteration"] == 7
-    course_model, course_opt = lm(seed=1), torch.optim.AdamW(lm(seed=1).parameters(), lr=1e-3)
+    course_model = lm(seed=1)
     course_opt = torch.optim.AdamW(course_model.parameters(), lr=1e-3)
     course_model.load_state_dict(raw["model"])
     course_opt.load_state_dict(raw["optimizer"])
@@ -205,7 +205,7 @@ def test_checkpoint_is_the_course_format_both_ways(tmp_path):
     buffer = io.BytesIO()
     torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "iteration": 11}, buffer)
     buffer.seek(0)
-    mine, mine_opt = lm(seed=2), None
+    mine = lm(seed=2)
     mine_opt = torch.optim.AdamW(mine.parameters(), lr=1e-3)
     assert load_checkpoint(buffer, mine, mine_opt) == 11
     assert_same_training_state(model, opt, mine, mine_opt)
