@@ -43,6 +43,20 @@ def environment() -> dict[str, Any]:
     }
 
 
+# The fields every record of a results file names (GUIDE: one schema for every results file). A record of a
+# measurement that is not a training run (a tokenizer timing, say) gives None where a field does not apply.
+REQUIRED_FIELDS = (
+    "preset", "dim", "n_layers", "n_heads", "d_ff", "vocab_size", "batch_size", "seq_len", "precision", "compile",
+    "attention", "tokens_per_sec", "mfu", "peak_mem_gib", "compile_s", "loss", "status", "world_size", "parallel",
+    "gradient_checkpointing", "fp8_shape_filter", "fp8_lm_head", "fp8_path", "fp8_scaling",
+)  # fmt: skip
+
+
+def schema_record(**fields: Any) -> dict[str, Any]:
+    """A record with every required field (None where it does not apply) and the given ones."""
+    return {**dict.fromkeys(REQUIRED_FIELDS), **fields}
+
+
 def precision_label(config: RunConfig) -> str:
     """ "bf16", "fp32", or "fp8-<recipe>" (with "-emulated" for torchao's CPU emulation)."""
     fp8 = config.fp8

@@ -143,6 +143,46 @@ def test_self_attention_matches_manual(backend, n_kv_heads):
     torch.testing.assert_close(out, expected.float(), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("n_kv_heads", [None, 2])
+def test_self_attention_per_row_positions_when_batch_equals_heads(n_kv_heads):
+    """Positions of shape (batch, seq) rotate each batch row by its own positions, for every head.
+
+    With batch == n_heads they once broadcast against the head axis instead, silently rotating head h by
+    row h's positions; each row run alone with 1-D positions is the unambiguous reference.
+    """
+    config = tiny_model(context_length=32, n_layers=1, n_heads=4, n_kv_heads=n_kv_heads, rope_theta=1000.0)
+    attn = CausalSelfAttention(config)
+    x = torch.randn(4, 6, 32)
+    # Rows with different gaps: RoPE scores depend only on position differences, so shifted copies of one
+    # row would hide a mix-up.
+    g = torch.Generator().manual_seed(0)
+    positions = torch.stack([torch.randperm(32, generator=g)[:6] for _ in range(4)])  # (batch=4, seq)
+    out = attn(x, positions)
+    for row in range(4):
+        torch.testing.assert_close(out[row], attn(x[row : row + 1], positions[row])[0], atol=1e-6, rtol=1e-5)
+    # One row of positions for the whole batch reads the same as 1-D positions.
+    torch.testing.assert_close(attn(x, positions[:1]), attn(x, positions[0]))
+
+
+def test_self_attention_refuses_positions_it_cannot_read():
+    attn = CausalSelfAttention(tiny_model(context_length=32, n_layers=1, n_heads=4))
+    x = torch.randn(2, 6, 32)
+    for bad in (torch.arange(5), torch.zeros(3, 6, dtype=torch.long), torch.zeros(2, 1, 6, dtype=torch.long)):
+        with pytest.raises(ValueError, match="positions"):
+            attn(x, bad)
+
+
+def test_rope_refuses_positions_that_do_not_fit():
+    rope = RotaryEmbedding(head_dim=8, max_seq_len=16)
+    x = torch.randn(2, 5, 8)
+    torch.testing.assert_close(rope(x, torch.arange(5).expand(2, 5)), rope(x))
+    for bad in (torch.arange(4), torch.zeros(3, 5, dtype=torch.long), torch.zeros(4, 2, 5, dtype=torch.long)):
+        with pytest.raises(ValueError, match="positions"):
+            rope(x, bad)
+    with pytest.raises(ValueError, match="max_seq_len"):
+        rope(torch.randn(17, 8))
+
+
 def test_self_attention_is_plain_linear():
     attn = CausalSelfAttention(tiny_model(n_heads=4, n_kv_heads=2))
     for name in ("q_proj", "k_proj", "v_proj", "output_proj"):

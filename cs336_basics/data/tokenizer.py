@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import shutil
 import tempfile
 from collections.abc import Iterable, Iterator
@@ -20,6 +19,8 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from tqdm.auto import tqdm
 
 from cs336_basics.data.batching import token_dtype_for_vocab
+from cs336_basics.data.bpe import usable_cores
+from cs336_basics.data.pretokenize import SAFE_CUT_BYTES
 from cs336_basics.errors import ConfigError
 
 END_OF_TEXT = "<|endoftext|>"
@@ -37,24 +38,16 @@ _MIN_BATCH_BYTES = 4 << 20
 _MAX_CARRY_CHUNKS = 8
 
 
-# A space or newline with a printable, non-space ASCII character on both sides (see _safe_cut).
-_SAFE_CUT = re.compile(rb"(?<=[\x21-\x7e])[ \n](?=[\x21-\x7e])")
-
-
 def _safe_cut(buf: bytes) -> int:
-    r"""The last offset at which ``buf`` can be split without changing its tokenisation, or -1.
+    """The last offset at which ``buf`` can be split without changing its tokenisation, or -1.
 
-    GPT-2 pre-tokenisation ends every letter, digit or punctuation run before a space or newline, and a
-    lone space or newline followed by a non-space character always starts a new piece (`` word``, ``\n``),
-    so ``...x`` | `` y...`` or ``...x`` | ``\ny...`` encode exactly as the unsplit text does. Cuts inside
-    whitespace runs are not safe: ``\s+(?!\S)`` matches differently at the end of a string, which is why
-    both neighbours must be plain ASCII (never whitespace, whatever the regex's Unicode rules).
+    The rule (and why it is exact) is ``SAFE_CUT_BYTES``'s, shared with the course-exact BPE trainer.
     """
     # Look at the tail first: a match is almost always near the end, and the regex has no reverse search.
     window = 4096
     while True:
         start = max(0, len(buf) - window)
-        matches = list(_SAFE_CUT.finditer(buf, start))
+        matches = list(SAFE_CUT_BYTES.finditer(buf, start))
         if matches:
             return matches[-1].start()
         if start == 0:
@@ -237,8 +230,7 @@ class BPETokenizer:
         eot = np.array([self._eot_id], dtype=dtype)
         total_bytes = sum(p.stat().st_size for p in paths)
 
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        batch_bytes = max(_MIN_BATCH_BYTES, _CHUNKS_PER_CORE * cores * _CHUNK_BYTES)
+        batch_bytes = max(_MIN_BATCH_BYTES, _CHUNKS_PER_CORE * usable_cores() * _CHUNK_BYTES)
 
         raw_fd, raw_name = tempfile.mkstemp(dir=out_path.parent, prefix=f".tmp-{out_path.stem}-", suffix=".bin")
         npy_name = raw_name[: -len(".bin")] + ".npy"

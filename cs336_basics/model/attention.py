@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import warnings
 
 import torch
@@ -12,6 +11,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from cs336_basics.config import ATTENTION_BACKENDS, ModelConfig
 from cs336_basics.errors import ConfigError, NotSupportedHere
+from cs336_basics.model.functional import scaled_dot_product_attention
 from cs336_basics.model.layers import RotaryEmbedding
 
 try:  # flash-attn is an opt-in CUDA build (`uv sync --extra flash`); without it "flash" falls back to SDPA.
@@ -33,10 +33,8 @@ def _math_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.
     n_rep = q.shape[1] // k.shape[1]
     k, v = _repeat_kv(k, n_rep), _repeat_kv(v, n_rep)
     seq = q.shape[-2]
-    scores = (q.float() @ k.float().transpose(-2, -1)) / math.sqrt(q.shape[-1])
-    future = torch.ones(seq, seq, dtype=torch.bool, device=q.device).triu(1)
-    scores = scores.masked_fill(future, float("-inf"))
-    return (scores.softmax(dim=-1) @ v.float()).to(q.dtype)
+    past_and_present = torch.ones(seq, seq, dtype=torch.bool, device=q.device).tril()
+    return scaled_dot_product_attention(q, k, v, past_and_present)
 
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: str = "sdpa") -> torch.Tensor:
@@ -102,7 +100,9 @@ def check_attention_backend(backend: str, device: torch.device, dtype: torch.dty
 
 
 class CausalSelfAttention(nn.Module):
-    def __init__(self, config: ModelConfig, rope: RotaryEmbedding | None = None) -> None:
+    """Causal multi-head (or grouped-query) self-attention, with RoPE on q and k unless use_rope=False."""
+
+    def __init__(self, config: ModelConfig, rope: RotaryEmbedding | None = None, *, use_rope: bool = True) -> None:
         super().__init__()
         self.n_heads = config.n_heads
         self.n_kv_heads = config.kv_heads
@@ -114,15 +114,29 @@ class CausalSelfAttention(nn.Module):
         self.v_proj = nn.Linear(config.dim, self.n_kv_heads * self.head_dim, bias=False)
         self.output_proj = nn.Linear(self.n_heads * self.head_dim, config.dim, bias=False)
         # The LM passes one shared instance to every layer; a standalone module builds its own.
-        if rope is None:
+        if rope is None and use_rope:
             rope = RotaryEmbedding(self.head_dim, config.context_length, config.rope_theta)
-        self.rope = rope
+        self.rope = rope if use_rope else None
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """x: (batch, seq, dim); positions: None (0..seq-1), (seq,), or (batch or 1, seq), one row per sequence."""
         batch, seq, _ = x.shape
+        if positions is not None:
+            if self.rope is None:
+                raise ValueError("this attention has no RoPE, so token positions would have no effect; pass none.")
+            if positions.ndim == 2:
+                # q and k are (batch, heads, seq, d): without a head axis, (batch, seq) positions would align
+                # their batch axis with the heads (silently wrong when batch == heads).
+                positions = positions.unsqueeze(1)
+            elif positions.ndim != 1:
+                raise ValueError(
+                    f"attention positions must be (seq,) or (batch, seq); got shape {tuple(positions.shape)} "
+                    f"for x of shape {tuple(x.shape)}."
+                )
         q = self.q_proj(x).view(batch, seq, self.n_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(batch, seq, self.n_kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(batch, seq, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        q, k = self.rope(q, positions), self.rope(k, positions)
+        if self.rope is not None:
+            q, k = self.rope(q, positions), self.rope(k, positions)
         out = causal_attention(q, k, v, self.backend)
         return self.output_proj(out.transpose(1, 2).reshape(batch, seq, self.n_heads * self.head_dim))

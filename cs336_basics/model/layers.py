@@ -54,15 +54,34 @@ class RotaryEmbedding(nn.Module):
         return self
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
-        """x: (..., seq, head_dim); positions: (seq,) or broadcastable to x's leading dims + (seq,)."""
+        """x: (..., seq, head_dim); positions: integer, of a shape that broadcasts to x.shape[:-1] (so (seq,),
+        or x's leading dims + (seq,) with any of them 1); None means 0..seq-1.
+
+        Broadcasting aligns trailing dims, so a caller whose x has axes the positions lack (heads) must give
+        the positions those axes (size 1) itself; shapes that would enlarge x are refused.
+        """
+        seq = x.shape[-2]
         if positions is None:
-            seq = x.shape[-2]
+            if seq > self.max_seq_len:
+                raise ValueError(f"sequence of {seq} positions is longer than RoPE's max_seq_len {self.max_seq_len}.")
             cos, sin = self.cos[:seq], self.sin[:seq]
         else:
+            if positions.shape[-1:] != (seq,) or _broadcast_shape(positions.shape, x.shape[:-1]) != x.shape[:-1]:
+                raise ValueError(
+                    f"RoPE positions of shape {tuple(positions.shape)} do not fit x of shape {tuple(x.shape)}: they "
+                    f"must end in the sequence length {seq} and broadcast to {tuple(x.shape[:-1])}."
+                )
             cos, sin = self.cos[positions], self.sin[positions]
         x1, x2 = x.float().unflatten(-1, (-1, 2)).unbind(-1)
         rotated = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
         return rotated.flatten(-2).to(x.dtype)
+
+
+def _broadcast_shape(a: torch.Size, b: torch.Size) -> torch.Size | None:
+    try:
+        return torch.broadcast_shapes(a, b)
+    except RuntimeError:
+        return None
 
 
 class SwiGLU(nn.Module):

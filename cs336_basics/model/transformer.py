@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from cs336_basics.config import ModelConfig
 from cs336_basics.model.attention import CausalSelfAttention
+from cs336_basics.model.functional import cross_entropy
 from cs336_basics.model.layers import RMSNorm, RotaryEmbedding, SwiGLU, init_weights
 
 
@@ -59,7 +59,7 @@ class TransformerLM(nn.Module):
             return logits
         # Computing the loss here lets torch.compile fuse the fp32 upcast into the loss kernel, so the
         # full fp32 logits never have to be materialised.
-        return F.cross_entropy(logits.float().flatten(0, -2), targets.flatten())
+        return cross_entropy(logits, targets)
 
     def num_parameters(self, exclude_embeddings: bool = False) -> int:
         """Parameter count (shared tensors once). exclude_embeddings drops only the input lookup table:

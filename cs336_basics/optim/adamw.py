@@ -26,6 +26,7 @@ from torch import nn
 
 from cs336_basics.compiled import plain_name
 from cs336_basics.errors import ConfigError
+from cs336_basics.optim.clipping import clip_coefficient, global_grad_norm
 
 __all__ = ["MasterWeightAdamW", "STATE_DICT_FORMAT", "adamw_update", "fused_by_default"]
 
@@ -37,9 +38,6 @@ _LOW_PRECISION = (torch.bfloat16, torch.float16)
 
 # Group hyperparameters restored from a checkpoint (torch's usual semantics for load_state_dict).
 _RESTORED_HPARAMS = ("lr", "betas", "eps", "weight_decay")
-
-# torch.nn.utils.clip_grad_norm_'s guard against dividing by a zero norm; kept so clipping matches torch.
-_CLIP_EPS = 1e-6
 
 
 def fused_by_default(device: torch.device) -> bool:
@@ -198,10 +196,9 @@ class MasterWeightAdamW:
         all_grads = [p.grad for p in self.params if p.grad is not None]
         if not all_grads:
             return torch.zeros((), device=self.device)
-        # Per-tensor norms accumulated in fp32 straight from the BF16 grads (one multi-tensor launch on CUDA).
-        norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(all_grads, 2.0, dtype=torch.float32)))
+        norm = global_grad_norm(all_grads)  # accumulated in fp32 straight from the BF16 grads
         if max_grad_norm is not None and max_grad_norm < float("inf"):
-            grad_scale = torch.clamp(max_grad_norm / (norm + _CLIP_EPS), max=1.0)
+            grad_scale = clip_coefficient(norm, max_grad_norm)
         else:
             grad_scale = self._one
 

@@ -31,6 +31,8 @@ __all__ = [
     "CHECKPOINT_NAME",
     "latest_checkpoint",
     "load_checkpoint",
+    "load_model_state",
+    "model_state",
     "read_checkpoint",
     "restore_checkpoint",
     "save_checkpoint",
@@ -40,7 +42,8 @@ CHECKPOINT_NAME = "checkpoint.pt"
 CHECKPOINT_FORMAT = "cs336_basics.checkpoint/v1"
 
 
-def _model_state(model: nn.Module) -> OrderedDict[str, torch.Tensor]:
+def model_state(model: nn.Module) -> OrderedDict[str, torch.Tensor]:
+    """The plain module's state dict, whatever wraps it (torch.compile, DDP): the keys checkpoints use."""
     # Plain names also cover submodules compiled on their own (e.g. per-block compile).
     return OrderedDict((plain_name(k), v) for k, v in unwrap(model).state_dict().items())
 
@@ -136,7 +139,7 @@ def save_checkpoint(
         "step": int(step),
         # Tensors stay as they are (torch.save copies device tensors to the file itself). Storage shared
         # between model and optimizer (fp32 weights are their own masters) is written once.
-        "model": _model_state(model),
+        "model": model_state(model),
         "optimizer": _plain(optimizer.state_dict(), "optimizer") if optimizer is not None else None,
         "config": _plain(config, "config"),
         "sampler_state": _plain(sampler_state, "sampler_state"),
@@ -189,7 +192,7 @@ def restore_checkpoint(
     """
     path = ckpt.get("path", "the checkpoint")
     if model is not None:
-        _load_model_state(unwrap(model), ckpt["model"], path)
+        load_model_state(model, ckpt["model"], path)
     if optimizer is not None:
         if ckpt.get("optimizer") is None:
             raise ConfigError(f"{path} holds no optimizer state; it cannot resume training, only initialise a model.")
@@ -212,7 +215,10 @@ def load_checkpoint(
     return ckpt
 
 
-def _load_model_state(module: nn.Module, state: dict[str, torch.Tensor], path: str) -> None:
+def load_model_state(model: nn.Module, state: dict[str, torch.Tensor], path: str) -> None:
+    """Load a checkpoint's model state (plain keys) strictly into `model`, whatever wraps it; a ConfigError says
+    which keys or shapes do not fit."""
+    module = unwrap(model)
     # Map plain checkpoint keys onto this module's own keys, which carry compile prefixes where submodules were
     # compiled in place.
     own = {plain_name(k): k for k in module.state_dict()}
