@@ -25,8 +25,8 @@ from cs336_basics.precision import (
     FP8Support,
     check_fp8_support,
     check_fp8_tokens,
-    convert_model_to_fp8,
-    count_float8_linears,
+    convert_for_fp8,
+    count_fp8_linears,
     require_fp8,
     skip_reason,
 )
@@ -128,7 +128,7 @@ class Built:
     config: RunConfig  # every setting concrete, use_fp8 included
     model: TransformerLM
     conversion: FP8ConversionReport | None  # None without FP8
-    float8_modules: int  # counted in the model after conversion, independently of the conversion's report
+    fp8_linears: int  # FP8 linears counted in the model after conversion, independently of the conversion's report
     auto_choices: tuple[str, ...]
 
     @property
@@ -140,7 +140,7 @@ class Built:
         """The FP8 row of the configuration summary."""
         if self.conversion is None:
             return "off"
-        return f"{self.conversion.summary_line()}; {self.float8_modules} Float8Linear modules counted"
+        return f"{self.conversion.summary_line()}; {self.fp8_linears} FP8 linears counted"
 
 
 def seeded_model(config: RunConfig, device: torch.device) -> TransformerLM:
@@ -165,13 +165,11 @@ def build(config_or_plan: RunConfig | Plan) -> Built:
             _check_fp8_request(config, p.fp8_support)
     report, counted = None, 0
     if use_fp8:
-        report = convert_model_to_fp8(model, config.fp8)
-        counted = count_float8_linears(model)
+        report = convert_for_fp8(model, config.fp8)
+        counted = count_fp8_linears(model)
         if counted != report.n_converted or counted == 0:  # the independent check of the conversion's report
             raise ConfigError(
-                f"FP8 was requested but {counted} Float8Linear modules are in the model after conversion "
+                f"FP8 was requested but {counted} FP8 linears are in the model after conversion "
                 f"({report.n_converted} expected)."
             )
-    return Built(
-        plan=p, config=config, model=model, conversion=report, float8_modules=counted, auto_choices=tuple(auto)
-    )
+    return Built(plan=p, config=config, model=model, conversion=report, fp8_linears=counted, auto_choices=tuple(auto))

@@ -25,6 +25,9 @@ DTYPES = ("auto", "bfloat16", "float32")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 FP8_RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
 FP8_FORMATS = ("auto", "e4m3", "hybrid")
+FP8_PATHS = ("torchao", "fused")
+FP8_SCALINGS = ("dynamic", "delayed")
+FP8_AMAX_ALGOS = ("max", "most_recent")
 
 # The optimizer keeps the learning rate in a float32 device tensor: a larger value would become inf there.
 FLOAT32_MAX = 3.4028234663852886e38
@@ -217,9 +220,49 @@ class FP8Config:
         False, "convert only layers whose matmul shape is large enough for FP8 to pay (TorchAO's rule)"
     )
     fp8_emulate: bool = setting(False, "TorchAO's emulation: FP8 numerics in high precision, for CPU tests only")
+    fp8_path: str = setting(
+        "torchao", "torchao: TorchAO's Float8Linear; fused: this package's FP8 linears (one cast per shared input, "
+        "FP8 tensors saved for backward, optional delayed scaling)", choices=FP8_PATHS,
+    )  # fmt: skip
+    fp8_scaling: str = setting(
+        "dynamic", "dynamic: each tensor's scale from its own amax (two passes); delayed: from the amax history of "
+        "earlier steps (one pass; --fp8_path fused)", choices=FP8_SCALINGS,
+    )  # fmt: skip
+    fp8_amax_history_len: int = setting(16, "delayed scaling: steps of amax history kept", check=at_least(1))
+    fp8_amax_compute_algo: str = setting(
+        "max", "delayed scaling: the scale comes from the history's max, or from the most recent amax",
+        choices=FP8_AMAX_ALGOS,
+    )  # fmt: skip
+    fp8_margin: int = setting(0, "delayed scaling: scale = FP8 max / (amax * 2^margin)", check=at_least(0))
+    fp8_share_input_casts: bool = setting(
+        True, "--fp8_path fused: cast the input shared by q/k/v (and by w1/w3) once for all of them"
+    )
+    fp8_fast_accum_backward: bool = setting(
+        False,
+        "--fp8_path fused: fast (lower-precision) accumulation in the two backward FP8 GEMMs too (the forward "
+        "GEMM always uses it, as TorchAO does)",
+    )
 
     def __post_init__(self) -> None:
         validate_fields(self)
+        if self.fp8_path == "torchao":
+            fused_only = [
+                flag for flag, on in (
+                    ("--fp8_scaling delayed", self.fp8_scaling == "delayed"),
+                    ("--fp8_fast_accum_backward", self.fp8_fast_accum_backward),
+                    ("--no_fp8_share_input_casts", not self.fp8_share_input_casts),
+                ) if on
+            ]  # fmt: skip
+            if fused_only:
+                raise ConfigError(
+                    f"{', '.join(fused_only)} needs --fp8_path fused: TorchAO's path (torchao 0.18) has no delayed "
+                    "scaling (TorchAO removed it) and sets fast accumulation for its forward GEMM only."
+                )
+        elif self.fp8_recipe != "tensorwise":
+            raise ConfigError(
+                f"--fp8_path fused implements the tensorwise recipe only; got --fp8_recipe {self.fp8_recipe}. Use "
+                "--fp8_recipe tensorwise, or --fp8_path torchao for the rowwise recipes."
+            )
 
 
 @dataclass(frozen=True)

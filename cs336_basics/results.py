@@ -58,10 +58,12 @@ def schema_record(**fields: Any) -> dict[str, Any]:
 
 
 def precision_label(config: RunConfig) -> str:
-    """ "bf16", "fp32", or "fp8-<recipe>" (with "-emulated" for torchao's CPU emulation)."""
+    """ "bf16", "fp32", "fp8-<recipe>" (TorchAO's path) or "fp8-fused-<scaling>" (this package's), with "-emulated"
+    for a run on CPU."""
     fp8 = config.fp8
     if fp8.use_fp8:
-        return f"fp8-{fp8.fp8_recipe}" + ("-emulated" if fp8.fp8_emulate else "")
+        name = f"fp8-{fp8.fp8_recipe}" if fp8.fp8_path == "torchao" else f"fp8-fused-{fp8.fp8_scaling}"
+        return name + ("-emulated" if fp8.fp8_emulate else "")
     return {"bfloat16": "bf16", "float32": "fp32"}.get(config.train.dtype, config.train.dtype)
 
 
@@ -87,8 +89,10 @@ def run_record(config: RunConfig, status: str = "ok", **measured: Any) -> dict[s
         "parallel": "none",
         "fp8_lm_head": bool(fp8.use_fp8 and fp8.fp8_lm_head),
         "fp8_shape_filter": fp8.fp8_shape_filter,  # as configured (a preset may set it for its BF16 rows too)
-        "fp8_path": "torchao" if fp8.use_fp8 else None,
-        "fp8_scaling": "dynamic" if fp8.use_fp8 else None,
+        "fp8_path": fp8.fp8_path if fp8.use_fp8 else None,
+        "fp8_scaling": fp8.fp8_scaling if fp8.use_fp8 else None,
+        "fp8_fast_accum_backward": bool(fp8.use_fp8 and fp8.fp8_fast_accum_backward),
+        "fp8_share_input_casts": bool(fp8.use_fp8 and fp8.fp8_path == "fused" and fp8.fp8_share_input_casts),
         "tokens_per_sec": None,
         "mfu": None,
         "peak_mem_gib": None,

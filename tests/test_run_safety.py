@@ -187,7 +187,7 @@ def test_a_second_signal_during_the_save_waits_for_the_save(tmp_path, base, caps
     monkeypatch.setattr(checkpoint_module.torch, "save", save_interrupted_midway)
     out = tmp_path / "twice"
     code, _, err = run([*base, "--checkpoint_every", "100", "--max_steps", "10", "--out_dir", out], capsys)
-    assert code == 143 and "a checkpoint is being written" in err
+    assert code == 130 and "a checkpoint is being written" in err
     assert load_checkpoint(out / CHECKPOINT_NAME, restore_rng=False)["step"] == 4
     assert not [p for p in out.iterdir() if p.name.endswith(".tmp")]
 
@@ -196,8 +196,18 @@ def test_a_second_signal_outside_a_save_stops_at_once_without_saving(tmp_path, b
     signal_self_at_step(monkeypatch, at_step=5, signums=[signal.SIGINT, signal.SIGINT])
     out = tmp_path / "abort"
     code, _, err = run([*base, "--checkpoint_every", "2", "--max_steps", "10", "--out_dir", out], capsys)
-    assert code == 130 and "second signal" in err and "checkpoint from step 4" in err
+    assert code == 130 and "second Ctrl-C" in err and "checkpoint from step 4" in err
     assert load_checkpoint(out / CHECKPOINT_NAME, restore_rng=False)["step"] == 4
+
+
+def test_repeated_sigterms_are_one_stop_request(tmp_path, base, capsys, monkeypatch):
+    # `timeout` and schedulers signal the process and its process group: one stop arrives twice.
+    signal_self_at_step(monkeypatch, at_step=5, signums=[signal.SIGTERM, signal.SIGTERM])
+    out = tmp_path / "twice"
+    code, _, err = run([*base, "--checkpoint_every", "2", "--max_steps", "10", "--out_dir", out], capsys)
+    assert code == 143 and f"stopped by SIGTERM at step 6; saved {out / CHECKPOINT_NAME}" in err
+    assert err.count("is intact") == 0  # a clean stop says what it saved, once
+    assert load_checkpoint(out / CHECKPOINT_NAME, restore_rng=False)["step"] == 6
 
 
 def test_sigterm_before_training_ends_with_a_message(tmp_path, token_files):

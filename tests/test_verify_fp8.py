@@ -22,11 +22,21 @@ def test_cpu_mode_runs_checks_1_to_4_with_emulation(tmp_path, token_files, capsy
     assert code == 0, stdout
     payload, checks = checks_by_name(out)
     assert [c["status"] for c in payload["checks"]] == ["PASS", "PASS", "PASS", "PASS", "SKIP"]
-    assert checks["float8_modules"]["evidence"]["counted"] == 14  # 2 x (4 attention + 3 ffn); lm_head skipped
+    assert checks["fp8_linears"]["evidence"]["counted"] == 14  # 2 x (4 attention + 3 ffn); lm_head skipped
     assert checks["fp8_gemms_launched"]["evidence"]["fp8_casts"] >= 28
     assert "needs a GPU" in checks["fp8_speedup"]["detail"]
     assert [r["precision"] for r in payload["runs"]] == ["bf16", "fp8-tensorwise-emulated"]
     assert "ALL CHECKS PASSED" in stdout
+
+
+def test_cpu_mode_verifies_the_fused_path_too(tmp_path, token_files, capsys):
+    out = tmp_path / "verify.json"
+    argv = [*tiny_flags(), *STEPS, *token_files, "--fp8_path", "fused", "--fp8_scaling", "delayed", "--json", str(out)]
+    assert verify_fp8_compilation.main(argv) == 0, capsys.readouterr().out
+    payload, checks = checks_by_name(out)
+    assert [c["status"] for c in payload["checks"]] == ["PASS", "PASS", "PASS", "PASS", "SKIP"]
+    assert "fused path, delayed scaling" in checks["fp8_linears"]["detail"]
+    assert [r["precision"] for r in payload["runs"]] == ["bf16", "fp8-fused-delayed-emulated"]
 
 
 def test_a_failing_check_makes_the_exit_code_nonzero(tmp_path, token_files, capsys):

@@ -102,6 +102,10 @@ def check_attention_backend(backend: str, device: torch.device, dtype: torch.dty
 class CausalSelfAttention(nn.Module):
     """Causal multi-head (or grouped-query) self-attention, with RoPE on q and k unless use_rope=False."""
 
+    # q, k and v read the same input: a precision conversion may run them through one joint module set as `qkv`
+    # (e.g. to cast the input once), the layers keeping their own weights (and state-dict keys).
+    SHARED_INPUT = {"qkv": ("q_proj", "k_proj", "v_proj")}
+
     def __init__(self, config: ModelConfig, rope: RotaryEmbedding | None = None, *, use_rope: bool = True) -> None:
         super().__init__()
         self.n_heads = config.n_heads
@@ -113,6 +117,7 @@ class CausalSelfAttention(nn.Module):
         self.k_proj = nn.Linear(config.dim, self.n_kv_heads * self.head_dim, bias=False)
         self.v_proj = nn.Linear(config.dim, self.n_kv_heads * self.head_dim, bias=False)
         self.output_proj = nn.Linear(self.n_heads * self.head_dim, config.dim, bias=False)
+        self.qkv: nn.Module | None = None  # see SHARED_INPUT
         # The LM passes one shared instance to every layer; a standalone module builds its own.
         if rope is None and use_rope:
             rope = RotaryEmbedding(self.head_dim, config.context_length, config.rope_theta)
@@ -133,9 +138,10 @@ class CausalSelfAttention(nn.Module):
                     f"attention positions must be (seq,) or (batch, seq); got shape {tuple(positions.shape)} "
                     f"for x of shape {tuple(x.shape)}."
                 )
-        q = self.q_proj(x).view(batch, seq, self.n_heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(batch, seq, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(batch, seq, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        q, k, v = self.qkv(x) if self.qkv is not None else (self.q_proj(x), self.k_proj(x), self.v_proj(x))
+        q = q.view(batch, seq, self.n_heads, self.head_dim).transpose(1, 2)
+        k = k.view(batch, seq, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        v = v.view(batch, seq, self.n_kv_heads, self.head_dim).transpose(1, 2)
         if self.rope is not None:
             q, k = self.rope(q, positions), self.rope(k, positions)
         out = causal_attention(q, k, v, self.backend)

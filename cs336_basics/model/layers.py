@@ -85,15 +85,21 @@ def _broadcast_shape(a: torch.Size, b: torch.Size) -> torch.Size | None:
 
 
 class SwiGLU(nn.Module):
+    # Linear layers that read the same input: a precision conversion may run them through one joint module (set as
+    # the attribute named here), e.g. to cast their shared input once. The layers keep their own weights.
+    SHARED_INPUT = {"w13": ("w1", "w3")}
+
     def __init__(self, dim: int, hidden: int) -> None:
         super().__init__()
         # Plain nn.Linear so that TorchAO's FP8 conversion (which swaps nn.Linear modules) reaches them.
         self.w1 = nn.Linear(dim, hidden, bias=False)
         self.w2 = nn.Linear(hidden, dim, bias=False)
         self.w3 = nn.Linear(dim, hidden, bias=False)
+        self.w13: nn.Module | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        h1, h3 = self.w13(x) if self.w13 is not None else (self.w1(x), self.w3(x))
+        return self.w2(F.silu(h1) * h3)
 
 
 def init_weights(model: nn.Module) -> None:

@@ -17,13 +17,33 @@ from cs336_basics.precision.fp8 import (
 )
 from cs336_basics.precision.support import FP8Support, check_fp8_support, require_fp8
 
+
+def convert_for_fp8(model, cfg) -> FP8ConversionReport:
+    """Convert `model` to FP8 by the path cfg.fp8_path names: "torchao" (Float8Linear) or "fused" (ours)."""
+    if cfg.fp8_path == "fused":
+        from cs336_basics.precision.fused.convert import convert_model_to_fused_fp8
+
+        return convert_model_to_fused_fp8(model, cfg)
+    return convert_model_to_fp8(model, cfg)
+
+
+def count_fp8_linears(model) -> int:
+    """Linear layers whose GEMMs run in FP8, counted from the model's modules (independently of any conversion
+    report): TorchAO's Float8Linear and the fused path's FP8 linears."""
+    from cs336_basics.precision.fused.convert import count_fused_linears
+
+    return count_float8_linears(model) + count_fused_linears(model)
+
+
 __all__ = [
     "FP8ConversionReport",
     "FP8Support",
     "check_fp8_support",
     "check_fp8_tokens",
+    "convert_for_fp8",
     "convert_model_to_fp8",
     "count_float8_linears",
+    "count_fp8_linears",
     "describe_format",
     "fp8_gemm_pays",
     "grad_weight_in_fp8",

@@ -264,6 +264,9 @@ class FP8ConversionReport:
     skipped: dict[str, str] = field(default_factory=dict)  # fqn -> reason
     skip_category: dict[str, str] = field(default_factory=dict)  # fqn -> category, for grouping
     format_short: str = ""
+    path: str = "torchao"  # which FP8 implementation converted the model (FP8Config.fp8_path)
+    scaling: str = "dynamic"
+    shared_input_groups: int = 0  # groups of converted linears that share one cast of their input (fused path)
 
     @property
     def n_converted(self) -> int:
@@ -276,7 +279,11 @@ class FP8ConversionReport:
     def summary_line(self) -> str:
         """One line, e.g. "tensorwise, E4M3 fwd / E5M2 grad: 48 of 169 linears converted; skipped: ..."."""
         head = f"{self.recipe}{' (emulated)' if self.emulate else ''}, {self.format_short or self.format}"
+        if self.path != "torchao":
+            head = f"{self.path} path, {self.scaling} scaling, {head}"
         line = f"{head}: {self.n_converted} of {self.n_linear} linears converted"
+        if self.shared_input_groups:
+            line += f" ({self.shared_input_groups} groups share an input cast)"
         if not self.skipped:
             return line
         groups: dict[str, list[str]] = {}

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from cs336_basics.config import FP8Config
-from cs336_basics.errors import NotSupportedHere
+from cs336_basics.errors import ConfigError, NotSupportedHere
 
 # FP8 tensor cores arrived with Ada (sm_89) and Hopper (sm_90); Blackwell (sm_100+) keeps them.
 MIN_FP8_CAPABILITY = (8, 9)
@@ -194,11 +194,21 @@ def require_fp8(cfg: FP8Config, support: FP8Support) -> FP8Support:
     """
     if not cfg.use_fp8:
         return support
-    version, error = torchao_version()  # imported now: on CPU the report above only read the package metadata
-    if not (support.torchao_ok and version):
-        raise NotSupportedHere(
-            f"--use_fp8 needs torchao, which is not importable here ({error}). {TORCHAO_INSTALL_HINT}, "
-            "or run without --use_fp8 (BF16)."
+    if cfg.fp8_path == "torchao":
+        version, error = torchao_version()  # imported now: on CPU the report above only read the package metadata
+        if not (support.torchao_ok and version):
+            raise NotSupportedHere(
+                f"--use_fp8 needs torchao, which is not importable here ({error}). {TORCHAO_INSTALL_HINT}, "
+                "--fp8_path fused (this package's FP8 linears), or run without --use_fp8 (BF16)."
+            )
+    if cfg.fp8_emulate and cfg.fp8_path == "fused":
+        if support.device_type == "cuda":
+            raise ConfigError(
+                "--fp8_emulate with --fp8_path fused: the fused path has no emulation, it runs real FP8 casts and "
+                "GEMMs (on a GPU, at full speed). Drop --fp8_emulate, or use --fp8_path torchao to emulate."
+            )
+        return dataclasses.replace(
+            support, note="--fp8_emulate --fp8_path fused: the FP8 casts and GEMMs run on the CPU, for numerics only."
         )
     if cfg.fp8_emulate:
         # Emulation runs FP8 numerics with ordinary matmuls, so it needs no FP8 hardware at all.

@@ -1,10 +1,11 @@
 """Prove, on this machine, that FP8 is really applied and really pays.
 
 Five checks, each PASS / FAIL / SKIP with the evidence:
-  1. float8_modules      Float8Linear modules are in the model, as many as the filter report promised.
+  1. fp8_linears         FP8 linears are in the model (TorchAO's Float8Linear, or the fused path's), as many as the
+                         conversion promised.
   2. fp8_gemms_launched  the profiler sees FP8 matmuls (aten::_scaled_mm) in one compiled training step: one per
-                         converted linear per GEMM (forward, grad_input, grad_weight). With emulation (CPU) it
-                         counts the FP8 casts instead, since emulated matmuls run in high precision.
+                         FP8 linear per GEMM (forward, grad_input, grad_weight). With emulation (CPU) it counts the FP8
+                         casts instead, since emulated matmuls run in high precision.
   3. no_graph_breaks     dynamo traces the FP8 model's forward (and loss) as one graph.
   4. loss_matches_bf16   after the same steps from the same seed and data, FP8 loss is within a tolerance of BF16.
   5. fp8_speedup         FP8 + compile tokens/s over BF16 + compile tokens/s, measured in this process (GPU only).
@@ -109,15 +110,15 @@ def verify_fp8(config: RunConfig, loss_tolerance: float = 0.02, min_speedup: flo
     require_windows(len(data.train), config.model.context_length, "the training data")
     checks: list[Check] = []
 
-    # 1. conversion really happened (the build stage converts, then counts the Float8Linear modules itself)
+    # 1. conversion really happened (the build stage converts, then counts the FP8 linears itself)
     built = build(fp8_plan)
     model, report = built.model, built.conversion
     checks.append(
         _check(
-            "float8_modules",
-            built.float8_modules == report.n_converted > 0,
-            f"{built.float8_modules} Float8Linear counted, {report.n_converted} expected ({report.summary_line()})",
-            counted=built.float8_modules,
+            "fp8_linears",
+            built.fp8_linears == report.n_converted > 0,
+            f"{built.fp8_linears} FP8 linears counted, {report.n_converted} expected ({report.summary_line()})",
+            counted=built.fp8_linears,
             expected=report.n_converted,
             skipped=report.skipped,
         )

@@ -2,9 +2,11 @@
 
 During training the first signal only records a stop request: the loop finishes the step it is in, saves a
 checkpoint at that step boundary (so the saved data-sampler position, optimizer state and step agree) and exits
-with 128 + the signal number (130 / 143). A second signal stops at once without saving, except while a checkpoint
-is being written: then it waits for the write to complete. Outside training, both signals end the process with a
-message (`terminate_raises`).
+with 128 + the signal number (130 / 143). A second Ctrl-C stops at once without saving, except while a checkpoint
+is being written: then it waits for the write to complete. Repeated SIGTERMs are one request: `timeout` and job
+schedulers send SIGTERM to the process and to its process group, so one stop often arrives twice, and they follow
+it with SIGKILL when they mean "now". Outside training, both signals end the process with a message
+(`terminate_raises`).
 """
 
 from __future__ import annotations
@@ -27,6 +29,10 @@ class Interrupted(KeyboardInterrupt):
     @property
     def exit_code(self) -> int:
         return 128 + self.signum
+
+
+class StopNow(Interrupted):
+    """A second Ctrl-C: the run stops where it is, without writing a checkpoint."""
 
 
 def _raise_interrupted(signum: int, frame: object) -> None:
@@ -74,12 +80,15 @@ class GracefulStop:
         name = signal.Signals(signum).name
         if self.signum is None:
             self.signum = signum
-            self._log(f"\n{name}: stopping after this step with a checkpoint (send it again to stop without saving)")
+            again = " (Ctrl-C again to stop without saving)" if signum == signal.SIGINT else ""
+            self._log(f"\n{name}: stopping after this step with a checkpoint{again}")
+        elif signum != signal.SIGINT:
+            return  # the same stop request again (see the module docstring)
         elif self._writing:
             self._abort_after_write = True
             self._log(f"\n{name}: a checkpoint is being written; stopping as soon as it is complete")
         else:
-            raise Interrupted(self.signum, f"stopped by {name} (a second signal) without saving")
+            raise StopNow(signum, f"stopped by {name} (a second Ctrl-C) without saving")
 
     @contextlib.contextmanager
     def writing(self) -> Iterator[None]:
@@ -90,4 +99,4 @@ class GracefulStop:
         finally:
             self._writing -= 1
         if self._abort_after_write and not self._writing:
-            raise Interrupted(self.signum or signal.SIGINT, "stopped after the checkpoint write")
+            raise StopNow(signal.SIGINT, "stopped by a second Ctrl-C, after the checkpoint write")

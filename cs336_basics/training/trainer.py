@@ -31,11 +31,12 @@ from cs336_basics.config import RunConfig
 from cs336_basics.data import BatchSampler, get_batch
 from cs336_basics.errors import ConfigError
 from cs336_basics.optim import MasterWeightAdamW, cosine_lr
+from cs336_basics.precision.fused.scaling import DelayedScalingState
 from cs336_basics.timing import StepTimer
 from cs336_basics.training.checkpoint import CHECKPOINT_NAME, restore_checkpoint, save_checkpoint
 from cs336_basics.training.metrics import MetricsLog, flops_per_token, mfu, peak_flops, plot_loss_curve
 from cs336_basics.training.run_folder import io_error
-from cs336_basics.training.signals import GracefulStop, Interrupted
+from cs336_basics.training.signals import GracefulStop, Interrupted, StopNow
 
 # Steps left out of the throughput median after a (re)start: the first compiles, the second still
 # allocates optimizer state and settles the caching allocator.
@@ -97,6 +98,8 @@ class Trainer:
             model.named_parameters(), lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay
         )
         self.sampler = BatchSampler(train_data, t.batch_size, m.context_length, device, seed=t.seed)
+        # Delayed FP8 scaling (--fp8_path fused --fp8_scaling delayed): amax histories that advance once per step.
+        self.fp8_scaling: DelayedScalingState | None = getattr(model, "fp8_scaling", None)
         self.step = 0
         self.saved_step: int | None = None  # the step of the checkpoint on disk that this run knows is good
         self.flops_per_token = flops_per_token(m, model.num_parameters(exclude_embeddings=True))
@@ -115,10 +118,14 @@ class Trainer:
         restore_checkpoint(state, model=self.model, optimizer=self.optimizer)
         self.step = self.saved_step = state["step"]
         self.sampler.load_state_dict(state["sampler_state"])
-        interval = (state.get("extra") or {}).get("log_interval")
+        extra = state.get("extra") or {}
+        interval = extra.get("log_interval")
         if interval:
             self._loss_sum = interval["loss_sum"].to(self.device)
             self._loss_count = interval["count"]
+        # A checkpoint of a run without delayed scaling (BF16, dynamic FP8) leaves the scales to start afresh.
+        if self.fp8_scaling is not None and extra.get("fp8_scaling") is not None:
+            self.fp8_scaling.load_scaling_state(extra["fp8_scaling"])
 
     def save(self, stop: GracefulStop | None = None) -> Path:
         """Write a checkpoint of the state at this step boundary: only a finite one, atomically."""
@@ -128,7 +135,9 @@ class Trainer:
                 f"the weights or optimizer moments became NaN/inf by step {self.step}, so no checkpoint was written. "
                 f"{self._kept()} {self._advice()}"
             )
-        interval = {"loss_sum": self._loss_sum.detach().cpu(), "count": self._loss_count}
+        extra = {"log_interval": {"loss_sum": self._loss_sum.detach().cpu(), "count": self._loss_count}}
+        if self.fp8_scaling is not None:
+            extra["fp8_scaling"] = self.fp8_scaling.scaling_state()
         with stop.writing() if stop is not None else contextlib.nullcontext():
             try:
                 path = save_checkpoint(
@@ -138,7 +147,7 @@ class Trainer:
                     step=self.step,
                     config=self.config.to_dict(),
                     sampler_state=self.sampler.state_dict(),
-                    extra={"log_interval": interval},
+                    extra=extra,
                 )
             except (OSError, RuntimeError) as exc:
                 raise io_error(exc, self.checkpoint_path, self._kept()) from exc
@@ -182,6 +191,8 @@ class Trainer:
             total += loss.detach().float()
         grad_norm = self.optimizer.step(max_grad_norm=self.config.optim.max_grad_norm)
         self.optimizer.zero_grad(set_to_none=True)
+        if self.fp8_scaling is not None:
+            self.fp8_scaling.update()  # this step's amaxes become the next step's scales
         return total / accum, grad_norm
 
     @torch.no_grad()
@@ -271,6 +282,8 @@ class Trainer:
                         "mfu": mfu(tok_s, self.flops_per_token, self.peak_flops),
                         "peak_mem_gib": train_peak_bytes / 2**30 if on_cuda else None,
                     }
+                    if self.fp8_scaling is not None:  # values clamped at the FP8 max since the last record
+                        record["fp8_saturated"] = self.fp8_scaling.take_saturated()
                     if do_eval:
                         val_loss = self.evaluate()
                         record["val_loss"] = val_loss
@@ -286,8 +299,8 @@ class Trainer:
                         self.save(stop)
                 if stop.requested and self.step < t.max_steps:
                     self._stop(stop)
-        except Interrupted as exc:  # a second signal: stopped at once, nothing new saved
-            raise Interrupted(exc.signum, f"{exc} at step {self.step}. {self._kept()}") from None
+        except StopNow as exc:  # a second Ctrl-C: stopped at once, nothing new saved
+            raise StopNow(exc.signum, f"{exc} at step {self.step}. {self._kept()}") from None
         finally:
             bar.close()
             metrics.close()

@@ -15,7 +15,10 @@ from typing import Any
 from cs336_basics.config import PRESETS, RunConfig, TrainConfig, build_config
 from cs336_basics.errors import ConfigError
 
-PRECISIONS = ("bf16", "fp8-tensorwise", "fp8-rowwise", "fp8-rowwise_with_gw_hp", "fp32")
+# fp8-<recipe>: TorchAO's path; fp8-fused-<scaling>: this package's (--fp8_path fused).
+PRECISIONS = (
+    "bf16", "fp8-tensorwise", "fp8-rowwise", "fp8-rowwise_with_gw_hp", "fp8-fused-dynamic", "fp8-fused-delayed", "fp32",
+)  # fmt: skip
 COMPILE_CHOICES = ("eager", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 ON_OFF = {"off": False, "on": True}
 DEFAULT_PRESETS = ("366m", "gpt2-small", "1.3b")
@@ -62,6 +65,8 @@ SWEPT_SETTINGS = {
     ("train", "checkpoint_every"): "nothing (benchmarks write no checkpoints)",
     ("fp8", "use_fp8"): "--precisions",
     ("fp8", "fp8_recipe"): "--precisions fp8-tensorwise,fp8-rowwise,...",
+    ("fp8", "fp8_path"): "--precisions fp8-fused-dynamic,fp8-fused-delayed (this package's path)",
+    ("fp8", "fp8_scaling"): "--precisions fp8-fused-dynamic,fp8-fused-delayed",
     ("fp8", "fp8_lm_head"): "--fp8_lm_head off,on",
 }
 
@@ -114,8 +119,10 @@ class SweepPoint:
         )
         fp8 = values.setdefault("fp8", {})
         fp8.update(use_fp8=self.is_fp8, fp8_lm_head=self.fp8_lm_head)
-        if self.is_fp8:
-            fp8["fp8_recipe"] = self.precision.removeprefix("fp8-")
+        if self.precision.startswith("fp8-fused-"):
+            fp8.update(fp8_path="fused", fp8_recipe="tensorwise", fp8_scaling=self.precision.removeprefix("fp8-fused-"))
+        elif self.is_fp8:
+            fp8.update(fp8_path="torchao", fp8_recipe=self.precision.removeprefix("fp8-"))
         return values
 
 

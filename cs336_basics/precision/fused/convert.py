@@ -1,0 +1,111 @@
+"""Conversion to this package's FP8 path (`--fp8_path fused`): which linears become FP8, and the swap.
+
+Each nn.Linear that passes the filters becomes an Fp8Linear. The filters, their reasons and the report are the
+TorchAO path's (fp8.py), so both paths convert the same layers by the same rules and report them the same way.
+Layers a model declares as reading one input (a module's SHARED_INPUT, e.g. attention's q/k/v) are run together
+by an Fp8SharedInputLinears, which casts that input once, when every one of them converts. Each FP8 linear has its
+own SiteScaling; with delayed scaling the model also gains one DelayedScalingState (`model.fp8_scaling`) that keeps
+their amax histories and updates their scales once per step.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from cs336_basics.config import FP8Config
+from cs336_basics.errors import ConfigError
+from cs336_basics.precision.fp8 import (
+    ORDER,
+    FP8ConversionReport,
+    _check_model_ready,
+    _nothing_converted_error,
+    _rules,
+    _skip,
+    is_linear,
+)
+from cs336_basics.precision.fused.linear import Fp8Linear, Fp8SharedInputLinears
+from cs336_basics.precision.fused.scaling import E4M3, E5M2, DelayedScalingState, SiteScaling
+
+FUSED_MODULES = (Fp8Linear, Fp8SharedInputLinears)
+_NAMES = {E4M3: "E4M3", E5M2: "E5M2"}
+
+
+def fused_dtypes(cfg: FP8Config) -> tuple[torch.dtype, torch.dtype, torch.dtype]:
+    """(input, weight, grad) dtypes: E4M3 forward; E5M2 gradients unless --fp8_format e4m3."""
+    return (E4M3, E4M3, E4M3 if cfg.fp8_format == "e4m3" else E5M2)
+
+
+def count_fused_linears(model: nn.Module) -> int:
+    """Linear layers whose GEMMs run in FP8 on the fused path (members of a shared-input group included)."""
+    return sum(
+        1 if isinstance(m, Fp8Linear) else len(m.linears) for m in model.modules() if isinstance(m, FUSED_MODULES)
+    )
+
+
+def _set_child(model: nn.Module, fqn: str, module: nn.Module) -> None:
+    parent, _, name = fqn.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, name, module)
+
+
+def convert_model_to_fused_fp8(model: nn.Module, cfg: FP8Config) -> FP8ConversionReport:
+    """Swap the model's eligible linears for FP8 ones, in place; linears that share an input share its cast.
+
+    The model must be uncompiled, in BF16 on CUDA (CPU with cfg.fp8_emulate: the same FP8 casts and GEMMs run on the
+    CPU, slowly). Parameter names and the state dict are unchanged. Raises ConfigError when nothing would convert.
+    """
+    _check_model_ready(model, cfg)
+    if count_fused_linears(model):
+        raise ConfigError(f"the model is already converted to FP8; convert once (order: {ORDER}).")
+    dtypes = fused_dtypes(cfg)
+    fmt = f"{_NAMES[dtypes[0]]} fwd / {_NAMES[dtypes[2]]} grad"
+    report = FP8ConversionReport(
+        recipe="tensorwise", format=fmt, format_short=fmt, emulate=cfg.fp8_emulate, path="fused",
+        scaling=cfg.fp8_scaling,
+    )  # fmt: skip
+    rules = _rules(cfg)
+    for fqn, module in model.named_modules():
+        if not is_linear(module, fqn):
+            continue
+        skip = _skip(rules, module, fqn)
+        if skip is None:
+            report.converted.append(fqn)
+        else:
+            report.skip_category[fqn], report.skipped[fqn] = skip
+    if not report.converted:
+        raise _nothing_converted_error(report)
+
+    # Shared-input groups whose members all convert: (owner fqn, attribute, member fqns).
+    converted = set(report.converted)
+    groups = []
+    if cfg.fp8_share_input_casts:
+        for fqn, module in model.named_modules():
+            for attr, members in getattr(module, "SHARED_INPUT", {}).items():
+                names = [f"{fqn}.{m}" if fqn else m for m in members]
+                if all(name in converted for name in names):
+                    groups.append((fqn, attr, names))
+    in_group = {name for _, _, names in groups for name in names}
+
+    device = next(model.parameters()).device
+    delayed = cfg.fp8_scaling == "delayed"
+    scalings = {name: SiteScaling(dtypes, cfg.fp8_fast_accum_backward, delayed, device) for name in report.converted}
+    keys_before = list(model.state_dict().keys())
+    for owner, attr, names in groups:
+        linears = tuple(model.get_submodule(name) for name in names)
+        _set_child(
+            model,
+            f"{owner}.{attr}" if owner else attr,
+            Fp8SharedInputLinears(linears, tuple(scalings[n] for n in names)),
+        )
+    for name in report.converted:
+        if name not in in_group:
+            _set_child(model, name, Fp8Linear(model.get_submodule(name), scalings[name]))
+    if delayed:
+        sites = [scalings[name] for name in report.converted]
+        model.fp8_scaling = DelayedScalingState(
+            sites, cfg.fp8_amax_history_len, cfg.fp8_amax_compute_algo, cfg.fp8_margin
+        )
+    report.shared_input_groups = len(groups)
+    if list(model.state_dict().keys()) != keys_before:
+        raise RuntimeError("FP8 conversion changed the model's state-dict keys; BF16/FP8 checkpoints would not load")
+    return report

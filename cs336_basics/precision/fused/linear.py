@@ -1,0 +1,122 @@
+"""FP8 linear layers: their three GEMMs run in FP8, their casts cost as little as they can.
+
+y = x W^T (forward), dx = dy W (grad_input) and dW = dy^T x (grad_weight) are `torch._scaled_mm` calls on FP8
+operands (E4M3 for x and W, E5M2 for dy in the hybrid format). What differs from TorchAO's Float8Linear is what
+happens around them:
+
+- the FP8 input and weight are saved for backward, already transposed into the layout their backward GEMM wants
+  (cuBLAS's FP8 GEMM takes its operands K-major, i.e. A row-major and B column-major), instead of the BF16 tensors
+  that backward would read again to re-scale, re-cast and transpose: half the bytes kept, no second cast;
+- layers that read the same input (q/k/v, w1/w3) share one cast of it, and the FP8 copy saved for backward
+  (`Fp8SharedInputLinears`); each keeps its own weight, GEMMs and gradient cast (concatenating their gradients
+  into one tensor measured slower than the casts it saves);
+- with delayed scaling a cast needs no pass over its tensor beforehand, so inductor can fuse it into the kernel
+  that produces the tensor (scaling.py).
+
+Everything here is plain torch code inside one autograd.Function: torch.compile traces it (fullgraph) and inductor
+fuses the casts, transposes and amax reductions into the surrounding kernels.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from cs336_basics.precision.fused.scaling import GRAD, INPUT, WEIGHT, SiteScaling
+
+
+class _Fp8Linears(torch.autograd.Function):
+    """x @ W_i^T for one or more weights that share the input x, every GEMM in FP8, x cast once.
+
+    x: (..., K) BF16; weights: (N_i, K) BF16; scalings[i] scales weight i and its output gradient (scalings[0]
+    also the shared input). Returns one output per weight, so autograd hands backward one gradient per weight.
+    """
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, scalings: tuple[SiteScaling, ...], record: bool, *weights: torch.Tensor):
+        x2 = x.reshape(-1, x.shape[-1])
+        x_fp8, x_scale = scalings[0].cast(x2, INPUT, record)
+        inv_x = x_scale.reciprocal()
+        outputs, saved_weights, weight_scales = [], [], []
+        for weight, scaling in zip(weights, scalings, strict=True):
+            w_fp8, w_scale = scaling.cast(weight, WEIGHT, record)
+            # B = W^T, column-major as the FP8 GEMM wants it: the row-major W viewed transposed. Fast accumulation in
+            # the forward GEMM, as TorchAO's recipes use.
+            y = torch._scaled_mm(
+                x_fp8, w_fp8.t(), scale_a=inv_x, scale_b=w_scale.reciprocal(), out_dtype=x.dtype, use_fast_accum=True
+            )
+            outputs.append(y.reshape(*x.shape[:-1], weight.shape[0]))
+            # grad_input wants W column-major as its B, i.e. W^T row-major.
+            saved_weights.append(w_fp8.t().contiguous())
+            weight_scales.append(w_scale)
+        # grad_weight wants x column-major as its B, i.e. x^T row-major: one copy for every weight.
+        ctx.save_for_backward(x_fp8.t().contiguous(), x_scale, *saved_weights, *weight_scales)
+        ctx.scalings, ctx.record = scalings, record
+        return tuple(outputs)
+
+    @staticmethod
+    def backward(ctx, *grads: torch.Tensor):
+        x_fp8_t, x_scale, *rest = ctx.saved_tensors
+        n = len(grads)
+        weights_t, weight_scales = rest[:n], rest[n:]
+        inv_x = x_scale.reciprocal()
+        dx, dws = None, []
+        for dy, scaling, w_t, w_scale in zip(grads, ctx.scalings, weights_t, weight_scales, strict=True):
+            dy2 = dy.reshape(-1, dy.shape[-1])
+            g_fp8, g_scale = scaling.cast(dy2, GRAD, ctx.record)
+            inv_g, fast = g_scale.reciprocal(), scaling.fast_accum_backward
+            part = torch._scaled_mm(
+                g_fp8, w_t.t(), scale_a=inv_g, scale_b=w_scale.reciprocal(), out_dtype=dy.dtype, use_fast_accum=fast
+            )
+            dx = part if dx is None else dx + part
+            dws.append(
+                torch._scaled_mm(
+                    g_fp8.t().contiguous(),
+                    x_fp8_t.t(),
+                    scale_a=inv_g,
+                    scale_b=inv_x,
+                    out_dtype=dy.dtype,
+                    use_fast_accum=fast,
+                )  # fmt: skip
+            )
+        return dx.reshape(*grads[0].shape[:-1], dx.shape[-1]), None, None, *dws
+
+
+def fp8_linears(
+    x: torch.Tensor, weights: tuple[torch.Tensor, ...], scalings: tuple[SiteScaling, ...], record: bool
+) -> tuple[torch.Tensor, ...]:
+    return _Fp8Linears.apply(x, scalings, record, *weights)
+
+
+class Fp8Linear(nn.Module):
+    """Stands in for an nn.Linear without bias: the same `weight` Parameter (so the same state-dict key and the
+    same optimizer state), its GEMMs in FP8."""
+
+    def __init__(self, linear: nn.Linear, scaling: SiteScaling):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight = linear.weight
+        self.scaling = scaling
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Amaxes are recorded in training only: evaluation and sampling must not move the scales.
+        return fp8_linears(x, (self.weight,), (self.scaling,), self.training)[0]
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, fp8"
+
+
+class Fp8SharedInputLinears(nn.Module):
+    """Runs linear layers that read the same input (a model's SHARED_INPUT group) in FP8, casting that input once.
+    The layers keep their weights and state-dict keys where the model has them; this module only refers to them."""
+
+    def __init__(self, linears: tuple[nn.Linear, ...], scalings: tuple[SiteScaling, ...]):
+        super().__init__()
+        self.linears = tuple(linears)  # not registered: they stay where the model has them
+        self.scalings = nn.ModuleList(scalings)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return fp8_linears(x, tuple(layer.weight for layer in self.linears), tuple(self.scalings), self.training)
+
+    def extra_repr(self) -> str:
+        return f"{len(self.linears)} linears sharing one input cast, fp8"

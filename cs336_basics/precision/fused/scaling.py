@@ -1,0 +1,144 @@
+"""FP8 casts and their scales: dynamic (from the tensor's own amax) and delayed (from earlier steps' amaxes).
+
+A tensorwise FP8 cast is `fp8(clamp(x * scale, -max, max))` with one float32 `scale` per tensor; the GEMM multiplies
+its output by 1/scale of each operand. Every GEMM site has three operands that are cast, its *roles*: the input,
+the weight and the output gradient.
+
+- Dynamic scaling takes scale = FP8 max / amax(x), computed from x itself, so the cast must wait for a full pass
+  over x (TorchAO's tensorwise recipe; the same formula and float64 arithmetic, so the numerics match).
+- Delayed scaling takes the scale from the amax history of earlier steps, as Transformer Engine's DelayedScaling
+  does: scale = FP8 max / (amax * 2^margin), amax being the history's max or its most recent entry. The cast can
+  then run in the same pass that produces x, and records x's amax for later steps. Values beyond the range the
+  scale covers saturate at the FP8 max, and are counted so a run can report them.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+E4M3 = torch.float8_e4m3fn
+E5M2 = torch.float8_e5m2
+ROLES = ("input", "weight", "grad")
+INPUT, WEIGHT, GRAD = range(3)
+# torchao's floor on amax before dividing by it (torchao/float8/float8_utils.py: EPS): an all-zero tensor gets a
+# large finite scale instead of inf.
+AMAX_FLOOR = 1e-12
+
+
+def fp8_max(dtype: torch.dtype) -> float:
+    return torch.finfo(dtype).max
+
+
+def cast_to_fp8(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Saturating cast: values whose scaled magnitude exceeds the format's max become +-max, never inf/nan."""
+    limit = fp8_max(dtype)
+    return (x.float() * scale).clamp(-limit, limit).to(dtype)
+
+
+def amax_to_scale(amax: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Dynamic scaling's scale for a tensor whose max |value| is `amax` (computed in float64, as torchao does, so
+    that eager and compiled code agree)."""
+    return (fp8_max(dtype) / torch.clamp(amax.to(torch.float64), min=AMAX_FLOOR)).to(torch.float32)
+
+
+class SiteScaling(nn.Module):
+    """How one FP8 linear scales its three casts (input, weight, output gradient): dynamically, or, with delayed
+    scaling, from its own `scale` buffer while max-accumulating this step's amaxes into its own `amax` buffer.
+
+    Each linear owns its small buffers: a compiled graph that updates one buffer shared by every linear compiles in
+    time that grows much faster than the number of linears. The buffers are not in the model's state dict.
+    """
+
+    def __init__(self, dtypes: tuple[torch.dtype, torch.dtype, torch.dtype], fast_accum_backward: bool = False,
+                 delayed: bool = False, device: torch.device | str | None = None):  # fmt: skip
+        super().__init__()
+        self.dtypes = dtypes
+        self.fast_accum_backward = fast_accum_backward
+        self.delayed = delayed
+        if delayed:
+            self.register_buffer("amax", torch.zeros(3, device=device), persistent=False)
+            self.register_buffer("saturated", torch.zeros(3, device=device, dtype=torch.int64), persistent=False)
+            # Before any history, scale 1: the first step casts unscaled (and warm-up starts at lr 0 anyway).
+            self.register_buffer("scale", torch.ones(3, device=device), persistent=False)
+
+    def cast(self, x: torch.Tensor, role: int, record: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """(FP8 tensor, its float32 scale). With delayed scaling and `record`, also max-accumulates x's amax (so
+        recomputation under activation checkpointing, or several micro-batches, never record a wrong one) and
+        counts the values that saturate."""
+        dtype = self.dtypes[role]
+        if not self.delayed:
+            scale = amax_to_scale(x.abs().amax(), dtype)
+            return cast_to_fp8(x, scale, dtype), scale
+        scale = self.scale[role]
+        if record:
+            magnitude = x.abs()
+            self.amax[role] = torch.maximum(self.amax[role], magnitude.amax().float())
+            self.saturated[role] += (magnitude.float() * scale > fp8_max(dtype)).sum()
+        return cast_to_fp8(x, scale, dtype), scale
+
+    def extra_repr(self) -> str:
+        return "delayed" if self.delayed else "dynamic"
+
+
+class DelayedScalingState(nn.Module):
+    """The amax histories of a model's delayed-scaling linears, and the once-per-step update of their scales.
+
+    During a step each SiteScaling reads its `scale` and max-accumulates its amaxes. `update()` runs once per
+    optimizer step: it files them into the history (one row per linear, one column per role) and derives the next
+    scales, as Transformer Engine's DelayedScaling does. The history is not part of the model's state dict (so
+    checkpoints interchange across FP8 paths and BF16); `scaling_state()` / `load_scaling_state()` carry it in a
+    checkpoint's extras for exact resume.
+    """
+
+    def __init__(self, sites: list[SiteScaling], history_len: int = 16, algo: str = "max", margin: int = 0):
+        super().__init__()
+        if algo not in ("max", "most_recent"):
+            raise ValueError(f"amax compute algo must be max or most_recent, got {algo!r}")
+        self.sites = tuple(sites)  # not registered: each lives in its linear
+        self.history_len = history_len
+        self.algo = algo
+        self.margin = margin
+        self.cursor = 0  # the history column the next update writes
+        device = sites[0].scale.device
+        self.register_buffer("history", torch.zeros(len(sites), 3, history_len, device=device), persistent=False)
+        limits = torch.tensor([fp8_max(d) for d in sites[0].dtypes], device=device)
+        self.register_buffer("limits", limits, persistent=False)
+
+    @torch.no_grad()
+    def update(self) -> None:
+        """File this step's amaxes into the history and compute the next step's scales (a few kernels for the whole
+        model; no host synchronisation)."""
+        amaxes = [site.amax for site in self.sites]
+        self.history[:, :, self.cursor] = torch.stack(amaxes)
+        recent = self.cursor
+        self.cursor = (self.cursor + 1) % self.history_len
+        amax = self.history.amax(dim=-1) if self.algo == "max" else self.history[:, :, recent]
+        old = torch.stack([site.scale for site in self.sites])
+        # A role with no amax recorded yet (all-zero history) keeps its scale.
+        new = torch.where(amax > 0, self.limits / (amax * 2.0**self.margin), old)
+        torch._foreach_copy_([site.scale for site in self.sites], list(new.unbind(0)))
+        torch._foreach_zero_(amaxes)
+
+    def take_saturated(self) -> int:
+        """Values cast since the last call that were beyond the scale's range (clamped to the FP8 max); resets."""
+        counts = [site.saturated for site in self.sites]
+        total = int(torch.stack(counts).sum().item())
+        torch._foreach_zero_(counts)
+        return total
+
+    def scaling_state(self) -> dict:
+        scale = torch.stack([site.scale for site in self.sites])
+        return {"history": self.history.cpu(), "scale": scale.cpu(), "cursor": self.cursor}
+
+    @torch.no_grad()
+    def load_scaling_state(self, state: dict) -> None:
+        if tuple(state["history"].shape) != tuple(self.history.shape):
+            raise ValueError(
+                f"delayed-scaling state of shape {tuple(state['history'].shape)} does not fit this model's "
+                f"{tuple(self.history.shape)} (another model, FP8 filter or --fp8_amax_history_len)."
+            )
+        self.history.copy_(state["history"])
+        torch._foreach_copy_([site.scale for site in self.sites], list(state["scale"].to(self.history).unbind(0)))
+        torch._foreach_zero_([site.amax for site in self.sites])
+        self.cursor = int(state["cursor"])

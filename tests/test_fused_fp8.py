@@ -1,0 +1,350 @@
+"""The fused FP8 path (--fp8_path fused): casts and scales against their definitions, the FP8 linears against a
+BF16/float reference (values and gradients), shared input casts, the delayed-scaling state machine, conversion,
+the errors for impossible combinations, and training (checkpoint interchange, exact resume). CPU: torch runs FP8
+casts and _scaled_mm on CPU, so these are the real numerics; GPU tests are marked."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from tiny import TINY_FLAGS, tiny_model
+from torch import nn
+
+import train_h100
+from cs336_basics.build import build, plan
+from cs336_basics.config import FP8Config, build_config
+from cs336_basics.errors import ConfigError
+from cs336_basics.model import TransformerLM
+from cs336_basics.precision import count_fp8_linears
+from cs336_basics.precision.fused.convert import convert_model_to_fused_fp8
+from cs336_basics.precision.fused.linear import Fp8Linear, Fp8SharedInputLinears, fp8_linears
+from cs336_basics.precision.fused.scaling import (
+    E4M3,
+    E5M2,
+    GRAD,
+    INPUT,
+    WEIGHT,
+    DelayedScalingState,
+    SiteScaling,
+    amax_to_scale,
+    cast_to_fp8,
+)
+from cs336_basics.training.checkpoint import load_checkpoint
+from cs336_basics.training.metrics import read_metrics
+
+FUSED = FP8Config(use_fp8=True, fp8_emulate=True, fp8_path="fused")
+DELAYED = FP8Config(use_fp8=True, fp8_emulate=True, fp8_path="fused", fp8_scaling="delayed")
+DTYPES = (E4M3, E4M3, E5M2)
+
+
+def sqnr_db(ref: torch.Tensor, test: torch.Tensor) -> float:
+    ref, test = ref.double(), test.double()
+    return (10 * torch.log10(ref.pow(2).sum() / (ref - test).pow(2).sum())).item()
+
+
+def tiny_lm(seed: int = 0) -> TransformerLM:
+    torch.manual_seed(seed)
+    return TransformerLM(tiny_model()).to(torch.bfloat16)
+
+
+# ---- casts and scales ----
+
+
+def test_cast_saturates_instead_of_overflowing():
+    x = torch.tensor([1.0, -1000.0, 1000.0, 1e-9])
+    out = cast_to_fp8(x, torch.tensor(1.0), E4M3).float()
+    assert out.tolist()[:3] == [1.0, -448.0, 448.0] and torch.isfinite(out).all()
+
+
+def test_dynamic_scale_is_torchaos_formula():
+    amax = torch.tensor(3.5, dtype=torch.bfloat16)
+    assert amax_to_scale(amax, E4M3).item() == pytest.approx(448.0 / 3.5)
+    assert amax_to_scale(torch.tensor(0.0), E5M2).item() == pytest.approx(57344.0 / 1e-12, rel=1e-6)  # no inf
+    torchao_utils = pytest.importorskip("torchao.float8.float8_utils")
+    for value in (1e-6, 0.37, 3.5, 1e4):
+        a = torch.tensor(value)
+        assert torch.equal(amax_to_scale(a, E4M3), torchao_utils.amax_to_scale(a, E4M3))
+
+
+# ---- one FP8 linear against the reference ----
+
+
+def test_fp8_linear_matches_bf16_values_and_gradients():
+    torch.manual_seed(0)
+    x = torch.randn(4, 32, 64, dtype=torch.bfloat16, requires_grad=True)
+    weight = (torch.randn(96, 64) * 0.05).to(torch.bfloat16).requires_grad_()
+    (y,) = fp8_linears(x, (weight,), (SiteScaling(DTYPES),), record=True)
+    upstream = torch.randn_like(y)
+    (y * upstream).sum().backward()
+    x_ref, w_ref = x.detach().double().requires_grad_(), weight.detach().double().requires_grad_()
+    y_ref = x_ref @ w_ref.t()
+    (y_ref * upstream.double()).sum().backward()
+    assert y.shape == (4, 32, 96) and y.dtype == torch.bfloat16
+    assert sqnr_db(y_ref, y) > 25  # E4M3 x E4M3 with fp32 accumulation
+    assert sqnr_db(x_ref.grad, x.grad) > 20 and sqnr_db(w_ref.grad, weight.grad) > 20  # E5M2 gradients
+
+
+def test_backward_operands_are_saved_in_fp8_and_transposed():
+    x = torch.randn(32, 64, dtype=torch.bfloat16, requires_grad=True)
+    weight = torch.randn(48, 64, dtype=torch.bfloat16, requires_grad=True)
+    (y,) = fp8_linears(x, (weight,), (SiteScaling(DTYPES),), record=True)
+    x_t, x_scale, w_t, w_scale = y.grad_fn.saved_tensors
+    assert x_t.dtype == E4M3 and x_t.shape == (64, 32) and x_t.is_contiguous()  # x^T, K-major for grad_weight
+    assert w_t.dtype == E4M3 and w_t.shape == (64, 48) and w_t.is_contiguous()  # W^T, for grad_input
+    assert x_scale.dtype == w_scale.dtype == torch.float32
+
+
+def test_a_shared_input_group_equals_its_linears_run_one_by_one():
+    torch.manual_seed(0)
+    x = torch.randn(2, 16, 64, dtype=torch.bfloat16)
+    weights = [torch.randn(n, 64, dtype=torch.bfloat16) * 0.05 for n in (32, 16, 16)]
+    grads = [torch.randn(2, 16, n, dtype=torch.bfloat16) for n in (32, 16, 16)]
+
+    def run(shared: bool):
+        xs = x.clone().requires_grad_()
+        ws = [w.clone().requires_grad_() for w in weights]
+        scalings = tuple(SiteScaling(DTYPES) for _ in ws)
+        if shared:
+            outs = fp8_linears(xs, tuple(ws), scalings, record=True)
+        else:
+            outs = [fp8_linears(xs, (w,), (s,), record=True)[0] for w, s in zip(ws, scalings, strict=True)]
+        sum((o.float() * g.float()).sum() for o, g in zip(outs, grads, strict=True)).backward()
+        return outs, xs.grad, [w.grad for w in ws]
+
+    outs_a, dx_a, dws_a = run(shared=True)
+    outs_b, dx_b, dws_b = run(shared=False)
+    # The shared input is cast once with the same dynamic scale each linear would use: identical FP8 GEMMs.
+    for a, b in zip([*outs_a, *dws_a], [*outs_b, *dws_b], strict=True):
+        assert torch.equal(a, b)
+    torch.testing.assert_close(dx_a, dx_b, rtol=1e-2, atol=1e-2)  # the three parts are summed in another order
+
+
+# ---- delayed scaling: the state machine ----
+
+
+def delayed_sites(n: int = 2, **kwargs) -> tuple[list[SiteScaling], DelayedScalingState]:
+    sites = [SiteScaling(DTYPES, delayed=True) for _ in range(n)]
+    return sites, DelayedScalingState(sites, **kwargs)
+
+
+def record(site: SiteScaling, role: int, value: float) -> None:
+    site.cast(torch.full((4, 4), value), role, record=True)
+
+
+def test_delayed_scales_start_at_one_and_follow_the_history_max():
+    sites, state = delayed_sites(history_len=3)
+    assert sites[0].scale.tolist() == [1.0, 1.0, 1.0]
+    for value in (8.0, 2.0, 4.0):
+        record(sites[0], INPUT, value)
+        state.update()
+    assert sites[0].scale[INPUT].item() == pytest.approx(448.0 / 8.0)
+    record(sites[0], INPUT, 1.0)  # the oldest entry, 8.0, falls out of a 3-step history
+    state.update()
+    assert sites[0].scale[INPUT].item() == pytest.approx(448.0 / 4.0)
+    # Roles never recorded keep their scale, and the other site is untouched.
+    assert sites[0].scale[WEIGHT].item() == 1.0 and sites[1].scale.tolist() == [1.0, 1.0, 1.0]
+
+
+def test_most_recent_algo_and_margin():
+    sites, state = delayed_sites(history_len=4, algo="most_recent", margin=2)
+    for value in (16.0, 2.0):
+        record(sites[0], GRAD, value)
+        state.update()
+    assert sites[0].scale[GRAD].item() == pytest.approx(57344.0 / (2.0 * 4))
+
+
+def test_amax_is_max_accumulated_within_a_step():
+    # Micro-batches and activation-checkpointing recomputes record into one step: the max survives.
+    sites, state = delayed_sites()
+    for value in (3.0, 7.0, 5.0):
+        record(sites[1], WEIGHT, value)
+    assert sites[1].amax[WEIGHT].item() == 7.0
+    state.update()
+    assert sites[1].amax.tolist() == [0.0, 0.0, 0.0]  # reset for the next step
+
+
+def test_overflow_saturates_and_is_counted():
+    sites, state = delayed_sites()
+    record(sites[0], INPUT, 1.0)
+    state.update()  # scale 448: a value of 2 now exceeds the range
+    x = torch.tensor([[0.5, 2.0, -3.0, 1.0]])
+    out, scale = sites[0].cast(x, INPUT, record=True)
+    assert out.float().tolist()[0][1:3] == [448.0, -448.0]
+    assert state.take_saturated() == 2 and state.take_saturated() == 0
+    sites[0].cast(x, INPUT, record=False)  # evaluation records nothing
+    assert state.take_saturated() == 0
+
+
+def test_scaling_state_round_trips_for_resume():
+    sites, state = delayed_sites(history_len=4)
+    for value in (2.0, 4.0):
+        record(sites[0], INPUT, value)
+        state.update()
+    saved = state.scaling_state()
+    fresh_sites, fresh = delayed_sites(history_len=4)
+    fresh.load_scaling_state(saved)
+    assert fresh.cursor == state.cursor and torch.equal(fresh.history, state.history)
+    assert torch.equal(fresh_sites[0].scale, sites[0].scale)
+    with pytest.raises(ValueError, match="does not fit"):
+        delayed_sites(history_len=8)[1].load_scaling_state(saved)
+
+
+# ---- conversion ----
+
+
+def test_conversion_keeps_the_state_dict_and_shares_input_casts():
+    model = tiny_lm()
+    keys = list(model.state_dict())
+    report = convert_model_to_fused_fp8(model, FUSED)
+    assert list(model.state_dict()) == keys
+    assert report.n_converted == 14 and report.shared_input_groups == 4  # 2 x (qkv, w1/w3)
+    assert count_fp8_linears(model) == 14
+    attn, ffn = model.layers[0].attn, model.layers[0].ffn
+    assert isinstance(attn.qkv, Fp8SharedInputLinears) and isinstance(ffn.w13, Fp8SharedInputLinears)
+    assert isinstance(attn.output_proj, Fp8Linear) and isinstance(ffn.w2, Fp8Linear)
+    assert attn.output_proj.weight is dict(model.named_parameters())["layers.0.attn.output_proj.weight"]
+    assert "14 of 15 linears converted (4 groups share an input cast)" in report.summary_line()
+
+
+def test_conversion_follows_the_filters_and_splits_groups_that_do_not_all_convert():
+    model = tiny_lm()
+    cfg = FP8Config(use_fp8=True, fp8_emulate=True, fp8_path="fused", fp8_lm_head=True, fp8_share_input_casts=False)
+    report = convert_model_to_fused_fp8(model, cfg)
+    assert report.n_converted == 15 and report.shared_input_groups == 0
+    assert model.layers[0].attn.qkv is None and isinstance(model.layers[0].attn.q_proj, Fp8Linear)
+    with pytest.raises(ConfigError, match="none of the model's 15 linear layers"):
+        convert_model_to_fused_fp8(tiny_lm(), FP8Config(use_fp8=True, fp8_emulate=True, fp8_path="fused",
+                                                        fp8_shape_filter=True))  # fmt: skip
+    with pytest.raises(ConfigError, match="already converted"):
+        convert_model_to_fused_fp8(model, cfg)
+
+
+def test_delayed_conversion_gives_each_linear_its_scaling_and_the_model_one_state():
+    model = tiny_lm()
+    convert_model_to_fused_fp8(model, DELAYED)
+    assert isinstance(model.fp8_scaling, DelayedScalingState) and len(model.fp8_scaling.sites) == 14
+    assert not any("fp8_scaling" in k or "scaling." in k for k in model.state_dict())
+
+
+def test_converted_model_trains_close_to_bf16():
+    torch.manual_seed(1)
+    ids = torch.randint(0, 64, (4, 16))
+    bf16, fp8 = tiny_lm(), tiny_lm()
+    convert_model_to_fused_fp8(fp8, FUSED)
+    loss_bf16, loss_fp8 = bf16(ids, targets=ids), fp8(ids, targets=ids)
+    assert loss_fp8.item() == pytest.approx(loss_bf16.item(), rel=0.02)
+    loss_bf16.backward()
+    loss_fp8.backward()
+    grads = dict(fp8.named_parameters())
+    for name, p in bf16.named_parameters():
+        assert sqnr_db(p.grad, grads[name].grad) > 14, name
+
+
+@pytest.mark.parametrize(
+    "fp8, message",
+    [
+        ({"fp8_scaling": "delayed"}, "needs --fp8_path fused"),
+        ({"fp8_fast_accum_backward": True}, "needs --fp8_path fused"),
+        ({"fp8_path": "fused", "fp8_recipe": "rowwise"}, "implements the tensorwise recipe only"),
+        ({"fp8_amax_history_len": 0}, "fp8_amax_history_len must be >= 1"),
+        ({"fp8_margin": -1}, "fp8_margin must be >= 0"),
+        ({"fp8_amax_compute_algo": "mean"}, "fp8_amax_compute_algo must be one of max, most_recent"),
+    ],
+)
+def test_impossible_combinations_are_refused(fp8, message):
+    with pytest.raises(ConfigError, match=message):
+        build_config({"fp8": fp8})
+
+
+def test_the_fused_path_needs_no_torchao(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "torchao", None)
+    monkeypatch.setitem(sys.modules, "torchao.float8", None)
+    config = build_config({"model": tiny_model().__dict__, "fp8": {**FUSED.__dict__}, "train": {"device": "cpu"}})
+    built = build(plan(config))
+    assert built.fp8_linears == 14
+
+
+# ---- training through train_h100 ----
+
+
+def run(argv, capsys):
+    code = train_h100.main([str(a) for a in argv])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+@pytest.fixture
+def base(token_files):
+    return [*TINY_FLAGS, *token_files, "--eval_every", "0", "--dtype", "bfloat16", "--log_every", "2"]
+
+
+def test_delayed_run_reports_saturations_and_resumes_exactly(tmp_path, base, capsys):
+    fused = ["--use_fp8", "--fp8_emulate", "--fp8_path", "fused", "--fp8_scaling", "delayed"]
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    assert run([*base, *fused, "--max_steps", "8", "--out_dir", straight], capsys)[0] == 0
+    records = read_metrics(straight / "metrics.jsonl")
+    assert all(isinstance(r["fp8_saturated"], int) for r in records)
+    ckpt = load_checkpoint(straight / "checkpoint.pt", restore_rng=False)
+    assert ckpt["extra"]["fp8_scaling"]["cursor"] == 8 % 16
+    # The first half stops at step 4 on the whole run's schedule, as an interrupted run would.
+    assert run([*base, *fused, "--max_steps", "4", "--lr_decay_steps", "8", "--out_dir", split], capsys)[0] == 0
+    assert run(["--resume", "--out_dir", split, "--max_steps", "8"], capsys)[0] == 0
+    resumed = read_metrics(split / "metrics.jsonl")
+    assert [(r["step"], r["loss"]) for r in resumed] == [(r["step"], r["loss"]) for r in records]  # bit for bit
+
+
+@pytest.mark.parametrize(
+    "first, then",
+    [
+        (["--no_use_fp8"], ["--use_fp8", "--fp8_emulate", "--fp8_path", "fused", "--fp8_scaling", "delayed"]),
+        (
+            ["--use_fp8", "--fp8_emulate", "--fp8_path", "fused"],
+            ["--use_fp8", "--fp8_emulate", "--fp8_path", "torchao"],
+        ),
+        (["--use_fp8", "--fp8_emulate"], ["--use_fp8", "--fp8_emulate", "--fp8_path", "fused"]),
+    ],
+)
+def test_checkpoints_interchange_with_bf16_and_torchao(tmp_path, base, capsys, first, then):
+    out = tmp_path / "run"
+    assert run([*base, *first, "--max_steps", "2", "--checkpoint_every", "2", "--out_dir", out], capsys)[0] == 0
+    code, _, err = run(["--resume", "--out_dir", out, "--max_steps", "4", *then], capsys)
+    assert code == 0, err
+    result = json.loads((out / "result.json").read_text())
+    assert result["steps"] == 4 and result["fp8_path"] == ("fused" if "fused" in then else "torchao")
+
+
+# ---- GPU ----
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("scaling", ["dynamic", "delayed"])
+def test_gpu_compiled_fused_run_launches_three_fp8_gemms_per_linear(tmp_path, token_files, capsys, scaling):
+    from tiny import tiny_flags
+
+    import verify_fp8_compilation
+
+    out = tmp_path / "verify.json"
+    argv = [*tiny_flags("cuda"), "--steps", "6", *token_files, "--min_speedup", "0", "--fp8_path", "fused"]
+    argv += ["--fp8_scaling", scaling, "--json", str(out)]
+    assert verify_fp8_compilation.main(argv) == 0, capsys.readouterr().out
+    checks = {c["name"]: c for c in json.loads(out.read_text())["checks"]}
+    assert checks["fp8_gemms_launched"]["evidence"]["scaled_mm"] >= 3 * 14
+    assert checks["no_graph_breaks"]["status"] == "PASS"
+
+
+@pytest.mark.gpu
+def test_gpu_fused_linear_matches_bf16():
+    torch.manual_seed(0)
+    x = torch.randn(256, 512, device="cuda", dtype=torch.bfloat16)
+    weight = torch.randn(768, 512, device="cuda", dtype=torch.bfloat16) * 0.05
+    (y,) = fp8_linears(x, (weight,), (SiteScaling(DTYPES),), record=False)
+    assert sqnr_db(x.double() @ weight.double().t(), y) > 25
+
+
+def test_fused_modules_are_not_nn_linear():
+    # TorchAO's converter and the filters look for nn.Linear: an FP8 linear must never be converted twice.
+    assert not issubclass(Fp8Linear, nn.Linear) and not issubclass(Fp8SharedInputLinears, nn.Linear)
