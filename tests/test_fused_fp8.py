@@ -221,6 +221,12 @@ def test_conversion_follows_the_filters_and_splits_groups_that_do_not_all_conver
         convert_model_to_fused_fp8(model, cfg)
 
 
+def test_a_linear_with_a_bias_is_refused_not_dropped():
+    model = nn.Sequential(nn.Linear(32, 32).to(torch.bfloat16))
+    with pytest.raises(ConfigError, match="without bias; 0 have one"):
+        convert_model_to_fused_fp8(model, FUSED)
+
+
 def test_delayed_conversion_gives_each_linear_its_scaling_and_the_model_one_state():
     model = tiny_lm()
     convert_model_to_fused_fp8(model, DELAYED)

@@ -298,7 +298,8 @@ class FP8ConversionReport:
         return "\n".join(f"  {fqn}: {reason}" for fqn, reason in self.skipped.items())
 
 
-def _check_model_ready(model: nn.Module, cfg: FP8Config) -> None:
+def check_model_ready(model: nn.Module, cfg: FP8Config) -> None:
+    """Refuse a model that cannot be converted now: a bare linear, already compiled, not BF16 on its device."""
     if isinstance(model, nn.Linear):
         raise ConfigError(
             "convert_model_to_fp8 converts the nn.Linear layers inside a model in place; got a bare nn.Linear. "
@@ -355,6 +356,23 @@ def _nothing_converted_error(report: FP8ConversionReport) -> ConfigError:
     )
 
 
+def decide_conversions(model: nn.Module, cfg: FP8Config, report: FP8ConversionReport) -> None:
+    """Fill `report` with every nn.Linear of the model: converted, or skipped with the reason; raise ConfigError if
+    nothing would convert. Both FP8 paths decide by this one rule."""
+    rules = _rules(cfg)
+    # remove_duplicate=False visits names exactly as torchao's own traversal does.
+    for fqn, module in model.named_modules(remove_duplicate=False):
+        if not is_linear(module, fqn):
+            continue
+        skip = _skip(rules, module, fqn)
+        if skip is None:
+            report.converted.append(fqn)
+        else:
+            report.skip_category[fqn], report.skipped[fqn] = skip
+    if not report.converted:
+        raise _nothing_converted_error(report)
+
+
 def convert_model_to_fp8(model: nn.Module, cfg: FP8Config) -> FP8ConversionReport:
     """Swap the model's eligible nn.Linear layers for torchao Float8Linear, in place; report what happened.
 
@@ -365,7 +383,7 @@ def convert_model_to_fp8(model: nn.Module, cfg: FP8Config) -> FP8ConversionRepor
     config = torchao_float8_config(cfg)  # torchao import and format errors first, before touching the model
     ao = _torchao_float8()
     Float8Linear = _float8_linear_class()  # noqa: N806
-    _check_model_ready(model, cfg)
+    check_model_ready(model, cfg)
     already = count_float8_linears(model)
     if already:
         raise ConfigError(
@@ -379,18 +397,7 @@ def convert_model_to_fp8(model: nn.Module, cfg: FP8Config) -> FP8ConversionRepor
         format_short=describe_format(config, short=True),
         emulate=cfg.fp8_emulate,
     )
-    rules = _rules(cfg)
-    # remove_duplicate=False visits names exactly as torchao's own traversal does.
-    for fqn, module in model.named_modules(remove_duplicate=False):
-        if not is_linear(module, fqn):
-            continue
-        skip = _skip(rules, module, fqn)
-        if skip is None:
-            report.converted.append(fqn)
-        else:
-            report.skip_category[fqn], report.skipped[fqn] = skip
-    if not report.converted:
-        raise _nothing_converted_error(report)
+    decide_conversions(model, cfg, report)
 
     keys_before = list(model.state_dict().keys())
     filter_fn = module_filter(cfg)

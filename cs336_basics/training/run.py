@@ -16,22 +16,16 @@ from cs336_basics.config import RunConfig
 from cs336_basics.data import BPETokenizer, check_data_sources, prepare_data, require_windows
 from cs336_basics.errors import ConfigError
 from cs336_basics.generate import sample_text
-from cs336_basics.optim import cosine_lr
 from cs336_basics.results import append_runs, format_or_na, result_record
 from cs336_basics.training.run_folder import RunFolder
 from cs336_basics.training.summary import RunFacts, format_summary
-from cs336_basics.training.trainer import Trainer, TrainResult
-
-
-def _lr_at(config: RunConfig, step: int) -> float:
-    o = config.optim
-    return cosine_lr(step, o.lr, o.min_lr, o.warmup_steps, o.lr_decay_steps or config.train.max_steps)
+from cs336_basics.training.trainer import Trainer, TrainResult, scheduled_lr
 
 
 def _resume_notes(saved: RunConfig, config: RunConfig, step: int) -> list[str]:
     """What a resumed run does differently from the run it continues, in words for the summary."""
     notes = []
-    before, after = _lr_at(saved, step), _lr_at(config, step)
+    before, after = scheduled_lr(saved, step), scheduled_lr(config, step)
     if abs(after - before) > 1e-12 * max(abs(before), 1e-30):
         notes.append(
             f"the learning rate at step {step} changes from {before:.3g} to {after:.3g}: the schedule settings differ "

@@ -43,6 +43,12 @@ from cs336_basics.training.signals import GracefulStop, Interrupted, StopNow
 WARMUP_STEPS_EXCLUDED = 2
 
 
+def scheduled_lr(config: RunConfig, step: int) -> float:
+    """The learning rate of optimizer step `step` (0-based) under config's schedule."""
+    o = config.optim
+    return cosine_lr(step, o.lr, o.min_lr, o.warmup_steps, o.lr_decay_steps or config.train.max_steps)
+
+
 class TrainingDiverged(RuntimeError):
     """The loss or the gradient norm became NaN or infinite. No checkpoint is written from such a state."""
 
@@ -174,8 +180,7 @@ class Trainer:
 
     # ---- one optimizer step ----
     def _set_lr(self) -> float:
-        o = self.config.optim
-        lr = cosine_lr(self.step, o.lr, o.min_lr, o.warmup_steps, o.lr_decay_steps or self.config.train.max_steps)
+        lr = scheduled_lr(self.config, self.step)
         self.optimizer.set_lr(lr)
         return lr
 

@@ -15,15 +15,7 @@ from torch import nn
 
 from cs336_basics.config import FP8Config
 from cs336_basics.errors import ConfigError
-from cs336_basics.precision.fp8 import (
-    ORDER,
-    FP8ConversionReport,
-    _check_model_ready,
-    _nothing_converted_error,
-    _rules,
-    _skip,
-    is_linear,
-)
+from cs336_basics.precision.fp8 import ORDER, FP8ConversionReport, check_model_ready, decide_conversions
 from cs336_basics.precision.fused.linear import Fp8Linear, Fp8SharedInputLinears
 from cs336_basics.precision.fused.scaling import E4M3, E5M2, DelayedScalingState, SiteScaling
 
@@ -54,7 +46,7 @@ def convert_model_to_fused_fp8(model: nn.Module, cfg: FP8Config) -> FP8Conversio
     The model must be uncompiled, in BF16 on CUDA (CPU with cfg.fp8_emulate: the same FP8 casts and GEMMs run on the
     CPU, slowly). Parameter names and the state dict are unchanged. Raises ConfigError when nothing would convert.
     """
-    _check_model_ready(model, cfg)
+    check_model_ready(model, cfg)
     if count_fused_linears(model):
         raise ConfigError(f"the model is already converted to FP8; convert once (order: {ORDER}).")
     dtypes = fused_dtypes(cfg)
@@ -63,17 +55,13 @@ def convert_model_to_fused_fp8(model: nn.Module, cfg: FP8Config) -> FP8Conversio
         recipe="tensorwise", format=fmt, format_short=fmt, emulate=cfg.fp8_emulate, path="fused",
         scaling=cfg.fp8_scaling,
     )  # fmt: skip
-    rules = _rules(cfg)
-    for fqn, module in model.named_modules():
-        if not is_linear(module, fqn):
-            continue
-        skip = _skip(rules, module, fqn)
-        if skip is None:
-            report.converted.append(fqn)
-        else:
-            report.skip_category[fqn], report.skipped[fqn] = skip
-    if not report.converted:
-        raise _nothing_converted_error(report)
+    decide_conversions(model, cfg, report)
+    biased = [name for name in report.converted if model.get_submodule(name).bias is not None]
+    if biased:
+        raise ConfigError(
+            f"--fp8_path fused converts linear layers without bias; {', '.join(biased[:3])} have one. Use --fp8_path "
+            "torchao for this model."
+        )
 
     # Shared-input groups whose members all convert: (owner fqn, attribute, member fqns).
     converted = set(report.converted)

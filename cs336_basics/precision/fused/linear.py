@@ -49,7 +49,7 @@ class _Fp8Linears(torch.autograd.Function):
             # grad_input wants W column-major as its B, i.e. W^T row-major.
             saved_weights.append(w_fp8.t().contiguous())
             weight_scales.append(w_scale)
-        # grad_weight wants x column-major as its B, i.e. x^T row-major: one copy for every weight.
+        # grad_weight wants x column-major as its B, i.e. x^T row-major: one copy, shared by every weight.
         ctx.save_for_backward(x_fp8.t().contiguous(), x_scale, *saved_weights, *weight_scales)
         ctx.scalings, ctx.record = scalings, record
         return tuple(outputs)
@@ -77,7 +77,7 @@ class _Fp8Linears(torch.autograd.Function):
                     scale_b=inv_x,
                     out_dtype=dy.dtype,
                     use_fast_accum=fast,
-                )  # fmt: skip
+                )
             )
         return dx.reshape(*grads[0].shape[:-1], dx.shape[-1]), None, None, *dws
 
