@@ -101,7 +101,7 @@ def run_record(config: RunConfig, status: str = "ok", **measured: Any) -> dict[s
         "status": status,
     }
     record.update(measured)
-    return record
+    return schema_record(**record)  # every required field named, whatever the caller measured
 
 
 def result_record(config: RunConfig, result: Any, **extra: Any) -> dict[str, Any]:
