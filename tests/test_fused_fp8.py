@@ -19,6 +19,7 @@ from cs336_basics.errors import ConfigError
 from cs336_basics.model import TransformerLM
 from cs336_basics.precision import count_fp8_linears
 from cs336_basics.precision.fused.convert import convert_model_to_fused_fp8
+from cs336_basics.precision.fused.head import Fp8LMHead
 from cs336_basics.precision.fused.linear import Fp8Linear, Fp8SharedInputLinears, fp8_linears
 from cs336_basics.precision.fused.scaling import (
     E4M3,
@@ -221,8 +222,9 @@ def test_conversion_follows_the_filters_and_splits_groups_that_do_not_all_conver
     model = tiny_lm()
     cfg = FP8Config(use_fp8=True, fp8_emulate=True, fp8_path="fused", fp8_lm_head=True, fp8_share_input_casts=False)
     report = convert_model_to_fused_fp8(model, cfg)
-    assert report.n_converted == 15 and report.shared_input_groups == 0
+    assert report.n_converted == 15 and report.shared_input_groups == 0 and report.fused_loss_head
     assert model.layers[0].attn.qkv is None and isinstance(model.layers[0].attn.q_proj, Fp8Linear)
+    assert isinstance(model.lm_head, Fp8LMHead)
     with pytest.raises(ConfigError, match="none of the model's 15 linear layers"):
         convert_model_to_fused_fp8(tiny_lm(), FP8Config(use_fp8=True, fp8_emulate=True, fp8_path="fused",
                                                         fp8_shape_filter=True))  # fmt: skip
@@ -337,8 +339,8 @@ def test_checkpoints_interchange_with_bf16_and_torchao(tmp_path, base, capsys, f
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("scaling", ["dynamic", "delayed"])
-def test_gpu_compiled_fused_run_launches_three_fp8_gemms_per_linear(tmp_path, token_files, capsys, scaling):
+@pytest.mark.parametrize("scaling, lm_head", [("dynamic", True), ("delayed", False)])
+def test_gpu_compiled_fused_run_launches_three_fp8_gemms_per_linear(tmp_path, token_files, capsys, scaling, lm_head):
     from tiny import tiny_flags
 
     import verify_fp8_compilation
@@ -347,10 +349,10 @@ def test_gpu_compiled_fused_run_launches_three_fp8_gemms_per_linear(tmp_path, to
     # --no_fp8_shape_filter: on a GPU the auto preset (366m) turns the shape rule on; it would skip every tiny linear.
     argv = [*tiny_flags("cuda"), "--steps", "6", *token_files, "--min_speedup", "0", "--fp8_path", "fused"]
     argv += ["--no_fp8_shape_filter"]
-    argv += ["--fp8_scaling", scaling, "--json", str(out)]
+    argv += ["--fp8_scaling", scaling, "--json", str(out), *(["--fp8_lm_head"] if lm_head else [])]
     assert verify_fp8_compilation.main(argv) == 0, capsys.readouterr().out
     checks = {c["name"]: c for c in json.loads(out.read_text())["checks"]}
-    assert checks["fp8_gemms_launched"]["evidence"]["scaled_mm"] >= 3 * 14
+    assert checks["fp8_gemms_launched"]["evidence"]["scaled_mm"] >= 3 * (15 if lm_head else 14)
     assert checks["no_graph_breaks"]["status"] == "PASS"
 
 

@@ -25,17 +25,21 @@ def test_every_evaluation_is_compared_with_bf16():
 def test_settings_each_variant_sets_are_refused(tmp_path, capsys):
     assert loss_parity.main(["--out_dir", str(tmp_path), *TINY_FLAGS, "--use_fp8"]) == 2
     assert "--use_fp8: each variant sets this itself" in capsys.readouterr().err
+    assert loss_parity.main(["--out_dir", str(tmp_path), *TINY_FLAGS, "--fp8_lm_head"]) == 2
+    assert "--fp8_lm_head: each variant sets this itself" in capsys.readouterr().err
 
 
 def test_tiny_bf16_and_fused_fp8_runs_are_compared(tmp_path, token_files):
     out = tmp_path / "parity"
-    argv = ["--out_dir", str(out), "--variants", "fp8-fused-dynamic", "--tolerance", "0.05", *TINY_FLAGS,
-            *token_files, "--fp8_emulate", "--max_steps", "6", "--eval_every", "3", "--eval_batches", "2",
+    argv = ["--out_dir", str(out), "--variants", "fp8-fused-dynamic,fp8-fused-dynamic+lm_head", "--tolerance", "0.05",
+            *TINY_FLAGS, *token_files, "--fp8_emulate", "--max_steps", "6", "--eval_every", "3", "--eval_batches", "2",
             "--log_every", "3", "--no_compile_model"]  # fmt: skip
     assert loss_parity.main(argv) == 0
     data = json.loads((out / "parity.json").read_text())
-    assert data["tolerance"] == 0.05 and [r["variant"] for r in data["runs"]] == ["bf16", "fp8-fused-dynamic"]
-    fp8 = data["runs"][1]
+    variants = ["bf16", "fp8-fused-dynamic", "fp8-fused-dynamic+lm_head"]
+    assert data["tolerance"] == 0.05 and [r["variant"] for r in data["runs"]] == variants
+    fp8, fp8_head = data["runs"][1:]
     assert fp8["fp8_path"] == "fused" and fp8["precision"] != data["runs"][0]["precision"]
+    assert not fp8["fp8_lm_head"] and fp8_head["fp8_lm_head"] and fp8_head["within_tolerance"]
     assert [step for step, _ in fp8["val_curve"]] == [3, 6] and fp8["within_tolerance"]
     assert (out / "parity.png").stat().st_size > 0 and (out / "bf16" / "metrics.jsonl").is_file()

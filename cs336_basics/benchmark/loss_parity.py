@@ -1,7 +1,8 @@
 """Loss parity: does an FP8 variant learn like BF16? The same run (config, seed, data order, steps) in each precision,
 one process each; the validation loss of every variant at every evaluation is compared with BF16's at that step.
 
-python -m cs336_basics.benchmark.loss_parity --out_dir DIR [--variants bf16,fp8-fused-dynamic] [--tolerance 0.005]
+python -m cs336_basics.benchmark.loss_parity --out_dir DIR [--variants bf16,fp8-fused-dynamic,fp8-fused-dynamic+lm_head]
+    [--tolerance 0.005]
     [any train_h100.py setting, e.g. --preset 366m --max_steps 400 --eval_every 100 --eval_batches 16
      --train_data train.txt --val_data val.txt]
 
@@ -21,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from cs336_basics.benchmark.sweep.plan import PRECISIONS, parse_choices, precision_settings
+from cs336_basics.benchmark.sweep.plan import PRECISIONS, WITH_LM_HEAD, parse_choices, precision_settings
 from cs336_basics.cli import add_config_arguments, overrides_from_args
 from cs336_basics.config import build_config
 from cs336_basics.errors import ConfigError, report_error
@@ -31,7 +32,7 @@ from cs336_basics.training.metrics import read_metrics
 BASELINE = "bf16"
 # Settings each variant sets itself; as pass-through flags they would be overridden, so they are refused.
 SET_PER_VARIANT = {("fp8", "use_fp8"), ("fp8", "fp8_path"), ("fp8", "fp8_scaling"), ("fp8", "fp8_recipe"),
-                   ("train", "dtype"), ("train", "out_dir"), ("train", "resume")}  # fmt: skip
+                   ("fp8", "fp8_lm_head"), ("train", "dtype"), ("train", "out_dir"), ("train", "resume")}  # fmt: skip
 
 
 def variant_overrides(base: dict[str, Any], variant: str, out_dir: Path) -> dict[str, Any]:
@@ -95,7 +96,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m cs336_basics.benchmark.loss_parity", description=__doc__.split("\n\n")[0], allow_abbrev=False
     )
-    parser.add_argument("--variants", default=f"{BASELINE},fp8-fused-dynamic", help=f"from {', '.join(PRECISIONS)}")
+    parser.add_argument(
+        "--variants", default=f"{BASELINE},fp8-fused-dynamic", help=f"from {', '.join(PRECISIONS + WITH_LM_HEAD)}"
+    )
     parser.add_argument("--tolerance", type=float, default=0.005, help="largest relative gap to BF16 allowed")
     parser.add_argument("--run_variant", help=argparse.SUPPRESS)  # internal: one variant's overrides as JSON
     add_config_arguments(parser)
@@ -103,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.run_variant:
         return run_variant(json.loads(args.run_variant))
     try:
-        variants = parse_choices(args.variants, PRECISIONS, "--variants")
+        variants = parse_choices(args.variants, PRECISIONS + WITH_LM_HEAD, "--variants")
         if BASELINE not in variants:
             variants = (BASELINE, *variants)
         base = overrides_from_args(args)

@@ -54,12 +54,17 @@ class TransformerLM(nn.Module):
         recompute = self.config.gradient_checkpointing and self.training and torch.is_grad_enabled()
         for block in self.layers:
             x = checkpoint(block, x, use_reentrant=False) if recompute else block(x)
-        logits = self.lm_head(self.ln_final(x))
+        x = self.ln_final(x)
         if targets is None:
-            return logits
+            return self.lm_head(x)
+        # A converted head may compute the loss with its GEMM (the fused FP8 path's head casts the logits'
+        # gradient where it computes it: precision/fused/head.py).
+        fused_loss = getattr(self.lm_head, "linear_cross_entropy", None)
+        if fused_loss is not None:
+            return fused_loss(x, targets)
         # Computing the loss here lets torch.compile fuse the fp32 upcast into the loss kernel, so the
         # full fp32 logits never have to be materialised.
-        return cross_entropy(logits, targets)
+        return cross_entropy(self.lm_head(x), targets)
 
     def num_parameters(self, exclude_embeddings: bool = False) -> int:
         """Parameter count (shared tensors once). exclude_embeddings drops only the input lookup table:

@@ -269,6 +269,7 @@ class FP8ConversionReport:
     shared_input_groups: int = 0  # groups of converted linears that share one cast of their input (fused path)
     fused_swiglu_blocks: int = 0  # SwiGLU blocks run as one FP8 unit (fused path)
     producers: str = ""  # what writes those blocks' FP8 activations: Triton kernels or the torch reference
+    fused_loss_head: bool = False  # the lm_head computes the loss and casts the logits' gradient itself (fused path)
 
     @property
     def n_converted(self) -> int:
@@ -288,6 +289,8 @@ class FP8ConversionReport:
             line += f" ({self.shared_input_groups} groups share an input cast)"
         if self.fused_swiglu_blocks:
             line += f" ({self.fused_swiglu_blocks} SwiGLU blocks fused, producers: {self.producers})"
+        if self.fused_loss_head:
+            line += " (lm_head's loss fused)"
         if not self.skipped:
             return line
         groups: dict[str, list[str]] = {}

@@ -73,9 +73,16 @@ SWEPT_SETTINGS = {
 BASELINE_PRECISION, BASELINE_COMPILE = "bf16", "default"
 
 
+LM_HEAD_SUFFIX = "+lm_head"  # an FP8 precision with the lm_head converted too, e.g. fp8-fused-dynamic+lm_head
+WITH_LM_HEAD = tuple(p + LM_HEAD_SUFFIX for p in PRECISIONS if p.startswith("fp8-"))
+
+
 def precision_settings(precision: str) -> dict[str, dict[str, Any]]:
-    """The config settings (by section) that one of PRECISIONS stands for."""
+    """The config settings (by section) that one of PRECISIONS (or WITH_LM_HEAD) stands for."""
     fp8: dict[str, Any] = {"use_fp8": precision.startswith("fp8-")}
+    if precision.endswith(LM_HEAD_SUFFIX):
+        fp8["fp8_lm_head"] = True
+        precision = precision.removesuffix(LM_HEAD_SUFFIX)
     if precision.startswith("fp8-fused-"):
         fp8.update(fp8_path="fused", fp8_recipe="tensorwise", fp8_scaling=precision.removeprefix("fp8-fused-"))
     elif precision.startswith("fp8-"):
@@ -108,7 +115,7 @@ class SweepPoint:
 
     @property
     def label(self) -> str:
-        precision = self.precision + ("+lm_head" if self.fp8_lm_head else "")
+        precision = self.precision + (LM_HEAD_SUFFIX if self.fp8_lm_head else "")
         return f"{self.preset}/bs{self.batch_size}/{precision}/{self.compile}/{self.attention}/ac-{on_off(self.ac)}"
 
     def overrides(self, base: dict[str, Any], steps: int) -> dict[str, Any]:

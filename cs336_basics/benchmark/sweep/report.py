@@ -12,7 +12,7 @@ from typing import Any
 
 from cs336_basics.atomic import write_text_atomic
 from cs336_basics.benchmark.amdahl import format_table as amdahl_table
-from cs336_basics.benchmark.sweep.plan import BASELINE_COMPILE, BASELINE_PRECISION, on_off
+from cs336_basics.benchmark.sweep.plan import BASELINE_COMPILE, BASELINE_PRECISION, LM_HEAD_SUFFIX, on_off
 from cs336_basics.results import format_or_na
 from cs336_basics.training.trainer import WARMUP_STEPS_EXCLUDED
 
@@ -184,7 +184,7 @@ def write_csv(path: Path, records: Sequence[dict[str, Any]], speedups: Sequence[
 
 
 def _variant_label(record: dict[str, Any], show_compile: bool) -> str:
-    label = str(record.get("precision")) + ("+lm_head" if record.get("fp8_lm_head") else "")
+    label = str(record.get("precision")) + (LM_HEAD_SUFFIX if record.get("fp8_lm_head") else "")
     return label + (f" ({compile_label(record)})" if show_compile else "")
 
 

@@ -18,12 +18,13 @@ from torch import nn
 from cs336_basics.config import FP8Config
 from cs336_basics.errors import ConfigError
 from cs336_basics.model.layers import SwiGLU
-from cs336_basics.precision.fp8 import ORDER, FP8ConversionReport, check_model_ready, decide_conversions
+from cs336_basics.precision.fp8 import ORDER, FP8ConversionReport, check_model_ready, decide_conversions, is_lm_head
+from cs336_basics.precision.fused.head import Fp8LMHead
 from cs336_basics.precision.fused.linear import Fp8Linear, Fp8SharedInputLinears
 from cs336_basics.precision.fused.scaling import E4M3, E5M2, DelayedScalingState, SiteScaling
 from cs336_basics.precision.fused.swiglu import Fp8SwiGLU
 
-FUSED_MODULES = (Fp8Linear, Fp8SharedInputLinears, Fp8SwiGLU)
+FUSED_MODULES = (Fp8Linear, Fp8SharedInputLinears, Fp8SwiGLU)  # Fp8LMHead is an Fp8Linear
 _NAMES = {E4M3: "E4M3", E5M2: "E5M2"}
 
 
@@ -103,7 +104,10 @@ def convert_model_to_fused_fp8(model: nn.Module, cfg: FP8Config) -> FP8Conversio
     grouped = in_block | {name for _, _, names in groups for name in names}
     for name in report.converted:
         if name not in grouped:
-            _set_child(model, name, Fp8Linear(model.get_submodule(name), scalings[name]))
+            linear = model.get_submodule(name)
+            head = is_lm_head(linear, name)
+            _set_child(model, name, (Fp8LMHead if head else Fp8Linear)(linear, scalings[name]))
+            report.fused_loss_head |= head
     if delayed:
         sites = [scalings[name] for name in report.converted]
         model.fp8_scaling = DelayedScalingState(

@@ -1,0 +1,85 @@
+"""The lm_head in FP8 with the loss computed beside its GEMM (`--fp8_lm_head` on the fused path).
+
+The lm_head's GEMMs are the largest of a course-scale model (vocab x dim per token), and its output gradient, the
+gradient of the logits, is the largest tensor an FP8 cast would have to read: tokens x vocab. Cast like every other
+gradient, it would be written in BF16, read for its amax, read again to be cast and transposed.
+
+Here the head and the mean cross-entropy are one autograd function, so its backward writes the gradient of the
+logits straight in FP8 (E5M2 by default), in the kernel that computes it, and needs no amax pass: each entry is
+dloss * (softmax - onehot(target)) / n_valid, and |softmax - onehot| <= 1, so dloss / n_valid bounds every entry.
+That bound is the scale's amax. It is the true amax to within the largest |softmax - onehot| of the batch, which is
+close to 1 for a language model (some token is always badly predicted), so the cast keeps the resolution dynamic
+scaling would give it, and never saturates.
+
+Evaluation and sampling, which ask for logits, run the head as an ordinary FP8 linear (Fp8Linear).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from cs336_basics.precision.fused.linear import Fp8Linear, backward_gemms, forward_gemm
+from cs336_basics.precision.fused.scaling import GRAD, INPUT, SiteScaling, amax_to_scale, cast_to_fp8
+
+IGNORE_INDEX = -100  # F.cross_entropy's default, which the model's loss uses
+
+
+def cross_entropy_from_logits(
+    logits: torch.Tensor, targets: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(mean loss, log-sum-exp per row, valid-row mask, number of valid rows) of 2-D logits, in float32, as
+    F.cross_entropy computes it (rows whose target is IGNORE_INDEX are left out; none valid gives nan)."""
+    lse = torch.logsumexp(logits.float(), dim=-1)
+    valid = targets != IGNORE_INDEX
+    picked = logits.gather(1, targets.clamp(min=0).unsqueeze(1)).squeeze(1).float()
+    count = valid.sum()
+    return torch.where(valid, lse - picked, 0.0).sum() / count, lse, valid, count
+
+
+def logits_grad(
+    logits: torch.Tensor, lse: torch.Tensor, targets: torch.Tensor, valid: torch.Tensor, row_scale: torch.Tensor
+) -> torch.Tensor:
+    """d loss / d logits in float32: (softmax - onehot(target)) * row_scale on valid rows, 0 on the others."""
+    probs = torch.exp(logits.float() - lse.unsqueeze(1))
+    columns = torch.arange(logits.shape[1], device=logits.device)
+    onehot = columns.unsqueeze(0) == targets.unsqueeze(1)
+    return (probs - onehot.float()) * torch.where(valid, row_scale, 0.0).unsqueeze(1)
+
+
+class _Fp8LinearCrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, targets, scaling: SiteScaling, record: bool, weight):
+        x2 = x.reshape(-1, x.shape[-1])
+        targets = targets.reshape(-1)
+        x_fp8, x_scale = scaling.cast(x2, INPUT, record)
+        logits, w_t, w_scale = forward_gemm(x_fp8, x_scale, weight, scaling, record)
+        loss, lse, valid, count = cross_entropy_from_logits(logits, targets)
+        ctx.save_for_backward(logits, lse, targets, valid, count, x_fp8.t().contiguous(), x_scale, w_t, w_scale)
+        ctx.scaling, ctx.x_shape = scaling, x.shape
+        return loss
+
+    @staticmethod
+    def backward(ctx, dloss):
+        logits, lse, targets, valid, count, x_fp8_t, x_scale, w_t, w_scale = ctx.saved_tensors
+        scaling = ctx.scaling
+        dtype = scaling.dtypes[GRAD]
+        row_scale = dloss.float() / count
+        # Every entry of the gradient lies within |dloss| / count (module docstring): that bound is the amax.
+        g_scale = amax_to_scale(row_scale.abs(), dtype)
+        g_fp8 = cast_to_fp8(logits_grad(logits, lse, targets, valid, row_scale), g_scale, dtype)
+        dx, dw = backward_gemms(
+            g_fp8, g_fp8.t().contiguous(), g_scale, w_t, w_scale, x_fp8_t, x_scale, scaling.fast_accum_backward
+        )
+        return dx.reshape(ctx.x_shape), None, None, None, dw
+
+
+class Fp8LMHead(Fp8Linear):
+    """An Fp8Linear that can also compute the model's loss with its GEMM (`linear_cross_entropy`), writing the
+    gradient of the logits in FP8 as it computes it. The model calls that method when it has targets."""
+
+    def linear_cross_entropy(self, x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Mean cross-entropy of `targets` under x W^T; the same value as cross_entropy(self(x), targets)."""
+        return _Fp8LinearCrossEntropy.apply(x, targets, self.scaling, self.training, self.weight)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + ", loss fused (logits' gradient cast where it is computed)"
