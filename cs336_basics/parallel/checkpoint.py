@@ -18,6 +18,7 @@ re-cut them for another world size when they are loaded.
 from __future__ import annotations
 
 import uuid
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -113,7 +114,10 @@ def _read_shards(shards_path: str, template: dict[str, torch.Tensor], no_dist: b
     import torch.distributed.checkpoint as dcp
 
     try:
-        dcp.load(template, checkpoint_id=shards_path, no_dist=no_dist)
+        with warnings.catch_warnings():
+            # DCP warns that it loads "in a single process" even when asked to (no_dist=True): that is the intent.
+            warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single process")
+            dcp.load(template, checkpoint_id=shards_path, no_dist=no_dist)
     except Exception as exc:  # noqa: BLE001 - DCP wraps the per-rank errors in its own exception types
         raise ConfigError(
             f"the sharded checkpoint in {shards_path} could not be read ({type(exc).__name__}: "
