@@ -115,9 +115,10 @@ def plan(config: RunConfig) -> Plan:
         auto.append(f"compile_model={compile_model}")
     # Fixed here, at the run's start, and saved with it: a resumed run that raises max_steps keeps this schedule.
     decay = o.lr_decay_steps if o.lr_decay_steps is not None else t.max_steps
+    # Under torchrun the saved config names the device type only: it is the same file for every rank.
+    device_setting = device.type if world.launched else str(device)
     config = config.replace(
-        # Under torchrun the saved config names the device type only: it is the same file for every rank.
-        train={"device": device.type if world.launched else str(device), "dtype": dtype, "compile_model": compile_model},
+        train={"device": device_setting, "dtype": dtype, "compile_model": compile_model},
         fp8={"use_fp8": use_fp8},
         optim={"lr_decay_steps": decay},
     )

@@ -108,7 +108,7 @@ class MasterWeightAdamW:
     ):
         self.names: list[str] = []
         self.params: list[nn.Parameter] = []  # the model's own parameters, any float dtype (DTensors if sharded)
-        self.locals: list[torch.Tensor] = []  # each parameter's local data as a plain tensor (the whole one if unsharded)
+        self.locals: list[torch.Tensor] = []  # each parameter's local data, a plain tensor (all of it if unsharded)
         self.masters: list[torch.Tensor] = []  # what AdamW steps: the local param itself if fp32, else a copy
         seen: set[int] = set()
         for raw_name, p in named_params:

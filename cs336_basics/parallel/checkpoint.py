@@ -85,7 +85,8 @@ def save_sharded(
     try:
         dcp.save(tensors, checkpoint_id=run_dir / SHARDS_DIR / name)  # collective: fails on every rank or none
     except dcp.CheckpointException as exc:  # a BaseException: made the run-folder error every writer raises
-        raise RunFolderError(f"the shards of step {step} could not be written to {run_dir / SHARDS_DIR}: {exc}") from exc
+        where = run_dir / SHARDS_DIR
+        raise RunFolderError(f"the shards of step {step} could not be written to {where}: {exc}") from exc
     state = optimizer.state_dict()
     meta = {k: state[k] for k in _OPTIMIZER_META} | {"state_names": list(state["state"])}
     path = run_dir / CHECKPOINT_NAME

@@ -202,4 +202,3 @@ def after_optimizer_step(model: nn.Module, plan: ParallelPlan) -> None:
         from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
 
         precompute_float8_dynamic_scale_for_fsdp(model)
-

@@ -122,9 +122,9 @@ class Trainer:
         # any precision conversion (done by the build stage). fullgraph=True: a graph break in the model is a bug we
         # want to hear about, not a silent slowdown.
         self.train_model = parallelize(model, self.parallel, device)
-        self.step_model = (
-            compile_for_training(self.train_model, self.parallel, t.compile_mode) if t.compile_model else self.train_model
-        )
+        self.step_model = self.train_model
+        if t.compile_model:
+            self.step_model = compile_for_training(self.train_model, self.parallel, t.compile_mode)
         # BF16 keeps FP32's exponent range and torchao scales FP8 tensors itself, so no loss scaling: no AMP
         # GradScaler here on purpose (only fp16 training would need one). Under FSDP2 it steps each rank's shards.
         self.optimizer = MasterWeightAdamW(
@@ -260,13 +260,9 @@ class Trainer:
         t, w = self.config.train, self.world
         rng = np.random.default_rng(t.seed + 1)
         self.model.eval()
+        context = self.config.model.context_length
         losses = [
-            self.model(
-                *get_rank_batch(
-                    self.val_data, t.batch_size, self.config.model.context_length, self.device, rng, w.rank,
-                    w.world_size,
-                )
-            )  # fmt: skip
+            self.model(*get_rank_batch(self.val_data, t.batch_size, context, self.device, rng, w.rank, w.world_size))
             for _ in range(t.eval_batches)
         ]
         self.model.train()
