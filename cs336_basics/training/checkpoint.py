@@ -189,9 +189,12 @@ def save_checkpoint(
     return path
 
 
-def read_checkpoint(path: str | os.PathLike, map_location: str | torch.device | None = "cpu") -> dict[str, Any]:
+def read_checkpoint(
+    path: str | os.PathLike, map_location: str | torch.device | None = "cpu", mmap: bool = False
+) -> dict[str, Any]:
     """Read and check a checkpoint written by save_checkpoint, restoring nothing: "step", "config",
-    "sampler_state", "extra", "model", "optimizer", "rng", "torch_version", "format"."""
+    "sampler_state", "extra", "model", "optimizer", "rng", "torch_version", "format". `mmap`: map the file's tensors
+    instead of reading them (the ranks of one machine then share one copy in the page cache)."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(
@@ -199,7 +202,7 @@ def read_checkpoint(path: str | os.PathLike, map_location: str | torch.device | 
             f"(the trainer writes <out_dir>/{CHECKPOINT_NAME})."
         )
     try:
-        ckpt = torch.load(path, map_location=map_location, weights_only=True)
+        ckpt = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except Exception as e:  # torn zip, random bytes, empty file, disallowed pickle content, ...
         msg = str(e).strip()
         if "Weights only load failed" in msg:

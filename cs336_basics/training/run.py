@@ -76,7 +76,8 @@ def _silent(*args: Any, **kwargs: Any) -> None:
 
 def _run_locked(config: RunConfig, folder: RunFolder, world, results_json, log) -> TrainResult | None:
     t = config.train
-    resume_state = folder.read_resume_state(config) if t.resume else None
+    # Every rank reads the checkpoint: mapped, so that a machine's ranks share one copy of a whole checkpoint.
+    resume_state = folder.read_resume_state(config, mmap=world.launched) if t.resume else None
     notes: list[str] = []
     if resume_state is not None:
         step = resume_state["step"]

@@ -120,10 +120,11 @@ class RunFolder:
             shutil.rmtree(target) if target.is_dir() else target.unlink()
         return existing
 
-    def read_resume_state(self, config: RunConfig) -> dict[str, Any]:
+    def read_resume_state(self, config: RunConfig, mmap: bool = False) -> dict[str, Any]:
         """The checkpoint to resume from, checked against `config`: it reads, and its model is the one `config`
-        builds (the attention kernel and activation checkpointing may change; the shape and function may not)."""
-        ckpt = read_checkpoint(self.checkpoint_path)
+        builds (the attention kernel and activation checkpointing may change; the shape and function may not).
+        `mmap`: see read_checkpoint."""
+        ckpt = read_checkpoint(self.checkpoint_path, mmap=mmap)
         saved = RunConfig.from_dict(ckpt["config"]).model
         changed = [
             f"{name} {getattr(saved, name)} -> {getattr(config.model, name)}"
