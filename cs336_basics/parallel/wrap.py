@@ -1,18 +1,24 @@
 """--parallel: which data-parallel mode a run uses, and the model wrapped and compiled for it.
 
 The model itself holds no parallelism code. The Trainer applies, in order: the built model (already on its device,
-BF16 and FP8-converted) -> `parallelize` (DDP wrapper, or FSDP2's `fully_shard` per transformer block and the root)
--> `compile_for_training` -> the optimizer over the (possibly sharded) parameters.
+BF16 and FP8-converted) -> `compile_for_training` -> `parallelize` (DDP wrapper, or FSDP2's `fully_shard` per
+transformer block and the root) -> the optimizer over the (possibly sharded) parameters. Compiling first is
+torchtitan's order, and under DDP the one that keeps fullgraph:
 
 - DDP replicates the model; gradients are all-reduced in buckets while backward still runs (DDP's reducer hooks),
-  with no search for unused parameters (every parameter gets a gradient every step). The wrapper is compiled, as
-  PyTorch recommends for DDP: dynamo then splits the graph at bucket boundaries so communication overlaps compute.
+  with no search for unused parameters (every parameter gets a gradient every step). DDP wraps the compiled model.
+  Compiling the DDP wrapper instead breaks the graph at DDP's own forward (torch 2.15, fullgraph: "Dynamo does not
+  know how to trace method `_rebuild_buckets` of class `Reducer`"). Wrapped this way the model is still compiled on
+  its first call, inside DDP's forward, so dynamo's DDPOptimizer still splits the graph at the gradient buckets and
+  the all-reduces overlap backward (checked on CPU: the DDPOptimizer path is taken, no graph break).
   With gradient accumulation, micro-batches but the last skip the all-reduce (`no_sync`).
 - FSDP2 shards each block's parameters (and so its gradients, fp32 masters and AdamW moments, which the optimizer
   keeps per local shard) over the ranks, all-gathering a block's weights just before it runs. The parameters stay
   in the weight dtype (BF16 on GPU): all-gathers move BF16 and gradients are reduce-scattered in BF16, as DDP
   all-reduces them and as one GPU accumulates them; the fp32 masters take the averaged gradient. Each block's
-  forward is compiled on its own (fullgraph): FSDP2's all-gather and reshard hooks run around it, outside the graph.
+  forward is compiled on its own (fullgraph): FSDP2's all-gather and reshard hooks, registered on the block module,
+  run around it, outside the graph. The root's own forward (embedding, final norm, lm_head, loss) runs eager: it
+  calls the blocks, whose hooks a fullgraph compile could not trace.
 """
 
 from __future__ import annotations
@@ -141,9 +147,23 @@ def resolve_parallel(config: RunConfig, world: World, device: torch.device, n_pa
     return ParallelPlan(mode, world, reason, per_rank, device_gib, fp8_all_gather=all_gather)
 
 
-def parallelize(model: nn.Module, plan: ParallelPlan, device: torch.device) -> nn.Module:
-    """The module the training step calls: `model` itself (one process), a DDP wrapper around it, or `model` sharded
-    in place by FSDP2 (its parameters become DTensor shards; names and state-dict keys stay the same)."""
+def compile_for_training(model: nn.Module, plan: ParallelPlan, mode: str) -> nn.Module:
+    """`model` compiled (fullgraph: a graph break is a bug we want to hear about) for the training step, before it is
+    parallelized: a torch.compile wrapper sharing its parameters, or, for FSDP2, `model` with each block's forward
+    compiled in place."""
+    if plan.mode != FSDP:
+        return torch.compile(model, mode=mode, fullgraph=True)
+    for block in model.layers:
+        # The instance attribute shadows the class's forward: nn.Module.__call__ runs FSDP2's hooks, then this.
+        block.forward = torch.compile(block.forward, mode=mode, fullgraph=True)
+    return model
+
+
+def parallelize(model: nn.Module, compiled: nn.Module, plan: ParallelPlan, device: torch.device) -> nn.Module:
+    """What the training step calls: `compiled` (one process; it is `model` when not compiling), a DDP wrapper around
+    it, or `model` sharded in place by FSDP2 (its parameters become DTensor shards; names and state-dict keys stay).
+    DDP and FSDP2 synchronise the replicas' (or shards') starting weights themselves: every rank built the same
+    seeded model anyway."""
     if plan.mode == DDP:
         from torch.nn.parallel import DistributedDataParallel
 
@@ -155,7 +175,7 @@ def parallelize(model: nn.Module, plan: ParallelPlan, device: torch.device) -> n
             else {"broadcast_buffers": False}
         )
         return DistributedDataParallel(
-            model,
+            compiled,
             device_ids=[device.index] if device.type == "cuda" else None,
             find_unused_parameters=False,  # every parameter gets a gradient: no graph search after each forward
             gradient_as_bucket_view=True,  # gradients live in the all-reduce buckets: no copy, no second buffer
@@ -173,17 +193,7 @@ def parallelize(model: nn.Module, plan: ParallelPlan, device: torch.device) -> n
             fully_shard(block, mesh=mesh, mp_policy=policy)
         fully_shard(model, mesh=mesh, mp_policy=policy)  # the embedding, final norm and lm_head
         return model
-    return model
-
-
-def compile_for_training(train_model: nn.Module, plan: ParallelPlan, mode: str) -> nn.Module:
-    """What the training step calls, compiled (fullgraph: a graph break is a bug we want to hear about)."""
-    if plan.mode != FSDP:
-        return torch.compile(train_model, mode=mode, fullgraph=True)
-    for block in train_model.layers:
-        # The instance attribute shadows the class's forward: nn.Module.__call__ runs FSDP2's hooks, then this.
-        block.forward = torch.compile(block.forward, mode=mode, fullgraph=True)
-    return train_model
+    return compiled
 
 
 def gradient_sync(train_model: nn.Module, plan: ParallelPlan, last_micro_batch: bool):

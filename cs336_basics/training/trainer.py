@@ -118,13 +118,12 @@ class Trainer:
         # The global batch: every rank trains on its own batch_size sequences per micro-batch.
         self.tokens_per_step = t.batch_size * m.context_length * t.gradient_accumulation_steps * self.world.world_size
 
-        # Parallelize the converted model (a no-op on one process), then compile what the training step calls, after
-        # any precision conversion (done by the build stage). fullgraph=True: a graph break in the model is a bug we
-        # want to hear about, not a silent slowdown.
-        self.train_model = parallelize(model, self.parallel, device)
-        self.step_model = self.train_model
-        if t.compile_model:
-            self.step_model = compile_for_training(self.train_model, self.parallel, t.compile_mode)
+        # Compile after any precision conversion (done by the build stage), then parallelize (a no-op on one process):
+        # DDP wraps the compiled model, FSDP2 shards the model whose blocks were compiled (parallel/wrap.py says why
+        # in this order). fullgraph=True: a graph break in the model is a bug we want to hear about, not a silent
+        # slowdown. `step_model` is what the training step calls.
+        compiled = compile_for_training(model, self.parallel, t.compile_mode) if t.compile_model else model
+        self.step_model = parallelize(model, compiled, self.parallel, device)
         # BF16 keeps FP32's exponent range and torchao scales FP8 tensors itself, so no loss scaling: no AMP
         # GradScaler here on purpose (only fp16 training would need one). Under FSDP2 it steps each rank's shards.
         self.optimizer = MasterWeightAdamW(
@@ -240,7 +239,7 @@ class Trainer:
         total = torch.zeros((), device=self.device, dtype=torch.float32)
         for i in range(accum):
             x, y = self.sampler.next_batch()
-            with gradient_sync(self.train_model, self.parallel, last_micro_batch=i == accum - 1):
+            with gradient_sync(self.step_model, self.parallel, last_micro_batch=i == accum - 1):
                 loss = self.step_model(x, targets=y)
                 (loss / accum).backward()
             total += loss.detach().float()
