@@ -250,6 +250,12 @@ def test_export_writes_the_one_process_layout(runs, tmp_path):
     optimizer = MasterWeightAdamW(model.named_parameters(), lr=1e-3)
     assert course_load_checkpoint(out, model, optimizer) == STEPS
     torch.testing.assert_close(model.state_dict(), exported["model"])
+    # The sharded checkpoint itself loads into a plain model too (what cs336_basics.generate does).
+    from cs336_basics.training.checkpoint import load_checkpoint
+
+    direct = TransformerLM(config.model)
+    load_checkpoint(root / "fsdp" / CHECKPOINT_NAME, model=direct, restore_rng=False)
+    torch.testing.assert_close(direct.state_dict(), exported["model"])
 
 
 # ---- fast checks of the pieces (no processes started) ----

@@ -3,8 +3,8 @@ validation, metrics, checkpoints and exact resume.
 
 The Trainer receives a model that is already on its device, in its dtype and (for FP8) already converted (the
 build stage, cs336_basics/build.py): conversion must happen before compilation, so the Trainer is the one place
-that compiles. Under torchrun it also parallelizes (DDP or FSDP2, cs336_basics/parallel/), between conversion and
-compilation; every rank runs this same loop, rank 0 alone prints and writes the run folder's files, and the ranks
+that compiles. Under torchrun it also parallelizes (DDP or FSDP2, cs336_basics/parallel/), right after compiling;
+every rank runs this same loop, rank 0 alone prints and writes the run folder's files, and the ranks
 agree (one small all-reduce at log points) on what must be decided together: divergence, stopping, finite state.
 
 What a checkpoint guarantees: it is written only at a step boundary (the data sampler, optimizer and step agree),
