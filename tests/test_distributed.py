@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -42,7 +43,7 @@ from cs336_basics.training.metrics import read_metrics
 DRIVER = Path(__file__).resolve().parent / "distributed_driver.py"
 LOOSE_REL = 1e-5  # one process vs 2 ranks: float32 summation order only (see the module docstring)
 STEPS = 6
-TIMEOUT_S = 100  # the process group's timeout in these runs: a run that ends sooner was not rescued by it
+TIMEOUT_S = 100  # the process group's timeout in these runs: a failed run that ends sooner was not ended by it
 COMMON = [
     "--max_steps", str(STEPS), "--log_every", "1", "--eval_every", "3", "--eval_batches", "2",
     "--checkpoint_every", "3", "--gradient_accumulation_steps", "2", "--dist_timeout_s", str(TIMEOUT_S),
@@ -61,6 +62,11 @@ class Finished:
     stdout: str
     stderr: str
     seconds: float
+    ended: float = field(default_factory=time.time)  # wall-clock time it was seen to end
+
+    def seconds_after_failure(self) -> float:
+        """From the injected failure (its message has the time, see distributed_driver.py) to the end of torchrun."""
+        return self.ended - float(re.search(r"\(t=(\d+\.\d+)\)", self.stderr).group(1))
 
 
 @dataclass
@@ -202,8 +208,9 @@ def test_a_failing_rank_stops_the_whole_run_with_its_message(runs):
     failed = done["failed"]
     assert failed.returncode != 0
     assert "[rank1]" in failed.stderr and "injected failure on rank 1 at step 5" in failed.stderr
-    # torchrun's elastic agent stopped rank 0 (blocked in a collective) when rank 1 exited: no wait for the timeout.
-    assert failed.seconds < TIMEOUT_S
+    # torchrun's elastic agent stopped rank 0 (blocked in a collective) when rank 1 exited: no wait for the timeout
+    # (the agent gives a rank 30 s to exit after its SIGTERM).
+    assert failed.seconds_after_failure() < TIMEOUT_S / 2
     assert done["failed_checkpoint_step"] == 3  # the last checkpoint before the failure is intact
 
 
@@ -417,7 +424,7 @@ def test_gpu_failure_resume_and_a_sharded_checkpoint_on_one_gpu(gpu_runs):
     root, done = gpu_runs
     failed = done["failed"]
     assert failed.returncode != 0 and "injected failure on rank 1 at step 5" in failed.stderr
-    assert failed.seconds < TIMEOUT_S + 60  # torchrun stops the other rank (plus compile time)
+    assert failed.seconds_after_failure() < TIMEOUT_S / 2  # torchrun stopped the other rank, not the timeout
     assert done["resumed"].returncode == 0, done["resumed"].stderr[-4000:]
     assert_same_losses(metrics(root / "failed"), metrics(root / "fsdp_bf16"), rel=GPU_RESUME_REL)
     assert_same_losses(

@@ -42,9 +42,6 @@ class World:
         """Rank 0 alone prints, writes the run folder's files and holds its lock."""
         return self.rank == 0
 
-    def describe(self) -> str:
-        return f"rank {self.rank} of {self.world_size}"
-
 
 SINGLE = World()
 
