@@ -265,6 +265,20 @@ def test_export_writes_the_one_process_layout(runs, tmp_path):
     torch.testing.assert_close(direct.state_dict(), exported["model"])
 
 
+def test_a_damaged_shard_is_a_clear_error(runs, tmp_path):
+    from cs336_basics.parallel.checkpoint import assemble_sharded
+
+    root, _ = runs
+    shutil.copytree(root / "fsdp", tmp_path / "run")
+    ckpt = read_checkpoint(tmp_path / "run" / CHECKPOINT_NAME)
+    (Path(ckpt["shards_path"]) / "__1_0.distcp").write_bytes(b"torn")
+    with pytest.raises(ConfigError, match="could not be read.*Point at another checkpoint"):
+        assemble_sharded(ckpt)
+    shutil.rmtree(ckpt["shards_path"])
+    with pytest.raises(ConfigError, match="missing or incomplete"):
+        read_checkpoint(tmp_path / "run" / CHECKPOINT_NAME)
+
+
 # ---- fast checks of the pieces (no processes started) ----
 
 

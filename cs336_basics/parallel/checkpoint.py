@@ -119,7 +119,8 @@ def _read_shards(shards_path: str, template: dict[str, torch.Tensor], no_dist: b
             # DCP warns that it loads "in a single process" even when asked to (no_dist=True): that is the intent.
             warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single process")
             dcp.load(template, checkpoint_id=shards_path, no_dist=no_dist)
-    except Exception as exc:  # noqa: BLE001 - DCP wraps the per-rank errors in its own exception types
+    # DCP gathers the ranks' errors into a CheckpointException, a BaseException; a single process raises them as is.
+    except (Exception, dcp.CheckpointException) as exc:  # noqa: BLE001
         raise ConfigError(
             f"the sharded checkpoint in {shards_path} could not be read ({type(exc).__name__}: "
             f"{str(exc).strip().splitlines()[0][:300] if str(exc).strip() else 'no details'}); it may be incomplete "
