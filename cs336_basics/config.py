@@ -238,6 +238,10 @@ class FP8Config:
     fp8_share_input_casts: bool = setting(
         True, "--fp8_path fused: cast the input shared by q/k/v (and by w1/w3) once for all of them"
     )
+    fp8_fused_swiglu: bool = setting(
+        True, "--fp8_path fused: each SwiGLU block runs as one FP8 unit whose kernels write its activation and the "
+        "activation's gradients directly in FP8 (Triton on CUDA), instead of BF16 tensors cast afterwards",
+    )  # fmt: skip
     fp8_fast_accum_backward: bool = setting(
         False,
         "--fp8_path fused: fast (lower-precision) accumulation in the two backward FP8 GEMMs too (the forward "
@@ -252,6 +256,7 @@ class FP8Config:
                     ("--fp8_scaling delayed", self.fp8_scaling == "delayed"),
                     ("--fp8_fast_accum_backward", self.fp8_fast_accum_backward),
                     ("--no_fp8_share_input_casts", not self.fp8_share_input_casts),
+                    ("--no_fp8_fused_swiglu", not self.fp8_fused_swiglu),
                 ) if on
             ]  # fmt: skip
             if fused_only:

@@ -93,6 +93,7 @@ def run_record(config: RunConfig, status: str = "ok", **measured: Any) -> dict[s
         "fp8_scaling": fp8.fp8_scaling if fp8.use_fp8 else None,
         "fp8_fast_accum_backward": bool(fp8.use_fp8 and fp8.fp8_fast_accum_backward),
         "fp8_share_input_casts": bool(fp8.use_fp8 and fp8.fp8_path == "fused" and fp8.fp8_share_input_casts),
+        "fp8_fused_swiglu": bool(fp8.use_fp8 and fp8.fp8_path == "fused" and fp8.fp8_fused_swiglu),
         "tokens_per_sec": None,
         "mfu": None,
         "peak_mem_gib": None,

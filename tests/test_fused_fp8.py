@@ -31,6 +31,7 @@ from cs336_basics.precision.fused.scaling import (
     amax_to_scale,
     cast_to_fp8,
 )
+from cs336_basics.precision.fused.swiglu import Fp8SwiGLU
 from cs336_basics.training.checkpoint import load_checkpoint
 from cs336_basics.training.metrics import read_metrics
 
@@ -199,13 +200,21 @@ def test_conversion_keeps_the_state_dict_and_shares_input_casts():
     keys = list(model.state_dict())
     report = convert_model_to_fused_fp8(model, FUSED)
     assert list(model.state_dict()) == keys
-    assert report.n_converted == 14 and report.shared_input_groups == 4  # 2 x (qkv, w1/w3)
+    assert report.n_converted == 14 and report.shared_input_groups == 2 and report.fused_swiglu_blocks == 2
     assert count_fp8_linears(model) == 14
     attn, ffn = model.layers[0].attn, model.layers[0].ffn
-    assert isinstance(attn.qkv, Fp8SharedInputLinears) and isinstance(ffn.w13, Fp8SharedInputLinears)
-    assert isinstance(attn.output_proj, Fp8Linear) and isinstance(ffn.w2, Fp8Linear)
+    assert isinstance(attn.qkv, Fp8SharedInputLinears) and isinstance(ffn, Fp8SwiGLU)
+    assert isinstance(attn.output_proj, Fp8Linear) and ffn.producers == "torch reference"
     assert attn.output_proj.weight is dict(model.named_parameters())["layers.0.attn.output_proj.weight"]
-    assert "14 of 15 linears converted (4 groups share an input cast)" in report.summary_line()
+    line = report.summary_line()
+    assert "14 of 15 linears converted (2 groups share an input cast) (2 SwiGLU blocks fused, producers: torch" in line
+
+    # Without the fused SwiGLU, w1/w3 share their input cast and w2 is a linear of its own.
+    model = tiny_lm()
+    report = convert_model_to_fused_fp8(model, FP8Config(**{**vars(FUSED), "fp8_fused_swiglu": False}))
+    assert report.shared_input_groups == 4 and report.fused_swiglu_blocks == 0 and count_fp8_linears(model) == 14
+    ffn = model.layers[0].ffn
+    assert isinstance(ffn.w13, Fp8SharedInputLinears) and isinstance(ffn.w2, Fp8Linear)
 
 
 def test_conversion_follows_the_filters_and_splits_groups_that_do_not_all_convert():
@@ -253,6 +262,7 @@ def test_converted_model_trains_close_to_bf16():
     [
         ({"fp8_scaling": "delayed"}, "needs --fp8_path fused"),
         ({"fp8_fast_accum_backward": True}, "needs --fp8_path fused"),
+        ({"fp8_fused_swiglu": False}, "--no_fp8_fused_swiglu needs --fp8_path fused"),
         ({"fp8_path": "fused", "fp8_recipe": "rowwise"}, "implements the tensorwise recipe only"),
         ({"fp8_amax_history_len": 0}, "fp8_amax_history_len must be >= 1"),
         ({"fp8_margin": -1}, "fp8_margin must be >= 0"),
@@ -334,7 +344,9 @@ def test_gpu_compiled_fused_run_launches_three_fp8_gemms_per_linear(tmp_path, to
     import verify_fp8_compilation
 
     out = tmp_path / "verify.json"
+    # --no_fp8_shape_filter: on a GPU the auto preset (366m) turns the shape rule on; it would skip every tiny linear.
     argv = [*tiny_flags("cuda"), "--steps", "6", *token_files, "--min_speedup", "0", "--fp8_path", "fused"]
+    argv += ["--no_fp8_shape_filter"]
     argv += ["--fp8_scaling", scaling, "--json", str(out)]
     assert verify_fp8_compilation.main(argv) == 0, capsys.readouterr().out
     checks = {c["name"]: c for c in json.loads(out.read_text())["checks"]}
@@ -353,4 +365,4 @@ def test_gpu_fused_linear_matches_bf16():
 
 def test_fused_modules_are_not_nn_linear():
     # TorchAO's converter and the filters look for nn.Linear: an FP8 linear must never be converted twice.
-    assert not issubclass(Fp8Linear, nn.Linear) and not issubclass(Fp8SharedInputLinears, nn.Linear)
+    assert not any(issubclass(m, nn.Linear) for m in (Fp8Linear, Fp8SharedInputLinears, Fp8SwiGLU))

@@ -271,6 +271,8 @@ class FP8ConversionReport:
     path: str = "torchao"  # which FP8 implementation converted the model (FP8Config.fp8_path)
     scaling: str = "dynamic"
     shared_input_groups: int = 0  # groups of converted linears that share one cast of their input (fused path)
+    fused_swiglu_blocks: int = 0  # SwiGLU blocks run as one FP8 unit (fused path)
+    producers: str = ""  # what writes those blocks' FP8 activations: Triton kernels or the torch reference
 
     @property
     def n_converted(self) -> int:
@@ -288,6 +290,8 @@ class FP8ConversionReport:
         line = f"{head}: {self.n_converted} of {self.n_linear} linears converted"
         if self.shared_input_groups:
             line += f" ({self.shared_input_groups} groups share an input cast)"
+        if self.fused_swiglu_blocks:
+            line += f" ({self.fused_swiglu_blocks} SwiGLU blocks fused, producers: {self.producers})"
         if not self.skipped:
             return line
         groups: dict[str, list[str]] = {}

@@ -73,6 +73,16 @@ SWEPT_SETTINGS = {
 BASELINE_PRECISION, BASELINE_COMPILE = "bf16", "default"
 
 
+def precision_settings(precision: str) -> dict[str, dict[str, Any]]:
+    """The config settings (by section) that one of PRECISIONS stands for."""
+    fp8: dict[str, Any] = {"use_fp8": precision.startswith("fp8-")}
+    if precision.startswith("fp8-fused-"):
+        fp8.update(fp8_path="fused", fp8_recipe="tensorwise", fp8_scaling=precision.removeprefix("fp8-fused-"))
+    elif precision.startswith("fp8-"):
+        fp8.update(fp8_path="torchao", fp8_recipe=precision.removeprefix("fp8-"))
+    return {"fp8": fp8, "train": {"dtype": "float32" if precision == "fp32" else "bfloat16"}}
+
+
 # ---- the grid ----
 
 
@@ -115,14 +125,9 @@ class SweepPoint:
             resume=False,
             compile_model=self.compile != "eager",
             compile_mode=BASELINE_COMPILE if self.compile == "eager" else self.compile,
-            dtype="float32" if self.precision == "fp32" else "bfloat16",
+            **precision_settings(self.precision)["train"],
         )
-        fp8 = values.setdefault("fp8", {})
-        fp8.update(use_fp8=self.is_fp8, fp8_lm_head=self.fp8_lm_head)
-        if self.precision.startswith("fp8-fused-"):
-            fp8.update(fp8_path="fused", fp8_recipe="tensorwise", fp8_scaling=self.precision.removeprefix("fp8-fused-"))
-        elif self.is_fp8:
-            fp8.update(fp8_path="torchao", fp8_recipe=self.precision.removeprefix("fp8-"))
+        values.setdefault("fp8", {}).update(precision_settings(self.precision)["fp8"], fp8_lm_head=self.fp8_lm_head)
         return values
 
 

@@ -3,7 +3,9 @@
 Each nn.Linear that passes the filters becomes an Fp8Linear. The filters, their reasons and the report are the
 TorchAO path's (fp8.py), so both paths convert the same layers by the same rules and report them the same way.
 Layers a model declares as reading one input (a module's SHARED_INPUT, e.g. attention's q/k/v) are run together
-by an Fp8SharedInputLinears, which casts that input once, when every one of them converts. Each FP8 linear has its
+by an Fp8SharedInputLinears, which casts that input once, when every one of them converts. A SwiGLU block whose
+three linears all convert becomes one Fp8SwiGLU (--fp8_fused_swiglu), whose kernels write its activation and the
+activation's gradients in FP8. Each FP8 linear has its
 own SiteScaling; with delayed scaling the model also gains one DelayedScalingState (`model.fp8_scaling`) that keeps
 their amax histories and updates their scales once per step.
 """
@@ -15,11 +17,13 @@ from torch import nn
 
 from cs336_basics.config import FP8Config
 from cs336_basics.errors import ConfigError
+from cs336_basics.model.layers import SwiGLU
 from cs336_basics.precision.fp8 import ORDER, FP8ConversionReport, check_model_ready, decide_conversions
 from cs336_basics.precision.fused.linear import Fp8Linear, Fp8SharedInputLinears
 from cs336_basics.precision.fused.scaling import E4M3, E5M2, DelayedScalingState, SiteScaling
+from cs336_basics.precision.fused.swiglu import Fp8SwiGLU
 
-FUSED_MODULES = (Fp8Linear, Fp8SharedInputLinears)
+FUSED_MODULES = (Fp8Linear, Fp8SharedInputLinears, Fp8SwiGLU)
 _NAMES = {E4M3: "E4M3", E5M2: "E5M2"}
 
 
@@ -63,8 +67,25 @@ def convert_model_to_fused_fp8(model: nn.Module, cfg: FP8Config) -> FP8Conversio
             "torchao for this model."
         )
 
-    # Shared-input groups whose members all convert: (owner fqn, attribute, member fqns).
     converted = set(report.converted)
+    device = next(model.parameters()).device
+    delayed = cfg.fp8_scaling == "delayed"
+    scalings = {name: SiteScaling(dtypes, cfg.fp8_fast_accum_backward, delayed, device) for name in report.converted}
+    keys_before = list(model.state_dict().keys())
+
+    # SwiGLU blocks whose three linears all convert run as one FP8 unit.
+    fused_blocks = []
+    if cfg.fp8_fused_swiglu:
+        for fqn, module in model.named_modules():
+            names = [f"{fqn}.{m}" if fqn else m for m in ("w1", "w3", "w2")]
+            if isinstance(module, SwiGLU) and all(name in converted for name in names):
+                fused_blocks.append((fqn, names))
+    in_block = {name for _, names in fused_blocks for name in names}
+    for fqn, names in fused_blocks:
+        block = model.get_submodule(fqn)
+        _set_child(model, fqn, Fp8SwiGLU(block.w1, block.w2, block.w3, tuple(scalings[n] for n in names)))
+
+    # Shared-input groups whose members all convert: (owner fqn, attribute, member fqns).
     groups = []
     if cfg.fp8_share_input_casts:
         for fqn, module in model.named_modules():
@@ -72,12 +93,6 @@ def convert_model_to_fused_fp8(model: nn.Module, cfg: FP8Config) -> FP8Conversio
                 names = [f"{fqn}.{m}" if fqn else m for m in members]
                 if all(name in converted for name in names):
                     groups.append((fqn, attr, names))
-    in_group = {name for _, _, names in groups for name in names}
-
-    device = next(model.parameters()).device
-    delayed = cfg.fp8_scaling == "delayed"
-    scalings = {name: SiteScaling(dtypes, cfg.fp8_fast_accum_backward, delayed, device) for name in report.converted}
-    keys_before = list(model.state_dict().keys())
     for owner, attr, names in groups:
         linears = tuple(model.get_submodule(name) for name in names)
         _set_child(
@@ -85,8 +100,9 @@ def convert_model_to_fused_fp8(model: nn.Module, cfg: FP8Config) -> FP8Conversio
             f"{owner}.{attr}" if owner else attr,
             Fp8SharedInputLinears(linears, tuple(scalings[n] for n in names)),
         )
+    grouped = in_block | {name for _, _, names in groups for name in names}
     for name in report.converted:
-        if name not in in_group:
+        if name not in grouped:
             _set_child(model, name, Fp8Linear(model.get_submodule(name), scalings[name]))
     if delayed:
         sites = [scalings[name] for name in report.converted]
@@ -94,6 +110,9 @@ def convert_model_to_fused_fp8(model: nn.Module, cfg: FP8Config) -> FP8Conversio
             sites, cfg.fp8_amax_history_len, cfg.fp8_amax_compute_algo, cfg.fp8_margin
         )
     report.shared_input_groups = len(groups)
+    report.fused_swiglu_blocks = len(fused_blocks)
+    if fused_blocks:
+        report.producers = model.get_submodule(fused_blocks[0][0]).producers
     if list(model.state_dict().keys()) != keys_before:
         raise RuntimeError("FP8 conversion changed the model's state-dict keys; BF16/FP8 checkpoints would not load")
     return report

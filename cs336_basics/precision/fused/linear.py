@@ -36,18 +36,11 @@ class _Fp8Linears(torch.autograd.Function):
     def forward(ctx, x: torch.Tensor, scalings: tuple[SiteScaling, ...], record: bool, *weights: torch.Tensor):
         x2 = x.reshape(-1, x.shape[-1])
         x_fp8, x_scale = scalings[0].cast(x2, INPUT, record)
-        inv_x = x_scale.reciprocal()
         outputs, saved_weights, weight_scales = [], [], []
         for weight, scaling in zip(weights, scalings, strict=True):
-            w_fp8, w_scale = scaling.cast(weight, WEIGHT, record)
-            # B = W^T, column-major as the FP8 GEMM wants it: the row-major W viewed transposed. Fast accumulation in
-            # the forward GEMM, as TorchAO's recipes use.
-            y = torch._scaled_mm(
-                x_fp8, w_fp8.t(), scale_a=inv_x, scale_b=w_scale.reciprocal(), out_dtype=x.dtype, use_fast_accum=True
-            )
+            y, w_fp8_t, w_scale = forward_gemm(x_fp8, x_scale, weight, scaling, record)
             outputs.append(y.reshape(*x.shape[:-1], weight.shape[0]))
-            # grad_input wants W column-major as its B, i.e. W^T row-major.
-            saved_weights.append(w_fp8.t().contiguous())
+            saved_weights.append(w_fp8_t)
             weight_scales.append(w_scale)
         # grad_weight wants x column-major as its B, i.e. x^T row-major: one copy, shared by every weight.
         ctx.save_for_backward(x_fp8.t().contiguous(), x_scale, *saved_weights, *weight_scales)
@@ -59,27 +52,54 @@ class _Fp8Linears(torch.autograd.Function):
         x_fp8_t, x_scale, *rest = ctx.saved_tensors
         n = len(grads)
         weights_t, weight_scales = rest[:n], rest[n:]
-        inv_x = x_scale.reciprocal()
         dx, dws = None, []
         for dy, scaling, w_t, w_scale in zip(grads, ctx.scalings, weights_t, weight_scales, strict=True):
-            dy2 = dy.reshape(-1, dy.shape[-1])
-            g_fp8, g_scale = scaling.cast(dy2, GRAD, ctx.record)
-            inv_g, fast = g_scale.reciprocal(), scaling.fast_accum_backward
-            part = torch._scaled_mm(
-                g_fp8, w_t.t(), scale_a=inv_g, scale_b=w_scale.reciprocal(), out_dtype=dy.dtype, use_fast_accum=fast
+            g_fp8, g_scale = scaling.cast(dy.reshape(-1, dy.shape[-1]), GRAD, ctx.record)
+            part, dw = backward_gemms(
+                g_fp8, g_fp8.t().contiguous(), g_scale, w_t, w_scale, x_fp8_t, x_scale, scaling.fast_accum_backward
             )
             dx = part if dx is None else dx + part
-            dws.append(
-                torch._scaled_mm(
-                    g_fp8.t().contiguous(),
-                    x_fp8_t.t(),
-                    scale_a=inv_g,
-                    scale_b=inv_x,
-                    out_dtype=dy.dtype,
-                    use_fast_accum=fast,
-                )
-            )
+            dws.append(dw)
         return dx.reshape(*grads[0].shape[:-1], dx.shape[-1]), None, None, *dws
+
+
+def forward_gemm(
+    x_fp8: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tensor, scaling: SiteScaling, record: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """y = x W^T in FP8 (x already cast, 2-D). Returns y and what backward needs of the weight: W^T in FP8, row-major
+    (grad_input's B operand, column-major W), and its scale."""
+    w_fp8, w_scale = scaling.cast(weight, WEIGHT, record)
+    # B = W^T, column-major as the FP8 GEMM wants it: the row-major W viewed transposed. Fast accumulation in the
+    # forward GEMM, as TorchAO's recipes use.
+    y = torch._scaled_mm(
+        x_fp8, w_fp8.t(), scale_a=x_scale.reciprocal(), scale_b=w_scale.reciprocal(), out_dtype=torch.bfloat16,
+        use_fast_accum=True,
+    )  # fmt: skip
+    return y, w_fp8.t().contiguous(), w_scale
+
+
+def backward_gemms(
+    g_fp8: torch.Tensor,
+    g_fp8_t: torch.Tensor,
+    g_scale: torch.Tensor,
+    w_fp8_t: torch.Tensor,
+    w_scale: torch.Tensor,
+    x_fp8_t: torch.Tensor,
+    x_scale: torch.Tensor,
+    fast_accum: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dx, dW) = (dy W, dy^T x) in FP8, from the output gradient cast to FP8 (row-major and transposed) and the
+    operands forward saved (W^T and x^T, row-major)."""
+    inv_g = g_scale.reciprocal()
+    dx = torch._scaled_mm(
+        g_fp8, w_fp8_t.t(), scale_a=inv_g, scale_b=w_scale.reciprocal(), out_dtype=torch.bfloat16,
+        use_fast_accum=fast_accum,
+    )  # fmt: skip
+    dw = torch._scaled_mm(
+        g_fp8_t, x_fp8_t.t(), scale_a=inv_g, scale_b=x_scale.reciprocal(), out_dtype=torch.bfloat16,
+        use_fast_accum=fast_accum,
+    )  # fmt: skip
+    return dx, dw
 
 
 def fp8_linears(

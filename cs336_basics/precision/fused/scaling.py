@@ -42,6 +42,27 @@ def amax_to_scale(amax: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return (fp8_max(dtype) / torch.clamp(amax.to(torch.float64), min=AMAX_FLOOR)).to(torch.float32)
 
 
+def produce_scales(scalings: tuple[SiteScaling, ...], role: int, amax_fn) -> torch.Tensor:
+    """The scales, shape (n,), with which a producer kernel casts the n tensors it writes (one per site, each in
+    `role`): with delayed scaling each site's current scale; with dynamic scaling the scales of the amaxes that
+    `amax_fn()` returns (the producer's first pass)."""
+    if scalings[0].delayed:
+        return torch.stack([site.scale[role] for site in scalings])
+    return amax_to_scale(amax_fn(), scalings[0].dtypes[role])
+
+
+def record_produced(
+    scalings: tuple[SiteScaling, ...], role: int, amax: torch.Tensor, saturated: torch.Tensor, record: bool
+) -> None:
+    """File what a producer kernel recorded (delayed scaling with `record`): amaxes max-accumulated and saturated
+    values counted per site, exactly as SiteScaling.cast does for the casts it runs itself."""
+    if not (record and scalings[0].delayed):
+        return
+    for i, site in enumerate(scalings):
+        site.amax[role] = torch.maximum(site.amax[role], amax[i])
+        site.saturated[role] += saturated[i]
+
+
 class SiteScaling(nn.Module):
     """How one FP8 linear scales its three casts (input, weight, output gradient): dynamically, or, with delayed
     scaling, from its own `scale` buffer while max-accumulating this step's amaxes into its own `amax` buffer.

@@ -1,0 +1,88 @@
+"""The whole SwiGLU feed-forward in FP8, its activations produced in FP8 (`--fp8_fused_swiglu`, on by default).
+
+y = W2 (silu(W1 x) * W3 x). With FP8 linears alone, the SwiGLU output g and, in backward, the gradients dh1 and dh3
+are written in BF16 and then re-read by each cast. Here one autograd function runs the block: the kernel that
+computes g (or dh1 and dh3) writes it directly in FP8, with the transposed copy the weight-gradient GEMM needs
+(swiglu_triton.py on CUDA; swiglu_reference.py, the same math in torch, in CPU emulation). x is cast once for W1
+and W3; h1 and h3 are kept in BF16 for backward, as the BF16 module keeps them.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+import torch
+from torch import nn
+
+from cs336_basics.precision.fused import swiglu_reference
+from cs336_basics.precision.fused.linear import backward_gemms, forward_gemm
+from cs336_basics.precision.fused.scaling import GRAD, INPUT, SiteScaling, produce_scales, record_produced
+
+
+def swiglu_ops(device: torch.device) -> ModuleType:
+    """The producer implementation for `device`: Triton kernels on CUDA, the torch definition elsewhere."""
+    if device.type != "cuda":
+        return swiglu_reference
+    from cs336_basics.precision.fused import swiglu_triton  # imports triton
+
+    return swiglu_triton
+
+
+class _Fp8SwiGLU(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, ops: ModuleType, scalings: tuple[SiteScaling, ...], record: bool, w1, w3, w2):
+        s1, s3, s2 = scalings
+        x2 = x.reshape(-1, x.shape[-1])
+        x_fp8, x_scale = s1.cast(x2, INPUT, record)
+        h1, w1_t, w1_scale = forward_gemm(x_fp8, x_scale, w1, s1, record)
+        h3, w3_t, w3_scale = forward_gemm(x_fp8, x_scale, w3, s3, record)
+        g_scale = produce_scales((s2,), INPUT, lambda: ops.swiglu_amax(h1, h3))
+        g_fp8, g_fp8_t, amax, saturated = ops.swiglu_cast(h1, h3, g_scale, s2.dtypes[INPUT], record and s2.delayed)
+        record_produced((s2,), INPUT, amax, saturated, record)
+        y, w2_t, w2_scale = forward_gemm(g_fp8, g_scale[0], w2, s2, record)
+        ctx.save_for_backward(x_fp8.t().contiguous(), x_scale, h1, h3, g_fp8_t, g_scale[0], w1_t, w1_scale, w3_t,
+                              w3_scale, w2_t, w2_scale)  # fmt: skip
+        ctx.ops, ctx.scalings, ctx.record = ops, scalings, record
+        return y.reshape(*x.shape[:-1], y.shape[-1])
+
+    @staticmethod
+    def backward(ctx, dy):
+        x_fp8_t, x_scale, h1, h3, g_fp8_t, g_scale, w1_t, w1_scale, w3_t, w3_scale, w2_t, w2_scale = ctx.saved_tensors
+        ops, (s1, s3, s2), record = ctx.ops, ctx.scalings, ctx.record
+        fast = s2.fast_accum_backward
+        dy_fp8, dy_scale = s2.cast(dy.reshape(-1, dy.shape[-1]), GRAD, record)
+        dg, dw2 = backward_gemms(dy_fp8, dy_fp8.t().contiguous(), dy_scale, w2_t, w2_scale, g_fp8_t, g_scale, fast)
+        scales = produce_scales((s1, s3), GRAD, lambda: ops.swiglu_grad_amax(dg, h1, h3))
+        dh1, dh1_t, dh3, dh3_t, amax, saturated = ops.swiglu_grad_cast(
+            dg, h1, h3, scales, s1.dtypes[GRAD], record and s1.delayed
+        )
+        record_produced((s1, s3), GRAD, amax, saturated, record)
+        dx1, dw1 = backward_gemms(dh1, dh1_t, scales[0], w1_t, w1_scale, x_fp8_t, x_scale, fast)
+        dx3, dw3 = backward_gemms(dh3, dh3_t, scales[1], w3_t, w3_scale, x_fp8_t, x_scale, fast)
+        return (dx1 + dx3).reshape(*dy.shape[:-1], dx1.shape[-1]), None, None, None, dw1, dw3, dw2
+
+
+class Fp8SwiGLU(nn.Module):
+    """Stands in for a SwiGLU module: the same w1, w2, w3 linears (same parameters and state-dict keys), run as one
+    FP8 block. Their scalings are theirs: w1's and w3's scale their weights and output gradients (w1's also the
+    shared input), w2's its weight, its input g and its output gradient."""
+
+    def __init__(self, w1: nn.Linear, w2: nn.Linear, w3: nn.Linear, scalings: tuple[SiteScaling, ...]):
+        super().__init__()
+        self.w1, self.w2, self.w3 = w1, w2, w3
+        self.scalings = nn.ModuleList(scalings)  # (w1, w3, w2)
+        self.ops = swiglu_ops(w1.weight.device)
+        self.producers = "Triton kernels" if w1.weight.device.type == "cuda" else "torch reference"
+
+    @property
+    def linears(self) -> tuple[nn.Linear, ...]:
+        return (self.w1, self.w3, self.w2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Amaxes are recorded in training only: evaluation and sampling must not move the scales.
+        return _Fp8SwiGLU.apply(
+            x, self.ops, tuple(self.scalings), self.training, self.w1.weight, self.w3.weight, self.w2.weight
+        )
+
+    def extra_repr(self) -> str:
+        return f"fp8, producers: {self.producers}"

@@ -1,0 +1,69 @@
+"""SwiGLU's FP8 producers in plain torch: the definition the Triton kernels (swiglu_triton.py) must match, and the
+implementation on CPU (FP8 emulation).
+
+Four operations, the same names and signatures in both modules:
+- `swiglu_amax(h1, h3)` -> amax of g = silu(h1) * h3, shape (1,): dynamic scaling's first pass;
+- `swiglu_cast(h1, h3, scale, dtype, record)` -> (g in FP8, its transpose in FP8, amax, saturated): g is never
+  written in BF16. `scale` has shape (1,). With `record` (delayed scaling) amax (1,) and the count of values that
+  saturated (1,) come back; without it both are empty;
+- `swiglu_grad_amax(dg, h1, h3)` -> amaxes (2,) of dh1 and dh3, the gradients of h1 and h3;
+- `swiglu_grad_cast(dg, h1, h3, scales, dtype, record)` -> (dh1, dh1^T, dh3, dh3^T in FP8, amax (2,), saturated (2,)).
+
+Each value is first rounded to BF16 exactly where autograd of `F.silu(h1) * h3` in BF16 rounds it, so the FP8 tensors
+are the casts of the BF16 tensors the unfused path would have written. All tensors are 2-D and row-major; the
+transposes are row-major (F, M) copies, the layout cuBLAS's FP8 GEMM wants for the weight gradients.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from cs336_basics.precision.fused.scaling import cast_to_fp8, fp8_max
+
+
+def _recorded(values: list[torch.Tensor], scales: torch.Tensor, dtype: torch.dtype, record: bool):
+    if not record:
+        empty = scales.new_empty(0)
+        return empty, empty.to(torch.int32)
+    magnitudes = [v.abs().float() for v in values]
+    amax = torch.stack([m.amax() for m in magnitudes])
+    saturated = torch.stack([(m * s > fp8_max(dtype)).sum() for m, s in zip(magnitudes, scales, strict=True)])
+    return amax, saturated.to(torch.int32)
+
+
+def swiglu(h1: torch.Tensor, h3: torch.Tensor) -> torch.Tensor:
+    return F.silu(h1) * h3
+
+
+def swiglu_grads(dg: torch.Tensor, h1: torch.Tensor, h3: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dh1, dh3) as autograd computes them for swiglu(h1, h3)."""
+    return torch.ops.aten.silu_backward(dg * h3, h1), dg * F.silu(h1)
+
+
+def swiglu_amax(h1: torch.Tensor, h3: torch.Tensor) -> torch.Tensor:
+    return swiglu(h1, h3).abs().amax().float().reshape(1)
+
+
+def swiglu_cast(h1: torch.Tensor, h3: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype, record: bool):
+    g = swiglu(h1, h3)
+    g_fp8 = cast_to_fp8(g, scale[0], dtype)
+    return (g_fp8, g_fp8.t().contiguous(), *_recorded([g], scale, dtype, record))
+
+
+def swiglu_grad_amax(dg: torch.Tensor, h1: torch.Tensor, h3: torch.Tensor) -> torch.Tensor:
+    return torch.stack([d.abs().amax().float() for d in swiglu_grads(dg, h1, h3)])
+
+
+def swiglu_grad_cast(
+    dg: torch.Tensor, h1: torch.Tensor, h3: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype, record: bool
+):
+    dh1, dh3 = swiglu_grads(dg, h1, h3)
+    dh1_fp8, dh3_fp8 = cast_to_fp8(dh1, scales[0], dtype), cast_to_fp8(dh3, scales[1], dtype)
+    return (
+        dh1_fp8,
+        dh1_fp8.t().contiguous(),
+        dh3_fp8,
+        dh3_fp8.t().contiguous(),
+        *_recorded([dh1, dh3], scales, dtype, record),
+    )

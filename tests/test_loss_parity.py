@@ -1,0 +1,41 @@
+"""The loss-parity tool: the comparison rule on synthetic curves, its refusals, and one tiny end-to-end run on CPU
+(BF16 against the emulated fused FP8 path) that writes the results and the plot."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from tiny import TINY_FLAGS
+
+from cs336_basics.benchmark import loss_parity
+
+
+def test_every_evaluation_is_compared_with_bf16():
+    curves = {"bf16": [(100, 4.0), (200, 3.0)], "fp8": [(100, 4.01), (200, 3.03)]}
+    verdicts = loss_parity.compare(curves, tolerance=0.005)
+    assert verdicts["bf16"]["max_abs_rel_gap"] == 0 and verdicts["bf16"]["within_tolerance"]
+    # 0.25% at step 100 passes, 1% at step 200 does not: one evaluation outside fails the variant.
+    assert verdicts["fp8"]["val_rel_gap"][0][1] == pytest.approx(0.0025)
+    assert verdicts["fp8"]["max_abs_rel_gap"] == pytest.approx(0.01) and not verdicts["fp8"]["within_tolerance"]
+    with pytest.raises(ValueError, match="evaluated at steps"):
+        loss_parity.compare({"bf16": curves["bf16"], "fp8": curves["fp8"][:1]}, tolerance=0.005)
+
+
+def test_settings_each_variant_sets_are_refused(tmp_path, capsys):
+    assert loss_parity.main(["--out_dir", str(tmp_path), *TINY_FLAGS, "--use_fp8"]) == 2
+    assert "--use_fp8: each variant sets this itself" in capsys.readouterr().err
+
+
+def test_tiny_bf16_and_fused_fp8_runs_are_compared(tmp_path, token_files):
+    out = tmp_path / "parity"
+    argv = ["--out_dir", str(out), "--variants", "fp8-fused-dynamic", "--tolerance", "0.05", *TINY_FLAGS,
+            *token_files, "--fp8_emulate", "--max_steps", "6", "--eval_every", "3", "--eval_batches", "2",
+            "--log_every", "3", "--no_compile_model"]  # fmt: skip
+    assert loss_parity.main(argv) == 0
+    data = json.loads((out / "parity.json").read_text())
+    assert data["tolerance"] == 0.05 and [r["variant"] for r in data["runs"]] == ["bf16", "fp8-fused-dynamic"]
+    fp8 = data["runs"][1]
+    assert fp8["fp8_path"] == "fused" and fp8["precision"] != data["runs"][0]["precision"]
+    assert [step for step, _ in fp8["val_curve"]] == [3, 6] and fp8["within_tolerance"]
+    assert (out / "parity.png").stat().st_size > 0 and (out / "bf16" / "metrics.jsonl").is_file()
