@@ -53,6 +53,7 @@ TWO_RANKS = ["--batch_size", "2"]  # x 2 ranks = the one process's batch
 FP8 = ["--use_fp8", "--fp8_emulate", "--max_steps", "3"]
 # FP8 scales each rank's activations by their own amax (not the global batch's), so the casts round differently.
 FP8_REL = 1e-2
+FUSED = ["--fp8_path", "fused"]  # this package's FP8 path; its FP8 SwiGLU blocks are on by default
 ONE_PROCESS = ["--batch_size", "4"]
 
 
@@ -138,9 +139,11 @@ def runs(tmp_path_factory):
         # Rank 1 fails at the start of step 5, after the checkpoint of step 3.
         "failed": torchrun([*two, "--parallel", "fsdp", "--out_dir", root / "failed"], FAIL_RANK="1", FAIL_STEP="4"),
         "fsdp_fp8": torchrun([*two, *FP8, "--parallel", "fsdp", "--out_dir", root / "fsdp_fp8"]),
+        "ddp_fused": torchrun([*two, *FP8, *FUSED, "--parallel", "ddp", "--out_dir", root / "ddp_fused"]),
     }
     one_process([*base, *ONE_PROCESS, "--out_dir", root / "single"])
     one_process([*base, *ONE_PROCESS, *FP8, "--out_dir", root / "single_fp8"])
+    one_process([*base, *ONE_PROCESS, *FP8, *FUSED, "--out_dir", root / "single_fused"])
     one_process([*base, *ONE_PROCESS, "--max_steps", "3", "--lr_decay_steps", str(STEPS), "--out_dir", root / "one"])
     # A one-process checkpoint (step 3) resumed by 2 ranks sharding it.
     launches["one_then_two"] = torchrun(
@@ -188,6 +191,15 @@ def test_fsdp_with_fp8_all_gathers_fp8_weights_and_trains_like_one_process(runs)
     assert all(t.dtype == torch.bfloat16 for t in whole["model"].values())
     for name, master in whole["optimizer"]["master"].items():  # the weights are their masters, rounded
         torch.testing.assert_close(whole["model"][name], master.to(torch.bfloat16), rtol=0, atol=0, msg=name)
+
+
+def test_the_fused_fp8_path_with_its_swiglu_blocks_trains_under_ddp_like_one_process(runs):
+    """The fused path's own autograd functions (FP8 linears, shared input casts, SwiGLU blocks; their torch reference
+    producers on CPU) under DDP: the gradients they return reach DDP's all-reduce like any other."""
+    root, done = runs
+    assert done["ddp_fused"].returncode == 0, done["ddp_fused"].stderr[-3000:]
+    assert "2 SwiGLU blocks fused" in done["ddp_fused"].stdout and "ddp, world size 2" in done["ddp_fused"].stdout
+    assert_same_losses(metrics(root / "ddp_fused"), metrics(root / "single_fused"), rel=FP8_REL)
 
 
 def test_ddp_writes_one_file_and_fsdp_a_sharded_checkpoint(runs):
@@ -456,3 +468,4 @@ def test_gpu_fp8_under_ddp_and_fsdp(gpu_runs):
         assert_same_losses(metrics(root / mode), metrics(root / single), rel=BF16_REL)
     assert "FP8 weight all-gather" in done["fsdp_fp8"].stdout
     assert "FP8 linears counted" in done["fsdp_fp8"].stdout and "FP8 linears counted" in done["ddp_fused"].stdout
+    assert "SwiGLU blocks fused, producers: Triton kernels" in done["ddp_fused"].stdout
