@@ -120,6 +120,11 @@ def _run_locked(config: RunConfig, folder: RunFolder, world, results_json, log) 
         return result
     log(format_result(result))
     parallel = {"world_size": world.world_size, "parallel": built.parallel.mode}
+    if world.world_size > 1:  # what the measurements mean on several GPUs, kept with them
+        parallel["parallel_note"] = (
+            f"tokens_per_sec: all {world.world_size} ranks together (global batch / median step time); mfu: against "
+            f"{world.world_size} x the peak; peak_mem_gib: per GPU, the largest over the ranks"
+        )
     record = result_record(config, result, **_parameter_counts(built), **parallel)
     write_json_atomic(folder.result_path, record)
     if results_json is not None:
