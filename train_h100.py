@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from cs336_basics.cli import config_from_args, config_parser
-from cs336_basics.errors import ConfigError, RunFolderError, report_error
+from cs336_basics.errors import ConfigError, RunFolderError, rank_prefix, report_error
 from cs336_basics.training.checkpoint import CHECKPOINT_NAME
 from cs336_basics.training.run import run_training
 from cs336_basics.training.signals import Interrupted, terminate_raises
@@ -41,7 +41,8 @@ def main(argv: list[str] | None = None) -> int:
     except (TrainingDiverged, RunFolderError) as exc:
         return report_error(exc, exit_code=1)
     except KeyboardInterrupt as exc:
-        print(f"\n{str(exc).rstrip('.') or 'interrupted'}. {_how_to_continue(config)}", file=sys.stderr)
+        message = f"{str(exc).rstrip('.') or 'interrupted'}. {_how_to_continue(config)}"
+        print(f"\n{rank_prefix()}{message}", file=sys.stderr)
         return exc.exit_code if isinstance(exc, Interrupted) else 130
     return 0
 

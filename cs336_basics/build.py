@@ -2,11 +2,14 @@
 analysis all turn a config into a model here, so each decision is made once, in one place.
 
     plan:  resolve the "auto" settings -> probe FP8 support (once per process and device) -> refuse what this
-           machine cannot run (FP8, its batch shape, the attention kernel) -> a Plan
+           machine cannot run (FP8, its batch shape, the attention kernel, a --parallel mode) -> a Plan
     build: build the model, seeded -> move it to its device and dtype -> decide auto-FP8 (on where the GPU runs
-           FP8 and at least one layer passes the filter) -> convert to FP8 -> count the Float8 modules -> a Built
+           FP8 and at least one layer passes the filter) -> decide the data-parallel mode (under torchrun; auto
+           needs the parameter count) -> convert to FP8 -> count the Float8 modules -> a Built
 
-Compilation is deliberately not here: the Trainer compiles, after conversion. A comparison of BF16 and FP8 builds
+Compilation and parallelization are deliberately not here: the Trainer wraps the converted model (DDP, FSDP2), then
+compiles. The plan decides the parallel mode all the same, because FP8 conversion depends on it (FSDP2 all-gathers
+FP8 weights, which torchao must be told when it converts). A comparison of BF16 and FP8 builds
 twins from one plan: `build(plan)` and `build(plan.with_fp8(False))` start from the same seeded weights.
 """
 
@@ -20,6 +23,8 @@ import torch
 from cs336_basics.config import RunConfig
 from cs336_basics.errors import ConfigError, NotSupportedHere
 from cs336_basics.model import TransformerLM, check_attention_backend
+from cs336_basics.parallel.world import SINGLE, World, current_world, process_device
+from cs336_basics.parallel.wrap import SINGLE_PROCESS, ParallelPlan, check_parallel_request, resolve_parallel
 from cs336_basics.precision import (
     FP8ConversionReport,
     FP8Support,
@@ -69,6 +74,7 @@ class Plan:
     fp8_support: FP8Support
     attention_kernel: str
     auto_choices: tuple[str, ...] = ()
+    world: World = SINGLE  # this process's place in a torchrun launch
 
     def with_fp8(self, use_fp8: bool) -> Plan:
         """The same plan with FP8 on or off (the dtype and every other choice stay as resolved)."""
@@ -90,7 +96,8 @@ def _check_fp8_request(config: RunConfig, support: FP8Support) -> None:
 def plan(config: RunConfig) -> Plan:
     """Resolve every "auto" setting for this machine and refuse, with the fix, what it cannot run. Builds nothing."""
     t, o, fp8 = config.train, config.optim, config.fp8
-    device = resolve_device(t.device)
+    world = current_world()
+    device = process_device(t.device, world)  # under torchrun: this rank's GPU
     auto: list[str] = []
     support = check_fp8_support(device)
     use_fp8 = fp8.use_fp8
@@ -108,8 +115,10 @@ def plan(config: RunConfig) -> Plan:
         auto.append(f"compile_model={compile_model}")
     # Fixed here, at the run's start, and saved with it: a resumed run that raises max_steps keeps this schedule.
     decay = o.lr_decay_steps if o.lr_decay_steps is not None else t.max_steps
+    # Under torchrun the saved config names the device type only: it is the same file for every rank.
+    device_setting = device.type if world.launched else str(device)
     config = config.replace(
-        train={"device": str(device), "dtype": dtype, "compile_model": compile_model},
+        train={"device": device_setting, "dtype": dtype, "compile_model": compile_model},
         fp8={"use_fp8": use_fp8},
         optim={"lr_decay_steps": decay},
     )
@@ -117,7 +126,8 @@ def plan(config: RunConfig) -> Plan:
         _check_fp8_request(config, support)
     m = config.model
     kernel = check_attention_backend(m.attention, device, torch_dtype(dtype), head_dim=m.head_dim)
-    return Plan(config, device, support, kernel, tuple(auto))
+    check_parallel_request(config, world)
+    return Plan(config, device, support, kernel, tuple(auto), world)
 
 
 @dataclass
@@ -130,6 +140,7 @@ class Built:
     conversion: FP8ConversionReport | None  # None without FP8
     fp8_linears: int  # FP8 linears counted in the model after conversion, independently of the conversion's report
     auto_choices: tuple[str, ...]
+    parallel: ParallelPlan = SINGLE_PROCESS
 
     @property
     def device(self) -> torch.device:
@@ -163,13 +174,22 @@ def build(config_or_plan: RunConfig | Plan) -> Built:
         config = config.with_fp8(use_fp8)
         if use_fp8:
             _check_fp8_request(config, p.fp8_support)
+    parallel = resolve_parallel(config, p.world, p.device, model.num_parameters())
     report, counted = None, 0
     if use_fp8:
-        report = convert_for_fp8(model, config.fp8)
+        report = convert_for_fp8(model, config.fp8, fsdp_float8_all_gather=parallel.fp8_all_gather)
         counted = count_fp8_linears(model)
         if counted != report.n_converted or counted == 0:  # the independent check of the conversion's report
             raise ConfigError(
                 f"FP8 was requested but {counted} FP8 linears are in the model after conversion "
                 f"({report.n_converted} expected)."
             )
-    return Built(plan=p, config=config, model=model, conversion=report, fp8_linears=counted, auto_choices=tuple(auto))
+    return Built(
+        plan=p,
+        config=config,
+        model=model,
+        conversion=report,
+        fp8_linears=counted,
+        auto_choices=tuple(auto),
+        parallel=parallel,
+    )

@@ -28,6 +28,7 @@ FP8_FORMATS = ("auto", "e4m3", "hybrid")
 FP8_PATHS = ("torchao", "fused")
 FP8_SCALINGS = ("dynamic", "delayed")
 FP8_AMAX_ALGOS = ("max", "most_recent")
+PARALLEL_MODES = ("auto", "ddp", "fsdp")
 
 # The optimizer keeps the learning rate in a float32 device tensor: a larger value would become inf there.
 FLOAT32_MAX = 3.4028234663852886e38
@@ -289,6 +290,16 @@ class TrainConfig:
     checkpoint_every: int = setting(
         500, "steps between checkpoints; one is also written at the end and on a stop signal (0: none at all)",
         check=at_least(0),
+    )  # fmt: skip
+    # Kept as asked ("auto" stays "auto" in config.json): a run resumed at another world size decides again.
+    parallel: str = setting(
+        "auto", "under torchrun: ddp (replicated model, gradients all-reduced) or fsdp (FSDP2: parameters, gradients "
+        "and optimizer state sharded); auto: none on one process, ddp on several unless the model would not fit",
+        choices=PARALLEL_MODES,
+    )  # fmt: skip
+    dist_timeout_s: int = setting(
+        600, "under torchrun: seconds a rank waits for the others in a collective before the run fails (a rank "
+        "that is stuck or gone never leaves the others hanging)", check=at_least(1),
     )  # fmt: skip
 
     def __post_init__(self) -> None:

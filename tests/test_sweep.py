@@ -6,6 +6,7 @@ import json
 import math
 import sys
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -41,6 +42,8 @@ GUIDE_FIELDS = (
     "compile_s",
     "loss",
     "status",
+    "world_size",
+    "parallel",
 )
 
 
@@ -169,6 +172,14 @@ def test_quick_plan_and_dry_run_runs_nothing(tmp_path, capsys, monkeypatch):
         (["--preset", "366m"], "use --presets"),
         (["--compile_mode", "max-autotune"], "use --compile"),
         (["--dim", "30", "--n_heads", "4"], "must be divisible by n_heads"),  # checked for every config up front
+        (["--world_sizes", "1,0"], "--world_sizes must be comma-separated positive integers"),
+        (["--parallel", "ddp"], "--parallel sets the mode of world sizes above 1"),
+        (["--world_sizes", "2", "--parallel", "ddp,zero"], "--parallel: unknown value(s) 'zero'; choose from ddp"),
+        # what the ranks would refuse is refused before anything runs, naming the configuration
+        (
+            ["--world_sizes", "2", "--parallel", "fsdp", "--precisions", "bf16,fp8-fused-dynamic"],
+            "fp8-fused-dynamic/eager/sdpa/ac-off/fsdp-x2: --fp8_path fused does not support --parallel fsdp",
+        ),
     ],
 )
 def test_invalid_values_stop_with_a_clear_error(argv, message, capsys):
@@ -178,7 +189,48 @@ def test_invalid_values_stop_with_a_clear_error(argv, message, capsys):
     assert "sweep plan" not in stdout
 
 
-# ---- pairing with the baseline (pure) ----
+# ---- world sizes: the plan and the torchrun launches ----
+
+BENCHMARK = "--presets 1.3b --precisions bf16,fp8-tensorwise --compile default --attention sdpa --ac off"
+BENCHMARK += " --batch_sizes 4"
+
+
+def test_world_sizes_plan_one_gpu_first_then_each_parallel_mode_under_torchrun(tmp_path, capsys, monkeypatch):
+    options = sweep.parse_options(cli(f"{BENCHMARK} --world_sizes 1,2 --parallel ddp,fsdp"))
+    plan = sweep.plan_sweep(options)
+    assert [p.point.label for p in plan] == [
+        f"1.3b/bs4/{precision}/default/sdpa/ac-off{where}"
+        for where in ("", "/ddp-x2", "/fsdp-x2")
+        for precision in ("bf16", "fp8-tensorwise")
+    ]
+    for planned in plan:
+        point, config = planned.point, planned.config
+        assert config == build_config(planned.spec["overrides"])  # what every rank rebuilds
+        assert config.train.batch_size == 4  # per GPU, at every world size
+        assert config.train.parallel == (point.parallel if point.world_size > 1 else "auto")  # auto: one process
+        command = sweep_run.launch_command(planned, tmp_path / "r.json")
+        worker_part = sweep_run.worker_command(planned.spec, tmp_path / "r.json")
+        if point.world_size == 1:
+            assert (point.parallel, command) == ("none", worker_part)
+        else:  # torchrun (its module, with this interpreter) starting the same worker module on 2 processes
+            torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+            assert command == [*torchrun, *worker_part[1:]]
+            assert worker_part[1:3] == ["-m", "cs336_basics.benchmark.worker"]
+    # The Amdahl analysis profiles one GPU: only the one-process FP8 point.
+    assert [t.point.label for t in sweep_plan.amdahl_targets(plan)] == ["1.3b/bs4/fp8-tensorwise/default/sdpa/ac-off"]
+    # --parallel defaults to both modes; without --world_sizes nothing changes
+    assert len(sweep.plan_sweep(sweep.parse_options(cli(f"{BENCHMARK} --world_sizes 2")))) == 4
+    assert {p.point.world_size for p in sweep.plan_sweep(sweep.parse_options(cli(BENCHMARK)))} == {1}
+
+    monkeypatch.setattr(sweep_run, "run_isolated", lambda *a, **k: pytest.fail("a dry run ran something"))
+    code, stdout, _ = run_main([*cli(f"{BENCHMARK} --world_sizes 1,2 --parallel fsdp"), "--dry_run"], capsys)
+    assert code == 0
+    launch = f"$ {sys.executable} -m torch.distributed.run --standalone --nproc_per_node=2 -m "
+    launch += "cs336_basics.benchmark.worker --spec SPEC --out RECORD.json"
+    lines = stdout.splitlines()
+    i = lines.index("  3. 1.3b/bs4/bf16/default/sdpa/ac-off/fsdp-x2  (baseline)")
+    assert lines[i + 1].strip() == launch and lines[i + 3].strip() == launch
+    assert stdout.count("torch.distributed.run") == 2  # the one-GPU points run the worker alone
 
 
 def rec(precision="bf16", compile="default", batch=8, tok_s=100.0, status="ok", lm_head=False, preset="366m"):
@@ -202,6 +254,26 @@ def rec(precision="bf16", compile="default", batch=8, tok_s=100.0, status="ok", 
         "tokens_per_sec": tok_s if status == "ok" else None,
         "status": status,
     }
+
+
+def test_multi_gpu_rows_pair_with_their_own_baseline_and_scale_against_one_gpu():
+    one = dict(world_size=1, parallel="none")
+    records = [
+        {**rec(tok_s=100.0), **one},
+        {**rec("fp8-tensorwise", tok_s=110.0), **one},
+        {**rec(tok_s=190.0), "world_size": 2, "parallel": "ddp"},
+        {**rec("fp8-tensorwise", tok_s=228.0), "world_size": 2, "parallel": "ddp"},
+        {**rec("fp8-tensorwise", tok_s=200.0), "world_size": 2, "parallel": "fsdp"},  # no FSDP BF16 row
+        {**rec("fp8-tensorwise", batch=4, tok_s=300.0), "world_size": 2, "parallel": "ddp"},  # no batch-4 one GPU row
+    ]
+    # BF16 baselines per world size and mode: 2-GPU FP8 is compared with 2-GPU BF16, not the one-GPU baseline
+    assert sweep.pair_speedups(records) == [1.0, 1.1, 1.0, pytest.approx(1.2), None, None]
+    assert sweep.pair_scalings(records) == [None, None, 1.9, pytest.approx(228 / 110), pytest.approx(200 / 110), None]
+    table = sweep_report.format_table(records, sweep.pair_speedups(records), sweep.pair_scalings(records))
+    assert "| # | preset | batch | GPUs | precision |" in table and table.splitlines()[0].endswith("| vs 1 GPU |")
+    assert "| 3 | 366m | 8 | 2 ddp | bf16 |" in table and table.splitlines()[4].endswith("| 1.000x | 1.900x |")
+    one_gpu_table = sweep_report.format_table(records[:2], [1.0, 1.1], [None, None])  # as before: no GPU columns
+    assert "GPUs" not in one_gpu_table and "vs 1 GPU" not in one_gpu_table
 
 
 def test_speedup_pairs_each_row_with_its_bf16_compiled_baseline():
@@ -263,6 +335,25 @@ def test_gpu_slug_and_default_out_dir():
 # ---- the worker in-process: skip and error records ----
 
 
+def test_worker_under_torchrun_rank_0_alone_writes_and_a_failure_exits_1(tmp_path, monkeypatch, capsys):
+    """The worker's part of a torchrun launch, one rank at a time in this process: a failure before the process group
+    (missing data) is recorded with the world it ran on and exits 1, so that torchrun stops the other ranks."""
+    argv = [*TINY_GRID, "--precisions", "fp32", *TINY, "--world_sizes", "2", "--parallel", "ddp"]
+    argv += ["--train_data", str(tmp_path / "missing.npy")]
+    spec = sweep.plan_sweep(sweep.parse_options(argv))[0].spec
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    for rank in (1, 0):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("LOCAL_RANK", str(rank))
+        out = tmp_path / "record.json"
+        assert worker.main(["--spec", json.dumps(spec), "--out", str(out)]) == 1
+        assert out.exists() == (rank == 0)  # rank 0 alone writes the record
+        assert f"[rank{rank}]: worker: status error: ConfigError" in capsys.readouterr().out
+    record = json.loads(out.read_text())
+    assert (record["status"], record["world_size"], record["parallel"]) == ("error", 2, "ddp")
+    assert record["label"] == "cpu-small/bs4/fp32/eager/sdpa/ac-off/ddp-x2" and "missing.npy" in record["error"]
+
+
 def test_worker_skips_what_cannot_run_and_records_an_impossible_config(tmp_path, token_files, capsys):
     flash = sweep.plan_sweep(sweep.parse_options([*TINY_GRID, "--attention", "flash", "--precisions", "fp32", *TINY]))
     record = worker.run_one(flash[0].spec, log=lambda line: None)
@@ -319,7 +410,7 @@ def test_end_to_end_cpu_sweep_writes_every_output(tmp_path, token_files, capsys)
 
 FAKE_WORKER = textwrap.dedent(
     """
-    import json, shutil, sys, time
+    import json, os, pathlib, shutil, sys, time
     mode, snapshot_from, snapshot_to = sys.argv[1:4]
     out = sys.argv[sys.argv.index("--out") + 1]
     if mode == "fail":  # what the results file holds while the second configuration runs
@@ -331,6 +422,8 @@ FAKE_WORKER = textwrap.dedent(
         print("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 9.00 GiB", file=sys.stderr)
         sys.exit(1)
     if mode == "sleep":
+        pid_file = pathlib.Path(snapshot_to).with_name(f"pid-{os.environ.get('RANK', 0)}")
+        pid_file.write_text(str(os.getpid()))
         time.sleep(60)
     with open(out, "w") as f:
         json.dump({"status": "ok", "tokens_per_sec": 1000.0, "step_time_ms": 64.0, "loss": 4.0}, f)
@@ -346,7 +439,7 @@ def fake_workers(tmp_path, monkeypatch):
     real = sweep_run.worker_command
     modes: list[str] = []
 
-    def command(spec, out_path):
+    def command(spec, out_path):  # under torchrun, the launch wraps this command
         mode = modes.pop(0)
         if mode == "real":
             return real(spec, out_path)
@@ -385,6 +478,50 @@ def test_timeout_and_crashed_oom_are_classified(tmp_path, token_files, capsys, f
     assert runs[1]["error"].startswith("torch.OutOfMemoryError: CUDA out of memory")
     assert runs[2]["tokens_per_sec"] == 1000.0 and runs[2]["dim"] == 32  # the planned shape fills the record
     assert "| error: timeout after 3 s" in (out / "sweep.md").read_text()
+
+
+def alive(pid: int) -> bool:
+    """Running (a zombie, dead but not yet reaped by whoever adopted it, does not count)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return False
+
+
+def test_a_torchrun_launch_that_times_out_leaves_no_rank_running(tmp_path, token_files, capsys, fake_workers):
+    """torchrun starts its ranks in sessions of their own, which killing torchrun's would not reach: the sweep stops
+    torchrun with SIGTERM first, and torchrun stops its ranks."""
+    fake_workers += ["sleep", "sleep"]  # the printed plan shows the launch command too
+    out = tmp_path / "sweep"
+    argv = [*TINY_GRID, "--precisions", "fp32", *TINY, *token_files, "--world_sizes", "2", "--parallel", "ddp"]
+    # 10 s: torchrun starts the ranks in about 3.5 s on a 2-core machine
+    code, stdout, _ = run_main([*argv, "--timeout_s", "10", "--out_dir", out], capsys)
+    assert code == 1
+    pids = [int((tmp_path / f"pid-{rank}").read_text()) for rank in (0, 1)]  # both ranks had started
+    assert not [pid for pid in pids if alive(pid)]
+    (run,) = json.loads((out / "sweep.json").read_text())["runs"]
+    assert (run["status"], run["world_size"], run["parallel"]) == ("error", 2, "ddp")
+    assert run["error"].startswith("timeout after 10 s") and "torch.distributed.run" in (out / run["log"]).read_text()
+
+
+def test_end_to_end_cpu_sweep_over_world_sizes_with_torchrun(tmp_path, token_files, capsys):
+    """One process and 2 ranks under torchrun (DDP on gloo): one record each, rank 0's, with the global tokens/s."""
+    out = tmp_path / "sweep"
+    argv = [*TINY_GRID, "--precisions", "fp32", *TINY, *token_files, "--world_sizes", "1,2", "--parallel", "ddp"]
+    code, stdout, err = run_main([*argv, "--out_dir", out], capsys)
+    assert code == 0, stdout + err
+    one, two = json.loads((out / "sweep.json").read_text())["runs"]
+    assert (one["world_size"], one["parallel"], two["world_size"], two["parallel"]) == (1, "none", 2, "ddp")
+    for run in (one, two):
+        assert run["status"] == "ok" and set(GUIDE_FIELDS) <= set(run) and math.isfinite(run["loss"])
+    # tokens/s counts both ranks' batches: the global batch per (median) step time
+    assert two["tokens_per_sec"] == pytest.approx(2 * 4 * 16 / (two["step_time_ms"] / 1e3))
+    assert two["scaling_vs_1gpu"] == pytest.approx(two["tokens_per_sec"] / one["tokens_per_sec"])
+    assert "peak_mem_gib: per GPU, the largest over the ranks" in two["parallel_note"]
+    log = (out / two["log"]).read_text()
+    assert "--nproc_per_node=2" in log and "ddp, world size 2: --parallel ddp" in log
+    assert log.count("worker: status ok") == 2  # both ranks trained
+    assert "| 2 | cpu-small | 4 | 2 ddp | fp32 |" in (out / "sweep.md").read_text()
 
 
 def test_ctrl_c_keeps_what_finished(tmp_path, token_files, capsys, fake_workers, monkeypatch):

@@ -16,7 +16,15 @@ The record is results.run_record / result_record plus `status`:
   oom      torch.OutOfMemoryError; `error` holds the message
   error    anything else (a bad configuration such as a context longer than the data, a crash); `error` holds
            the exception type and the last line of its message
-The worker exits 0 whenever it wrote a record; the sweep reads the record, or classifies the exit if none came.
+The worker exits 0 whenever it wrote a record (under torchrun, see below, only if the run succeeded); the sweep reads
+the record, or classifies the exit if none came.
+
+Under torchrun (a world size above 1) every rank runs this, each in its own temporary run folder (a benchmark writes
+no checkpoint, and rank 0 alone writes the folder's files). Rank 0 alone writes the record: world_size, parallel,
+tokens/s of all ranks together (the global batch per step time) and peak_mem_gib, the largest of the ranks' peaks.
+A rank whose run failed exits 1, so that torchrun stops the other ranks at once instead of leaving them waiting in a
+collective; if that rank is not rank 0, no record is written and the sweep classifies torchrun's log, which holds
+every rank's output.
 """
 
 from __future__ import annotations
@@ -35,7 +43,8 @@ import torch
 
 from cs336_basics.atomic import write_json_atomic
 from cs336_basics.config import build_config
-from cs336_basics.errors import ConfigError, NotSupportedHere
+from cs336_basics.errors import ConfigError, NotSupportedHere, rank_prefix, report_error
+from cs336_basics.parallel.world import SINGLE, torchrun_world
 from cs336_basics.results import run_record
 from cs336_basics.training.run import run_training
 
@@ -100,34 +109,42 @@ def _log(message: str) -> None:
 
 def run_one(spec: dict[str, Any], log=_log) -> dict[str, Any]:
     """Build the config from the spec, train it if this machine can, and return its record (never raises for a
-    failed run: the failure is the record)."""
+    failed run: the failure is the record). Under torchrun, on ranks but 0, a run that succeeded returns only its
+    status (rank 0 has the measurements)."""
     extra = {"step_time_ms": None, **(spec.get("extra") or {})}
     try:
         config = build_config(spec["overrides"], spec.get("from_file"))
+        world = torchrun_world() or SINGLE
     except ConfigError as exc:  # the sweep validates every config before it starts, so this is a caller bug
         return {**extra, "status": "error", "error": _clip(f"ConfigError: {exc}")}
+    # A run that did not finish resolved no mode: its record names the world it was launched on and the mode asked.
+    unfinished = {"world_size": world.world_size, "parallel": config.train.parallel if world.world_size > 1 else "none"}
 
     started = time.perf_counter()
     try:
         with tempfile.TemporaryDirectory(prefix="cs336-sweep-") as tmp:
             run_training(config.replace(train={"out_dir": tmp}), log=log)
+            if not world.is_main:
+                return {"status": "ok"}
             # run_training writes the standard result record (results.result_record) there; reuse it as is.
             record = json.loads((Path(tmp) / "result.json").read_text())
     except NotSupportedHere as exc:  # raised by the build stage before any work: this machine cannot run it
         log(f"skipped: {exc}")
-        return run_record(config, status="skipped", reason=_clip(str(exc)), **extra)
+        return run_record(config, status="skipped", reason=_clip(str(exc)), **unfinished, **extra)
     except Exception as exc:  # noqa: BLE001 - any failure is this configuration's result, not the sweep's
         traceback.print_exc()
         status, message = classify_exception(exc)
-        return run_record(config, status=status, error=message, train_s=time.perf_counter() - started, **extra)
+        elapsed = time.perf_counter() - started
+        return run_record(config, status=status, error=message, train_s=elapsed, **unfinished, **extra)
 
     record.update(extra)
     record["status"] = "ok"
     record["train_s"] = time.perf_counter() - started
     if record.get("tokens_per_sec"):
-        # The Trainer's tokens/s is tokens_per_step / median step time, so this is that median step time.
+        # The Trainer's tokens/s is the global batch's tokens per step / median step time (all ranks together), so
+        # this is that median step time.
         tokens_per_step = record["batch_size"] * record["seq_len"] * record["gradient_accumulation_steps"]
-        record["step_time_ms"] = 1e3 * tokens_per_step / record["tokens_per_sec"]
+        record["step_time_ms"] = 1e3 * tokens_per_step * record["world_size"] / record["tokens_per_sec"]
     return record
 
 
@@ -137,11 +154,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True, help="where to write the result record (JSON)")
     args = parser.parse_args(argv)
     spec = json.loads(Path(args.spec[1:]).read_text() if args.spec.startswith("@") else args.spec)
+    try:
+        world = torchrun_world() or SINGLE
+    except ConfigError as exc:  # torchrun's variables set in part: which rank writes the record is unknown
+        return report_error(exc)
     record = run_one(spec)
-    write_json_atomic(args.out, record)
+    if world.is_main:
+        write_json_atomic(args.out, record)
     detail = record.get("error") or record.get("reason") or ""
-    print(f"worker: status {record['status']}" + (f": {detail}" if detail else ""), flush=True)
-    return 0
+    print(f"{rank_prefix()}worker: status {record['status']}" + (f": {detail}" if detail else ""), flush=True)
+    return 1 if world.launched and record["status"] in ("oom", "error") else 0
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from cs336_basics.atomic import atomic_write
-from cs336_basics.training.checkpoint import CHECKPOINT_FORMAT, load_model_state, model_state
+from cs336_basics.training.checkpoint import CHECKPOINT_FORMAT, SHARDED_FORMAT, load_model_state, model_state
 
 __all__ = ["load_checkpoint", "save_checkpoint"]
 
@@ -42,6 +42,11 @@ def load_checkpoint(src: Target, model: nn.Module, optimizer: torch.optim.Optimi
     """
     name = os.fspath(src) if isinstance(src, str | os.PathLike) else getattr(src, "name", "checkpoint stream")
     ckpt: Any = torch.load(src, map_location="cpu", weights_only=True)
+    if isinstance(ckpt, dict) and ckpt.get("format") == SHARDED_FORMAT:
+        raise ValueError(
+            f"{name} is a sharded checkpoint (an FSDP2 run's): its tensors are in the run folder's checkpoint.shards/. "
+            "Export it to one file first: python -m cs336_basics.parallel.export RUN_FOLDER --output FILE."
+        )
     if isinstance(ckpt, dict) and ckpt.get("format") == CHECKPOINT_FORMAT:
         ckpt = dict(ckpt, iteration=ckpt["step"])
     missing = [k for k in ("model", "optimizer", "iteration") if not isinstance(ckpt, dict) or k not in ckpt]

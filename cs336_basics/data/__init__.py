@@ -1,6 +1,13 @@
 """Data: tokenizer, corpora and caching, and batches of training windows."""
 
-from cs336_basics.data.batching import BatchSampler, get_batch, load_token_array, require_windows, token_dtype_for_vocab
+from cs336_basics.data.batching import (
+    BatchSampler,
+    get_batch,
+    get_rank_batch,
+    load_token_array,
+    require_windows,
+    token_dtype_for_vocab,
+)
 from cs336_basics.data.sources import (
     PreparedData,
     check_data_sources,
@@ -18,6 +25,7 @@ __all__ = [
     "check_data_sources",
     "default_cache_dir",
     "get_batch",
+    "get_rank_batch",
     "load_token_array",
     "prepare_data",
     "require_windows",

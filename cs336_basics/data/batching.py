@@ -132,6 +132,33 @@ def get_batch(
         starts = np.random.randint(0, high + 1, size=batch_size)
     else:
         starts = rng.integers(0, high + 1, size=batch_size)
+    return _windows(data, starts, context_length, device)
+
+
+def get_rank_batch(
+    data: np.ndarray,
+    batch_size: int,
+    context_length: int,
+    device: str | torch.device,
+    rng: np.random.Generator,
+    rank: int = 0,
+    world_size: int = 1,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """This rank's ``batch_size`` windows of a global batch of ``batch_size * world_size`` drawn from ``rng``.
+
+    Every rank draws the whole global batch's start positions (microseconds) from the same generator and gathers only
+    its own rows, so the ranks read different windows, the generator advances identically everywhere (one state to
+    save and resume), and the global batch is the one a single process with ``batch_size * world_size`` would draw.
+    With ``world_size`` 1 this is ``get_batch`` with ``rng``.
+    """
+    require_windows(len(data), context_length)
+    starts = rng.integers(0, len(data) - context_length, size=batch_size * world_size)
+    return _windows(data, starts[rank * batch_size : (rank + 1) * batch_size], context_length, device)
+
+
+def _windows(
+    data: np.ndarray, starts: np.ndarray, context_length: int, device: str | torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
     # One gather of (B, T + 1) ids; x and y are the two overlapping views of it, so each token is read once.
     windows = np.asarray(data[starts[:, None] + np.arange(context_length + 1)]).astype(np.int64)
     batch = torch.from_numpy(windows)
@@ -145,7 +172,10 @@ def get_batch(
 
 
 class BatchSampler:
-    """Random training batches with their own seeded generator, so a resumed run sees the same batches."""
+    """Random training batches with their own seeded generator, so a resumed run sees the same batches.
+
+    Under data parallelism each rank gets its own ``batch_size`` rows of every global batch (``get_rank_batch``): the
+    windows a rank reads are fixed by (seed, rank, step), and the sampler's state is the same on every rank."""
 
     def __init__(
         self,
@@ -154,6 +184,8 @@ class BatchSampler:
         context_length: int,
         device: str | torch.device,
         seed: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
     ) -> None:
         require_windows(len(data), context_length)  # at construction, before any training work
         self.data = data
@@ -161,9 +193,12 @@ class BatchSampler:
         self.context_length = context_length
         self.device = torch.device(device)
         self.rng = np.random.default_rng(seed)
+        self.rank, self.world_size = rank, world_size
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
-        return get_batch(self.data, self.batch_size, self.context_length, self.device, rng=self.rng)
+        return get_rank_batch(
+            self.data, self.batch_size, self.context_length, self.device, self.rng, self.rank, self.world_size
+        )
 
     def state_dict(self) -> dict[str, Any]:
         # The bit generator state is plain dicts and ints: safe for torch.save(weights_only) and JSON.

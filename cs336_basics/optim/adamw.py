@@ -14,6 +14,10 @@ memory, about 52 bytes per parameter. On CUDA, adamw_kernel.py does the whole up
 it is itself tested against torch.optim.AdamW. The gain is measured by cs336_basics/benchmark/optimizer_step.py.
 
 Nothing in `step()` reads a value back to the host, so a training step never waits for the GPU.
+
+Sharded parameters (FSDP2's DTensors): every tensor the optimizer keeps (master, moments) is the size of this rank's
+local shard, and the update (the fused kernel on CUDA) runs on the local shards; only the gradient norm for clipping
+needs the other ranks (one all-reduce of a scalar, on the device).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from torch import nn
 from cs336_basics.compiled import plain_name
 from cs336_basics.errors import ConfigError
 from cs336_basics.optim.clipping import clip_coefficient, global_grad_norm
+from cs336_basics.parallel.shards import is_sharded, local_tensor, shard_of
 
 __all__ = ["MasterWeightAdamW", "STATE_DICT_FORMAT", "adamw_update", "fused_by_default"]
 
@@ -102,8 +107,9 @@ class MasterWeightAdamW:
         fused: bool | None = None,
     ):
         self.names: list[str] = []
-        self.params: list[nn.Parameter] = []  # the model's own parameters, any float dtype
-        self.masters: list[torch.Tensor] = []  # what AdamW steps: the param itself if fp32, else a copy
+        self.params: list[nn.Parameter] = []  # the model's own parameters, any float dtype (DTensors if sharded)
+        self.locals: list[torch.Tensor] = []  # each parameter's local data, a plain tensor (all of it if unsharded)
+        self.masters: list[torch.Tensor] = []  # what AdamW steps: the local param itself if fp32, else a copy
         seen: set[int] = set()
         for raw_name, p in named_params:
             if not p.requires_grad or id(p) in seen:  # frozen, or a tied weight listed twice
@@ -116,14 +122,21 @@ class MasterWeightAdamW:
                 raise ConfigError(f"two different parameters are both named {name!r}; names must be unique.")
             self.names.append(name)
             self.params.append(p)
+            local = local_tensor(p)
+            self.locals.append(local)
             is_low = p.dtype in _LOW_PRECISION
-            self.masters.append(p.detach().to(torch.float32).clone() if is_low else p)
+            self.masters.append(local.detach().to(torch.float32).clone() if is_low else local)
         if not self.params:
             raise ConfigError("MasterWeightAdamW got no trainable parameters (none with requires_grad=True).")
         self._index = {name: i for i, name in enumerate(self.names)}
         self.device = self.masters[0].device
         if any(m.device != self.device for m in self.masters):
             raise ConfigError("MasterWeightAdamW needs every parameter on one device.")
+        sharded = [is_sharded(p) for p in self.params]
+        if any(sharded) and not all(sharded):
+            raise ConfigError("MasterWeightAdamW needs every parameter sharded (FSDP2 on the whole model) or none.")
+        # The group whose ranks hold the other shards: the gradient norm is summed over it.
+        self._shard_group = self.params[0].device_mesh.get_group() if all(sharded) else None
 
         # Two groups, like torch's param_groups: a schedule may set group["lr"]; step() reads it every time.
         self.param_groups: list[dict[str, Any]] = []
@@ -146,7 +159,7 @@ class MasterWeightAdamW:
         if self.fused:
             if self.device.type != "cuda":
                 raise ConfigError("the fused AdamW kernel runs on CUDA only; use fused=False on other devices.")
-            if not all(p.is_contiguous() for p in self.params):
+            if not all(p.is_contiguous() for p in self.locals):
                 raise ConfigError("the fused AdamW kernel needs contiguous parameters (it writes them as flat arrays).")
             try:
                 from cs336_basics.optim.adamw_kernel import fused_adamw_update  # imports triton
@@ -193,10 +206,16 @@ class MasterWeightAdamW:
         pre-clip norm as a 0-d fp32 device tensor. The gradients themselves are left as they are: the clipping
         factor is applied inside the update. Parameters without a gradient are skipped, as torch does.
         """
-        all_grads = [p.grad for p in self.params if p.grad is not None]
+        all_grads = [local_tensor(p.grad) for p in self.params if p.grad is not None]
         if not all_grads:
             return torch.zeros((), device=self.device)
         norm = global_grad_norm(all_grads)  # accumulated in fp32 straight from the BF16 grads
+        if self._shard_group is not None:  # this rank's shards only: sum the squares over the ranks
+            import torch.distributed as dist
+
+            norm_sq = norm.square()
+            dist.all_reduce(norm_sq, group=self._shard_group)
+            norm = norm_sq.sqrt()
         if max_grad_norm is not None and max_grad_norm < float("inf"):
             grad_scale = clip_coefficient(norm, max_grad_norm)
         else:
@@ -215,10 +234,12 @@ class MasterWeightAdamW:
                 if name not in states:
                     continue
                 i, s = self._index[name], states[name]
-                p, master = self.params[i], self.masters[i]
+                local, master = self.locals[i], self.masters[i]
+                if local.numel() == 0:  # a rank whose shard of a small parameter is empty
+                    continue
                 self._update(
-                    p.grad, master, s["exp_avg"], s["exp_avg_sq"], s["step"], self._lr, grad_scale,
-                    beta1, beta2, group["eps"], group["weight_decay"], None if master is p else p,
+                    local_tensor(self.params[i].grad), master, s["exp_avg"], s["exp_avg_sq"], s["step"], self._lr,
+                    grad_scale, beta1, beta2, group["eps"], group["weight_decay"], None if master is local else local,
                 )  # fmt: skip
         return norm
 
@@ -250,7 +271,7 @@ class MasterWeightAdamW:
             master:       {name: fp32 tensor}                         (every parameter)
 
         Tensors are references to live state, like torch's own optimisers (no copy of GPU memory):
-        serialise the dict before stepping again.
+        serialise the dict before stepping again. With sharded parameters they are this rank's local shards.
         """
         return {
             "format": STATE_DICT_FORMAT,
@@ -268,7 +289,8 @@ class MasterWeightAdamW:
         Works across a change of model precision. Load the model's weights first: the fp32 masters from the
         checkpoint then overwrite them, so a BF16 -> FP32 switch recovers the full-precision weights rather
         than their BF16 rounding, and an FP32 -> BF16 switch keeps the exact fp32 values as masters.
-        All tensors are copied, so the optimiser never shares storage with `state_dict`.
+        All tensors are copied, so the optimiser never shares storage with `state_dict`. With sharded parameters a
+        tensor may be whole (a checkpoint of another world size, or of one process): this rank takes its shard.
         """
         if not isinstance(state_dict, dict) or state_dict.get("format") != STATE_DICT_FORMAT:
             found = state_dict.get("format") if isinstance(state_dict, dict) else type(state_dict).__name__
@@ -285,14 +307,7 @@ class MasterWeightAdamW:
                 f"missing from the checkpoint: {missing or 'none'}; not in the model: {unexpected or 'none'}. "
                 "Resume with the model configuration the checkpoint was written with."
             )
-        masters = state_dict["master"]
-        for name, m in zip(self.names, self.masters, strict=True):
-            saved = masters[name]
-            if tuple(saved.shape) != tuple(m.shape):
-                raise ConfigError(
-                    f"parameter {name!r} has shape {tuple(m.shape)} but the checkpoint has "
-                    f"{tuple(saved.shape)}; resume with the model configuration the checkpoint was written with."
-                )
+        masters = {name: self._as_local(name, saved) for name, saved in state_dict["master"].items()}
 
         saved_groups = {g.get("group_name"): g for g in state_dict["param_groups"]}
         for group in self.param_groups:
@@ -300,12 +315,27 @@ class MasterWeightAdamW:
             group.update({k: (tuple(old[k]) if k == "betas" else old[k]) for k in _RESTORED_HPARAMS if k in old})
         self.state = {
             name: {
-                key: value.detach().to(device=self.device, dtype=torch.float32, copy=True)
+                key: (value if key == "step" else self._as_local(name, value))
+                .detach()
+                .to(device=self.device, dtype=torch.float32, copy=True)
                 for key, value in saved.items()
             }
             for name, saved in state_dict["state"].items()
         }
-        for name, p, m in zip(self.names, self.params, self.masters, strict=True):
+        for name, local, m in zip(self.names, self.locals, self.masters, strict=True):
             m.copy_(masters[name])  # fp32 param: writes the exact stored weight into the model
-            if m is not p:
-                p.copy_(m)  # low-precision param: round the master once, as step() does
+            if m is not local:
+                local.copy_(m)  # low-precision param: round the master once, as step() does
+
+    def _as_local(self, name: str, saved: torch.Tensor) -> torch.Tensor:
+        """A saved master or moment as this rank holds it: as it is, or this rank's shard of a whole tensor."""
+        i = self._index[name]
+        param, local = self.params[i], self.locals[i]
+        if is_sharded(param) and tuple(saved.shape) == tuple(param.shape) != tuple(local.shape):
+            return shard_of(saved, param)
+        if tuple(saved.shape) != tuple(local.shape):
+            raise ConfigError(
+                f"parameter {name!r} has shape {tuple(param.shape)} but the checkpoint has {tuple(saved.shape)}; "
+                "resume with the model configuration the checkpoint was written with."
+            )
+        return saved

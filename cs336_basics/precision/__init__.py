@@ -18,13 +18,17 @@ from cs336_basics.precision.fp8 import (
 from cs336_basics.precision.support import FP8Support, check_fp8_support, require_fp8
 
 
-def convert_for_fp8(model, cfg) -> FP8ConversionReport:
-    """Convert `model` to FP8 by the path cfg.fp8_path names: "torchao" (Float8Linear) or "fused" (ours)."""
+def convert_for_fp8(model, cfg, fsdp_float8_all_gather: bool = False) -> FP8ConversionReport:
+    """Convert `model` to FP8 by the path cfg.fp8_path names: "torchao" (Float8Linear) or "fused" (ours).
+    `fsdp_float8_all_gather`: the model will be sharded by FSDP2, which then all-gathers FP8 weights (torchao only;
+    the plan refuses FSDP2 with the fused path)."""
     if cfg.fp8_path == "fused":
+        if fsdp_float8_all_gather:
+            raise ValueError("the fused FP8 path has no FSDP2 all-gather (the plan refuses this combination)")
         from cs336_basics.precision.fused.convert import convert_model_to_fused_fp8
 
         return convert_model_to_fused_fp8(model, cfg)
-    return convert_model_to_fp8(model, cfg)
+    return convert_model_to_fp8(model, cfg, fsdp_float8_all_gather=fsdp_float8_all_gather)
 
 
 def count_fp8_linears(model) -> int:

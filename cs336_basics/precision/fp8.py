@@ -77,8 +77,9 @@ def _with_grad_output_dtype(config: Float8LinearConfig, dtype: torch.dtype) -> F
     )
 
 
-def torchao_float8_config(cfg: FP8Config) -> Float8LinearConfig:
-    """torchao's Float8LinearConfig for our settings: the named recipe, then the format and emulation.
+def torchao_float8_config(cfg: FP8Config, fsdp_float8_all_gather: bool = False) -> Float8LinearConfig:
+    """torchao's Float8LinearConfig for our settings: the named recipe, then the format and emulation, and for a model
+    FSDP2 will shard, FP8 all-gather of the weights (tensorwise only: torchao asserts it).
 
     fp8_format:
       auto   - the recipe's own dtypes: tensorwise is E4M3 input/weight + E5M2 grad_output (hybrid);
@@ -106,6 +107,9 @@ def torchao_float8_config(cfg: FP8Config) -> Float8LinearConfig:
         config = _with_grad_output_dtype(config, torch.float8_e4m3fn)
     if cfg.fp8_emulate:
         config = dataclasses.replace(config, emulate=True)
+    if fsdp_float8_all_gather:
+        # Each rank casts its weight shard to FP8 before the all-gather: half the bytes of a BF16 all-gather.
+        config = dataclasses.replace(config, enable_fsdp_float8_all_gather=True)
     return config
 
 
@@ -380,14 +384,15 @@ def decide_conversions(model: nn.Module, cfg: FP8Config, report: FP8ConversionRe
         raise _nothing_converted_error(report)
 
 
-def convert_model_to_fp8(model: nn.Module, cfg: FP8Config) -> FP8ConversionReport:
+def convert_model_to_fp8(model: nn.Module, cfg: FP8Config, fsdp_float8_all_gather: bool = False) -> FP8ConversionReport:
     """Swap the model's eligible nn.Linear layers for torchao Float8Linear, in place; report what happened.
 
     Converts whenever called (cfg.use_fp8 is the caller's switch). The model must be uncompiled, with
     every floating parameter in bfloat16 on CUDA (CPU allowed with cfg.fp8_emulate). Raises ConfigError
     when that order is broken, when torchao is missing, or when no layer would be converted.
     """
-    config = torchao_float8_config(cfg)  # torchao import and format errors first, before touching the model
+    # torchao import and format errors first, before touching the model
+    config = torchao_float8_config(cfg, fsdp_float8_all_gather)
     ao = _torchao_float8()
     Float8Linear = _float8_linear_class()  # noqa: N806
     check_model_ready(model, cfg)

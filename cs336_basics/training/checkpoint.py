@@ -4,6 +4,11 @@ A checkpoint holds everything a resumed run needs to continue bit for bit: model
 module, so keys never depend on torch.compile), optimizer state, step, the run's config, the data sampler's
 position, and the python / numpy / torch (CPU and CUDA) RNG states.
 
+A run trained with FSDP2 writes a sharded checkpoint instead (cs336_basics/parallel/checkpoint.py): the same
+`checkpoint.pt`, in format v1-sharded, holding everything but the tensors, which sit in the shard folder it names.
+`read_checkpoint` reads either; restoring a sharded checkpoint into an unsharded model (one process, DDP) first
+assembles its tensors into this layout.
+
 Why weights_only-safe: unpickling can run arbitrary code, and a checkpoint is exactly the kind of file people
 download and share. So the payload is restricted to plain dicts, lists, tuples, numbers, strings, None and
 tensors (numpy's RNG state is converted to Python ints), and loading always uses weights_only=True.
@@ -13,6 +18,7 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import warnings
 from collections import OrderedDict
 from pathlib import Path
@@ -29,17 +35,25 @@ from cs336_basics.errors import ConfigError
 __all__ = [
     "CHECKPOINT_FORMAT",
     "CHECKPOINT_NAME",
+    "SHARDED_FORMAT",
+    "SHARDS_DIR",
+    "checkpoint_payload",
+    "check_model_keys",
     "latest_checkpoint",
     "load_checkpoint",
     "load_model_state",
     "model_state",
     "read_checkpoint",
+    "remove_stale_shards",
     "restore_checkpoint",
     "save_checkpoint",
 ]
 
 CHECKPOINT_NAME = "checkpoint.pt"
 CHECKPOINT_FORMAT = "cs336_basics.checkpoint/v1"
+# checkpoint.pt of an FSDP2 run: v1's keys but "model" and the optimizer's tensors, which are in SHARDS_DIR/<"shards">.
+SHARDED_FORMAT = "cs336_basics.checkpoint/v1-sharded"
+SHARDS_DIR = "checkpoint.shards"
 
 
 def model_state(model: nn.Module) -> OrderedDict[str, torch.Tensor]:
@@ -117,6 +131,36 @@ def _set_rng_state(state: dict[str, Any]) -> None:
 
 
 # ---- public API ----
+def checkpoint_payload(
+    *,
+    model: dict | None,
+    optimizer: dict | None,
+    step: int,
+    config: dict,
+    sampler_state: dict | None = None,
+    extra: dict | None = None,
+    rng: dict | None = None,
+    format: str = CHECKPOINT_FORMAT,
+    **more: Any,
+) -> dict[str, Any]:
+    """What a checkpoint file holds, checked to load with weights_only=True: `model` a state dict (plain keys),
+    `optimizer` the optimizer's state dict, `rng` this process's RNG states unless given."""
+    return {
+        "format": format,
+        "torch_version": str(torch.__version__),
+        "step": int(step),
+        # Tensors stay as they are (torch.save copies device tensors to the file itself). Storage shared
+        # between model and optimizer (fp32 weights are their own masters) is written once.
+        "model": model,
+        "optimizer": _plain(optimizer, "optimizer") if optimizer is not None else None,
+        "config": _plain(config, "config"),
+        "sampler_state": _plain(sampler_state, "sampler_state"),
+        "extra": _plain(extra, "extra"),
+        "rng": rng if rng is not None else _rng_state(),
+        **_plain(more, "checkpoint"),
+    }
+
+
 def save_checkpoint(
     path: str | os.PathLike,
     *,
@@ -133,26 +177,24 @@ def save_checkpoint(
     `optimizer` is anything with state_dict() (MasterWeightAdamW, a torch optimizer) or None.
     """
     path = Path(path)
-    payload = {
-        "format": CHECKPOINT_FORMAT,
-        "torch_version": str(torch.__version__),
-        "step": int(step),
-        # Tensors stay as they are (torch.save copies device tensors to the file itself). Storage shared
-        # between model and optimizer (fp32 weights are their own masters) is written once.
-        "model": model_state(model),
-        "optimizer": _plain(optimizer.state_dict(), "optimizer") if optimizer is not None else None,
-        "config": _plain(config, "config"),
-        "sampler_state": _plain(sampler_state, "sampler_state"),
-        "extra": _plain(extra, "extra"),
-        "rng": _rng_state(),
-    }
+    payload = checkpoint_payload(
+        model=model_state(model),
+        optimizer=optimizer.state_dict() if optimizer is not None else None,
+        step=step,
+        config=config,
+        sampler_state=sampler_state,
+        extra=extra,
+    )
     atomic_write(path, lambda f: torch.save(payload, f))
     return path
 
 
-def read_checkpoint(path: str | os.PathLike, map_location: str | torch.device | None = "cpu") -> dict[str, Any]:
+def read_checkpoint(
+    path: str | os.PathLike, map_location: str | torch.device | None = "cpu", mmap: bool = False
+) -> dict[str, Any]:
     """Read and check a checkpoint written by save_checkpoint, restoring nothing: "step", "config",
-    "sampler_state", "extra", "model", "optimizer", "rng", "torch_version", "format"."""
+    "sampler_state", "extra", "model", "optimizer", "rng", "torch_version", "format". `mmap`: map the file's tensors
+    instead of reading them (the ranks of one machine then share one copy in the page cache)."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(
@@ -160,7 +202,7 @@ def read_checkpoint(path: str | os.PathLike, map_location: str | torch.device | 
             f"(the trainer writes <out_dir>/{CHECKPOINT_NAME})."
         )
     try:
-        ckpt = torch.load(path, map_location=map_location, weights_only=True)
+        ckpt = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except Exception as e:  # torn zip, random bytes, empty file, disallowed pickle content, ...
         msg = str(e).strip()
         if "Weights only load failed" in msg:
@@ -172,14 +214,26 @@ def read_checkpoint(path: str | os.PathLike, map_location: str | torch.device | 
             f"{path} is not a readable checkpoint ({detail}); it may be truncated or corrupt, or was not "
             "written by cs336_basics. Delete it, or point at another checkpoint."
         ) from e
-    if not isinstance(ckpt, dict) or ckpt.get("format") != CHECKPOINT_FORMAT:
+    if not isinstance(ckpt, dict) or ckpt.get("format") not in (CHECKPOINT_FORMAT, SHARDED_FORMAT):
         found = ckpt.get("format") if isinstance(ckpt, dict) else type(ckpt).__name__
         raise ConfigError(
             f"{path} is not a cs336_basics checkpoint (format {found!r}, expected {CHECKPOINT_FORMAT!r}); "
             "point at a checkpoint written by this package's trainer."
         )
     ckpt["path"] = str(path)
+    if ckpt["format"] == SHARDED_FORMAT:
+        shards = path.parent / SHARDS_DIR / ckpt["shards"]
+        if not (shards / ".metadata").is_file():
+            raise ConfigError(
+                f"{path} is a sharded checkpoint whose tensors should be in {shards}, which is missing or incomplete; "
+                "the run folder was changed by hand. Point at another checkpoint."
+            )
+        ckpt["shards_path"] = str(shards)
     return ckpt
+
+
+def is_sharded_checkpoint(ckpt: dict[str, Any]) -> bool:
+    return ckpt.get("format") == SHARDED_FORMAT
 
 
 def restore_checkpoint(
@@ -189,8 +243,20 @@ def restore_checkpoint(
 
     The model is restored first (strictly, into the uncompiled module), then the optimizer: with
     MasterWeightAdamW that order lets the fp32 masters overwrite weights the model may hold in lower precision.
+    Either kind of checkpoint (whole or sharded) restores into either kind of model (whole, or sharded by FSDP2).
     """
     path = ckpt.get("path", "the checkpoint")
+    from cs336_basics.parallel.shards import is_sharded
+
+    if model is not None and any(is_sharded(p) for p in model.parameters()):
+        from cs336_basics.parallel.checkpoint import restore_sharded_model
+
+        restore_sharded_model(ckpt, model=model, optimizer=optimizer)
+        model = optimizer = None  # restored; the RNG below is restored as for any checkpoint
+    elif is_sharded_checkpoint(ckpt) and (model is not None or optimizer is not None):
+        from cs336_basics.parallel.checkpoint import assemble_sharded
+
+        ckpt = assemble_sharded(ckpt)
     if model is not None:
         load_model_state(model, ckpt["model"], path)
     if optimizer is not None:
@@ -215,27 +281,60 @@ def load_checkpoint(
     return ckpt
 
 
-def load_model_state(model: nn.Module, state: dict[str, torch.Tensor], path: str) -> None:
-    """Load a checkpoint's model state (plain keys) strictly into `model`, whatever wraps it; a ConfigError says
-    which keys or shapes do not fit."""
-    module = unwrap(model)
-    # Map plain checkpoint keys onto this module's own keys, which carry compile prefixes where submodules were
-    # compiled in place.
-    own = {plain_name(k): k for k in module.state_dict()}
-    missing = sorted(set(own) - set(state))
-    unexpected = sorted(set(state) - set(own))
+def check_model_keys(model: nn.Module, keys: Any, path: str) -> dict[str, str]:
+    """A ConfigError unless the checkpoint's model `keys` (plain names) are exactly the model's; returns plain key ->
+    the module's own key (which carries compile prefixes where submodules were compiled in place)."""
+    own = {plain_name(k): k for k in unwrap(model).state_dict()}
+    missing = sorted(set(own) - set(keys))
+    unexpected = sorted(set(keys) - set(own))
     if missing or unexpected:
         raise ConfigError(
             f"{path} does not fit this model: missing keys {missing[:10] or 'none'}"
             f"{' ...' if len(missing) > 10 else ''}, unexpected keys {unexpected[:10] or 'none'}"
             f"{' ...' if len(unexpected) > 10 else ''}. Build the model with the config stored in the checkpoint."
         )
+    return own
+
+
+def load_model_state(model: nn.Module, state: dict[str, torch.Tensor], path: str) -> None:
+    """Load a checkpoint's model state (plain keys) strictly into `model`, whatever wraps it; a ConfigError says
+    which keys or shapes do not fit."""
+    module = unwrap(model)
+    own = check_model_keys(module, state, path)
     try:
         module.load_state_dict({own[k]: v for k, v in state.items()}, strict=True)
     except RuntimeError as e:  # shape mismatches
         raise ConfigError(
             f"{path} does not fit this model: {e}. Build the model with the config stored in the checkpoint."
         ) from e
+
+
+def referenced_shards(out_dir: str | os.PathLike) -> str | None | bool:
+    """The shard folder the run's checkpoint.pt names; None if it names none (no checkpoint, or a whole one); False
+    if checkpoint.pt cannot be read (then nothing may be deleted)."""
+    path = Path(out_dir) / CHECKPOINT_NAME
+    if not path.is_file():
+        return None
+    try:  # mmap: a whole checkpoint of several GB is not read just to learn it names no shards
+        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # noqa: BLE001 - an unreadable checkpoint: keep every shard folder
+        return False
+    return ckpt.get("shards") if isinstance(ckpt, dict) and ckpt.get("format") == SHARDED_FORMAT else None
+
+
+def remove_stale_shards(out_dir: str | os.PathLike) -> list[Path]:
+    """Delete the shard folders checkpoint.pt does not name: older checkpoints', and those of writes a crash cut short
+    (checkpoint.pt is written only after its shards are complete, so it never names one of those)."""
+    keep = referenced_shards(out_dir)
+    root = Path(out_dir) / SHARDS_DIR
+    if keep is False or not root.is_dir():
+        return []
+    stale = [p for p in root.iterdir() if p.name != keep]
+    for p in stale:
+        shutil.rmtree(p) if p.is_dir() else p.unlink()
+    if keep is None:
+        root.rmdir()
+    return stale
 
 
 def latest_checkpoint(out_dir: str | os.PathLike) -> Path | None:

@@ -1,12 +1,16 @@
-"""The main job, in the order of its operations: check the run folder and data paths (cheap, first) → lock the
-folder, read and check the checkpoint to resume → plan (resolve, probe FP8, refuse what cannot run) → data → build
-the model and convert to FP8 (build.py) → summary → write the run's config → Trainer (compiles) → train → results.
+"""The main job, in the order of its operations: check the run folder and data paths (cheap, first) → under
+torchrun, join the process group → lock the folder, read and check the checkpoint to resume → plan (resolve, probe
+FP8, refuse what cannot run) → data → build the model and convert to FP8 (build.py) → summary → write the run's
+config → Trainer (parallelizes, compiles) → train → results.
 
-Nothing is written to the run folder before every check has passed, apart from its lock file.
+Nothing is written to the run folder before every check has passed, apart from its lock file. Under torchrun every
+rank runs this; rank 0 alone holds the folder's lock, prints and writes its files (the sharded checkpoint's shards
+excepted: every rank writes its own).
 """
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +20,8 @@ from cs336_basics.config import RunConfig
 from cs336_basics.data import BPETokenizer, check_data_sources, prepare_data, require_windows
 from cs336_basics.errors import ConfigError
 from cs336_basics.generate import sample_text
+from cs336_basics.parallel.world import main_first, process_group
+from cs336_basics.parallel.wrap import FSDP
 from cs336_basics.results import append_runs, format_or_na, result_record
 from cs336_basics.training.run_folder import RunFolder
 from cs336_basics.training.summary import RunFacts, format_summary
@@ -57,49 +63,77 @@ def run_training(config: RunConfig, results_json: str | Path | None = None, log=
     folder = RunFolder(t.out_dir)
     folder.check_usable(t.resume)
     check_data_sources(config.data)  # before any heavy work: a wrong path fails in a second
-    with folder.locked():
-        resume_state = folder.read_resume_state(config) if t.resume else None
-        notes: list[str] = []
-        if resume_state is not None:
-            step = resume_state["step"]
-            if step >= t.max_steps:
-                log(
-                    f"nothing to do: {folder.checkpoint_path} is at step {step} and max_steps is {t.max_steps}; "
-                    "pass a larger --max_steps to train further. The run folder was left as it was."
-                )
-                return None
-        p = plan(config)
-        if resume_state is not None:
-            notes = _resume_notes(RunConfig.from_dict(resume_state["config"]), p.config, resume_state["step"])
-        data = prepare_data(p.config.data, p.config.model.vocab_size)
-        for name, tokens in (("training", data.train), ("validation", data.val)):
-            require_windows(len(tokens), p.config.model.context_length, f"the {name} data")
-        built = build(p)
-        config = built.config
-        if resume_state is not None:
-            _check_tokenizer(folder, data.tokenizer)
-        else:
-            folder.start_fresh(t.overwrite)
+    with process_group(t.device, t.dist_timeout_s) as world:
+        if not world.is_main:
+            log = _silent
+        with folder.locked() if world.is_main else contextlib.nullcontext():
+            return _run_locked(config, folder, world, results_json, log)
 
-        if built.device.type == "cuda" or config.fp8.use_fp8:
-            log(built.plan.fp8_support.format())
-        log(format_summary(config, _facts(built, data.description, notes)))
-        # The run's settings, as a later --resume reads them: how this invocation started is not one of them.
-        saved = config.replace(train={"resume": False, "overwrite": False})
+
+def _silent(*args: Any, **kwargs: Any) -> None:
+    """The log of every rank but 0."""
+
+
+def _run_locked(config: RunConfig, folder: RunFolder, world, results_json, log) -> TrainResult | None:
+    t = config.train
+    # Every rank reads the checkpoint: mapped, so that a machine's ranks share one copy of a whole checkpoint.
+    resume_state = folder.read_resume_state(config, mmap=world.launched) if t.resume else None
+    notes: list[str] = []
+    if resume_state is not None:
+        step = resume_state["step"]
+        if step >= t.max_steps:
+            log(
+                f"nothing to do: {folder.checkpoint_path} is at step {step} and max_steps is {t.max_steps}; "
+                "pass a larger --max_steps to train further. The run folder was left as it was."
+            )
+            return None
+    p = plan(config)
+    if resume_state is not None:
+        notes = _resume_notes(RunConfig.from_dict(resume_state["config"]), p.config, resume_state["step"])
+    with main_first(world):  # rank 0 tokenizes and caches; the others read its cache
+        data = prepare_data(p.config.data, p.config.model.vocab_size)
+    for name, tokens in (("training", data.train), ("validation", data.val)):
+        require_windows(len(tokens), p.config.model.context_length, f"the {name} data")
+    built = build(p)
+    config = built.config
+    if resume_state is not None:
+        _check_tokenizer(folder, data.tokenizer)
+    elif world.is_main:
+        folder.start_fresh(t.overwrite)
+
+    if built.device.type == "cuda" or config.fp8.use_fp8:
+        log(built.plan.fp8_support.format())
+    log(format_summary(config, _facts(built, data.description, notes)))
+    # The run's settings, as a later --resume reads them: how this invocation started is not one of them.
+    saved = config.replace(train={"resume": False, "overwrite": False})
+    if world.is_main:
         write_json_atomic(folder.config_path, saved.to_dict())
         if data.tokenizer is not None and resume_state is None:
             data.tokenizer.save(folder.tokenizer_path)
 
-        trainer = Trainer(built.model, config, data.train, data.val, built.device, log=log, resume_state=resume_state)
-        result = trainer.train()
-        log(format_result(result))
-        record = result_record(config, result, **_parameter_counts(built))
-        write_json_atomic(folder.result_path, record)
-        if results_json is not None:
-            append_runs(results_json, [record])
-        log(format_outputs(folder, result))
-        if data.tokenizer is not None:
-            log("sample: " + repr(sample_text(built.model, data.tokenizer, prompt="def ", max_new_tokens=48)))
+    trainer = Trainer(
+        built.model, config, data.train, data.val, built.device, log=log, resume_state=resume_state,
+        parallel=built.parallel,
+    )  # fmt: skip
+    result = trainer.train()
+    if not world.is_main:
+        return result
+    log(format_result(result))
+    parallel = {"world_size": world.world_size, "parallel": built.parallel.mode}
+    if world.world_size > 1:  # what the measurements mean on several GPUs, kept with them
+        parallel["parallel_note"] = (
+            f"tokens_per_sec: all {world.world_size} ranks together (global batch / median step time); mfu: against "
+            f"{world.world_size} x the peak; peak_mem_gib: per GPU, the largest over the ranks"
+        )
+    record = result_record(config, result, **_parameter_counts(built), **parallel)
+    write_json_atomic(folder.result_path, record)
+    if results_json is not None:
+        append_runs(results_json, [record])
+    log(format_outputs(folder, result))
+    if data.tokenizer is not None and built.parallel.mode != FSDP:
+        log("sample: " + repr(sample_text(built.model, data.tokenizer, prompt="def ", max_new_tokens=48)))
+    elif data.tokenizer is not None:  # every rank would have to run the sharded model's forward passes in step
+        log(f"sample: run python -m cs336_basics.generate --out_dir {t.out_dir} (reads the sharded checkpoint)")
     return result
 
 
@@ -122,6 +156,7 @@ def _facts(built: Built, data_description: str, notes: list[str]) -> RunFacts:
         fp8_line=built.fp8_line,
         fp8_capable=built.plan.fp8_support.ok,
         resume_notes=notes,
+        parallel=built.parallel,
     )
 
 

@@ -1,12 +1,14 @@
 """The run folder: one run at a time, nothing of an earlier run lost by accident, nothing left half-written.
 
-A run folder holds config.json, metrics.jsonl, loss_curve.png, checkpoint.pt, result.json and tokenizer/. Rules:
+A run folder holds config.json, metrics.jsonl, loss_curve.png, checkpoint.pt, result.json and tokenizer/ (and, for
+an FSDP2 run, checkpoint.shards/, the tensors of its sharded checkpoint). Rules:
 - one process at a time: an exclusive lock (`.lock`, holding the owner's PID) for the whole run; the kernel drops
   it when the process ends, however it ends, so a killed run never leaves a stale lock;
 - a new run starts only in an empty folder, or with --overwrite (which deletes the earlier run's files);
 - --resume needs the folder and its checkpoint, and everything is checked (the checkpoint reads, its model fits
   the config, there is something left to train) before a single file is written;
-- temporary files of writes that a kill interrupted are removed at start (the lock proves no writer is alive).
+- temporary files of writes that a kill interrupted are removed at start (the lock proves no writer is alive), and
+  so are shard folders that checkpoint.pt does not name (an older checkpoint's, or a write cut short).
 """
 
 from __future__ import annotations
@@ -23,10 +25,10 @@ from typing import Any
 from cs336_basics.atomic import is_leftover_temp
 from cs336_basics.config import MODEL_IDENTITY_FIELDS, RunConfig
 from cs336_basics.errors import ConfigError, RunFolderError
-from cs336_basics.training.checkpoint import CHECKPOINT_NAME, read_checkpoint
+from cs336_basics.training.checkpoint import CHECKPOINT_NAME, SHARDS_DIR, read_checkpoint, remove_stale_shards
 
 LOCK_NAME = ".lock"
-RUN_FILES = ("config.json", "metrics.jsonl", "loss_curve.png", CHECKPOINT_NAME, "result.json", "tokenizer")
+RUN_FILES = ("config.json", "metrics.jsonl", "loss_curve.png", CHECKPOINT_NAME, SHARDS_DIR, "result.json", "tokenizer")
 
 
 class RunFolder:
@@ -99,7 +101,7 @@ class RunFolder:
         leftovers += [p for p in self.path.rglob(".tmp-*") if p.is_dir()]  # tokenizer saves
         for p in leftovers:
             shutil.rmtree(p) if p.is_dir() else p.unlink()
-        return leftovers
+        return leftovers + remove_stale_shards(self.path)
 
     def existing_run_files(self) -> list[str]:
         return [name for name in RUN_FILES if (self.path / name).exists()]
@@ -118,10 +120,11 @@ class RunFolder:
             shutil.rmtree(target) if target.is_dir() else target.unlink()
         return existing
 
-    def read_resume_state(self, config: RunConfig) -> dict[str, Any]:
+    def read_resume_state(self, config: RunConfig, mmap: bool = False) -> dict[str, Any]:
         """The checkpoint to resume from, checked against `config`: it reads, and its model is the one `config`
-        builds (the attention kernel and activation checkpointing may change; the shape and function may not)."""
-        ckpt = read_checkpoint(self.checkpoint_path)
+        builds (the attention kernel and activation checkpointing may change; the shape and function may not).
+        `mmap`: see read_checkpoint."""
+        ckpt = read_checkpoint(self.checkpoint_path, mmap=mmap)
         saved = RunConfig.from_dict(ckpt["config"]).model
         changed = [
             f"{name} {getattr(saved, name)} -> {getattr(config.model, name)}"

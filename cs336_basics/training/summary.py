@@ -9,6 +9,7 @@ import torch
 
 from cs336_basics.config import RunConfig
 from cs336_basics.optim import fused_by_default
+from cs336_basics.parallel.wrap import FSDP, SINGLE_PROCESS, ParallelPlan
 
 
 @dataclass
@@ -24,6 +25,7 @@ class RunFacts:
     fp8_line: str = "off"
     fp8_capable: bool = False
     resume_notes: list[str] = field(default_factory=list)
+    parallel: ParallelPlan = SINGLE_PROCESS
 
 
 # How much slower: benchmarks/results/2026-11-21-sweep-fused-adamw-h200/sweep.md (the eager rows).
@@ -72,6 +74,23 @@ def suboptimal_choices(config: RunConfig, facts: RunFacts) -> list[str]:
 def format_summary(config: RunConfig, facts: RunFacts) -> str:
     t, m, o = config.train, config.model, config.optim
     auto = ", ".join(facts.auto_choices) or "none"
+    par = facts.parallel
+    world = par.world.world_size
+    tokens = t.batch_size * m.context_length * t.gradient_accumulation_steps
+    if par.world.launched:  # under torchrun: the mode and why, and the global batch over every rank
+        batch_row = (
+            "global batch",
+            f"{t.batch_size} x {m.context_length} x {t.gradient_accumulation_steps} accumulation x {world} processes "
+            f"= {tokens * world:,} tokens per step",
+        )
+        parallel_rows = [("parallel", par.summary_line()), ("per-GPU memory", par.memory_line())]
+    else:
+        batch_row = (
+            "tokens per step",
+            f"{t.batch_size} x {m.context_length} x {t.gradient_accumulation_steps} accumulation = {tokens:,}",
+        )
+        parallel_rows = []
+    compile_row = f"on (mode {t.compile_mode}, fullgraph" + (", per block" if par.mode == FSDP else "") + ")"
     rows = [
         ("device", _device_line(facts.device)),
         (
@@ -91,14 +110,11 @@ def format_summary(config: RunConfig, facts: RunFacts) -> str:
             + (" (fused Triton update)" if fused_by_default(facts.device) else ""),
         ),
         ("FP8", facts.fp8_line),
-        ("compile", f"on (mode {t.compile_mode}, fullgraph)" if t.compile_model else "off (eager)"),
+        ("compile", compile_row if t.compile_model else "off (eager)"),
         ("attention", f"{m.attention}: {facts.attention_kernel}"),
         ("activation ckpt", "on" if m.gradient_checkpointing else "off"),
-        (
-            "tokens per step",
-            f"{t.batch_size} x {m.context_length} x {t.gradient_accumulation_steps} accumulation = "
-            f"{t.batch_size * m.context_length * t.gradient_accumulation_steps:,}",
-        ),
+        *parallel_rows,
+        batch_row,
         ("steps", f"{t.max_steps}, eval every {t.eval_every}, checkpoint every {t.checkpoint_every}"),
         (
             "optimizer",

@@ -3,7 +3,9 @@ validation, metrics, checkpoints and exact resume.
 
 The Trainer receives a model that is already on its device, in its dtype and (for FP8) already converted (the
 build stage, cs336_basics/build.py): conversion must happen before compilation, so the Trainer is the one place
-that compiles.
+that compiles. Under torchrun it also parallelizes (DDP or FSDP2, cs336_basics/parallel/), right after compiling;
+every rank runs this same loop, rank 0 alone prints and writes the run folder's files, and the ranks
+agree (one small all-reduce at log points) on what must be decided together: divergence, stopping, finite state.
 
 What a checkpoint guarantees: it is written only at a step boundary (the data sampler, optimizer and step agree),
 only from a finite state (every loss and gradient norm since the start finite, every master weight and moment
@@ -28,12 +30,27 @@ from tqdm.auto import tqdm
 
 from cs336_basics.compiled import is_compiled
 from cs336_basics.config import RunConfig
-from cs336_basics.data import BatchSampler, get_batch
+from cs336_basics.data import BatchSampler, get_rank_batch
 from cs336_basics.errors import ConfigError
 from cs336_basics.optim import MasterWeightAdamW, cosine_lr
+from cs336_basics.parallel import world as dist
+from cs336_basics.parallel.wrap import (
+    FSDP,
+    SINGLE_PROCESS,
+    ParallelPlan,
+    after_optimizer_step,
+    compile_for_training,
+    gradient_sync,
+    parallelize,
+)
 from cs336_basics.precision.fused.scaling import DelayedScalingState
 from cs336_basics.timing import StepTimer
-from cs336_basics.training.checkpoint import CHECKPOINT_NAME, restore_checkpoint, save_checkpoint
+from cs336_basics.training.checkpoint import (
+    CHECKPOINT_NAME,
+    remove_stale_shards,
+    restore_checkpoint,
+    save_checkpoint,
+)
 from cs336_basics.training.metrics import MetricsLog, flops_per_token, mfu, peak_flops, plot_loss_curve
 from cs336_basics.training.run_folder import io_error
 from cs336_basics.training.signals import GracefulStop, Interrupted, StopNow
@@ -78,38 +95,52 @@ class Trainer:
         device: torch.device,
         log=print,
         resume_state: dict[str, Any] | None = None,
+        parallel: ParallelPlan | None = None,
     ):
         """`resume_state`: a checkpoint read with training.checkpoint.read_checkpoint (the run folder checks it
-        fits `config` first); the model, optimizer, step, sampler, RNG and log interval continue from it."""
+        fits `config` first); the model, optimizer, step, sampler, RNG and log interval continue from it.
+        `parallel`: the data-parallel plan (build.Plan.parallel); default one process."""
         if is_compiled(model):
             raise ConfigError(
                 "the Trainer compiles the model itself (after any FP8 conversion); pass the uncompiled module."
             )
-        self.model = model  # the uncompiled module: checkpoints are saved from and loaded into it
+        # The uncompiled module: checkpoints are saved from and loaded into it (under FSDP2, sharded in place).
+        self.model = model
         self.config = config
         self.device = device
         self.log = log
+        self.parallel = parallel if parallel is not None else SINGLE_PROCESS
+        self.world = self.parallel.world
         self.out_dir = Path(config.train.out_dir)
         self.checkpoint_path = self.out_dir / CHECKPOINT_NAME
         self.val_data = val_data
         t, o, m = config.train, config.optim, config.model
-        self.tokens_per_step = t.batch_size * m.context_length * t.gradient_accumulation_steps
+        # The global batch: every rank trains on its own batch_size sequences per micro-batch.
+        self.tokens_per_step = t.batch_size * m.context_length * t.gradient_accumulation_steps * self.world.world_size
 
-        # Compile after any precision conversion (done by the build stage). fullgraph=True: a graph break in the
-        # model is a bug we want to hear about, not a silent slowdown.
-        self.step_model = torch.compile(model, mode=t.compile_mode, fullgraph=True) if t.compile_model else model
+        # Compile after any precision conversion (done by the build stage), then parallelize (a no-op on one process):
+        # DDP wraps the compiled model, FSDP2 shards the model whose blocks were compiled (parallel/wrap.py says why
+        # in this order). fullgraph=True: a graph break in the model is a bug we want to hear about, not a silent
+        # slowdown. `step_model` is what the training step calls.
+        compiled = compile_for_training(model, self.parallel, t.compile_mode) if t.compile_model else model
+        self.step_model = parallelize(model, compiled, self.parallel, device)
         # BF16 keeps FP32's exponent range and torchao scales FP8 tensors itself, so no loss scaling: no AMP
-        # GradScaler here on purpose (only fp16 training would need one).
+        # GradScaler here on purpose (only fp16 training would need one). Under FSDP2 it steps each rank's shards.
         self.optimizer = MasterWeightAdamW(
             model.named_parameters(), lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay
         )
-        self.sampler = BatchSampler(train_data, t.batch_size, m.context_length, device, seed=t.seed)
+        self.sampler = BatchSampler(
+            train_data, t.batch_size, m.context_length, device, seed=t.seed, rank=self.world.rank,
+            world_size=self.world.world_size,
+        )  # fmt: skip
         # Delayed FP8 scaling (--fp8_path fused --fp8_scaling delayed): amax histories that advance once per step.
         self.fp8_scaling: DelayedScalingState | None = getattr(model, "fp8_scaling", None)
         self.step = 0
         self.saved_step: int | None = None  # the step of the checkpoint on disk that this run knows is good
         self.flops_per_token = flops_per_token(m, model.num_parameters(exclude_embeddings=True))
-        self.peak_flops = peak_flops(device)
+        peak = peak_flops(device)
+        # Tokens/s counts the global batch, so MFU compares it with the peak of all the run's GPUs.
+        self.peak_flops = peak * self.world.world_size if peak is not None else None
         # The current log interval's running loss: part of a checkpoint, so a resumed interval averages the same
         # steps as an uninterrupted one.
         self._loss_sum = torch.zeros((), device=device)
@@ -136,29 +167,41 @@ class Trainer:
     def save(self, stop: GracefulStop | None = None) -> Path:
         """Write a checkpoint of the state at this step boundary: only a finite one, atomically."""
         self._raise_if_diverged()
-        if not self.optimizer.state_is_finite():
+        if not dist.agree_all(self.optimizer.state_is_finite()):  # under FSDP2 each rank sees its shards only
             raise TrainingDiverged(
                 f"the weights or optimizer moments became NaN/inf by step {self.step}, so no checkpoint was written. "
                 f"{self._kept()} {self._advice()}"
             )
-        extra = {"log_interval": {"loss_sum": self._loss_sum.detach().cpu(), "count": self._loss_count}}
+        # The running loss of the interval so far, over all ranks (a copy: the ranks keep summing their own).
+        loss_sum = dist.all_reduce_(self._loss_sum.detach().clone(), "avg")
+        extra = {"log_interval": {"loss_sum": loss_sum.cpu(), "count": self._loss_count}}
         if self.fp8_scaling is not None:
             extra["fp8_scaling"] = self.fp8_scaling.scaling_state()
+        contents = dict(
+            model=self.model,
+            optimizer=self.optimizer,
+            step=self.step,
+            config=self.config.to_dict(),
+            sampler_state=self.sampler.state_dict(),  # the same on every rank (get_rank_batch)
+            extra=extra,
+        )
         with stop.writing() if stop is not None else contextlib.nullcontext():
             try:
-                path = save_checkpoint(
-                    self.checkpoint_path,
-                    model=self.model,
-                    optimizer=self.optimizer,
-                    step=self.step,
-                    config=self.config.to_dict(),
-                    sampler_state=self.sampler.state_dict(),
-                    extra=extra,
-                )
+                if self.parallel.mode == FSDP:  # every rank writes its shards
+                    from cs336_basics.parallel.checkpoint import save_sharded
+
+                    save_sharded(self.out_dir, **contents)
+                else:  # one process, or DDP: the replicas are identical, rank 0 writes the one file
+
+                    def write() -> None:
+                        save_checkpoint(self.checkpoint_path, **contents)
+                        remove_stale_shards(self.out_dir)  # those of a sharded checkpoint this run resumed from
+
+                    dist.main_writes(self.world, write, str(self.checkpoint_path))
             except (OSError, RuntimeError) as exc:
                 raise io_error(exc, self.checkpoint_path, self._kept()) from exc
             self.saved_step = self.step
-        return path
+        return self.checkpoint_path
 
     def _kept(self) -> str:
         if self.saved_step is None:
@@ -172,6 +215,11 @@ class Trainer:
         )
 
     def _raise_if_diverged(self) -> None:
+        if self.world.launched:  # the earliest bad step on any rank, so that every rank stops together
+            never = torch.iinfo(torch.long).max
+            first = torch.where(self._first_bad_step < 0, never, self._first_bad_step)
+            dist.all_reduce_(first, "min")
+            self._first_bad_step = torch.where(first == never, -1, first)
         bad_step = int(self._first_bad_step.item())
         if bad_step >= 0:
             raise TrainingDiverged(
@@ -189,30 +237,35 @@ class Trainer:
         tensors: nothing here waits for the GPU."""
         accum = self.config.train.gradient_accumulation_steps
         total = torch.zeros((), device=self.device, dtype=torch.float32)
-        for _ in range(accum):
+        for i in range(accum):
             x, y = self.sampler.next_batch()
-            loss = self.step_model(x, targets=y)
-            (loss / accum).backward()
+            with gradient_sync(self.step_model, self.parallel, last_micro_batch=i == accum - 1):
+                loss = self.step_model(x, targets=y)
+                (loss / accum).backward()
             total += loss.detach().float()
         grad_norm = self.optimizer.step(max_grad_norm=self.config.optim.max_grad_norm)
         self.optimizer.zero_grad(set_to_none=True)
+        after_optimizer_step(self.model, self.parallel)
         if self.fp8_scaling is not None:
             self.fp8_scaling.update()  # this step's amaxes become the next step's scales
         return total / accum, grad_norm
 
     @torch.no_grad()
     def evaluate(self) -> float:
-        """Mean loss over fixed validation windows (the same ones every time, so evals are comparable).
-        Runs the uncompiled model: a second compiled graph for no-grad mode would cost another compile."""
-        t = self.config.train
+        """Mean loss over fixed validation windows (the same ones every time, so evals are comparable), averaged
+        over the ranks, each of which evaluates its rows of every global batch. Runs the uncompiled model: a second
+        compiled graph for no-grad mode would cost another compile (under FSDP2 the blocks' forwards are compiled in
+        place, so they compile once more for it)."""
+        t, w = self.config.train, self.world
         rng = np.random.default_rng(t.seed + 1)
         self.model.eval()
+        context = self.config.model.context_length
         losses = [
-            self.model(*get_batch(self.val_data, t.batch_size, self.config.model.context_length, self.device, rng))
+            self.model(*get_rank_batch(self.val_data, t.batch_size, context, self.device, rng, w.rank, w.world_size))
             for _ in range(t.eval_batches)
         ]
         self.model.train()
-        return torch.stack(losses).float().mean().item()
+        return dist.all_reduce_(torch.stack(losses).float().mean(), "avg").item()
 
     # ---- the loop ----
     def train(self) -> TrainResult:
@@ -221,7 +274,8 @@ class Trainer:
         t = self.config.train
         resumed = self.step > 0
         metrics_path = self.out_dir / "metrics.jsonl"
-        metrics = MetricsLog(metrics_path, resume_from_step=self.step if resumed else None)
+        main = self.world.is_main  # rank 0 alone prints, logs metrics and plots
+        metrics = MetricsLog(metrics_path, resume_from_step=self.step if resumed else None) if main else None
         timer = StepTimer(self.device)
         on_cuda = self.device.type == "cuda"
         if on_cuda:
@@ -236,10 +290,13 @@ class Trainer:
         val_loss = None
 
         self.model.train()
-        bar = tqdm(total=t.max_steps, initial=self.step, desc="train", unit="step", dynamic_ncols=True)
+        # Not disable=False on rank 0: that would override $TQDM_DISABLE.
+        off = {} if main else {"disable": True}
+        bar = tqdm(total=t.max_steps, initial=self.step, desc="train", unit="step", dynamic_ncols=True, **off)
+        stopping = False  # a stop signal, agreed by every rank (on one process: seen at once)
         try:
-            with GracefulStop(log=self._say(bar)) as stop:
-                while self.step < t.max_steps and not stop.requested:
+            with GracefulStop(log=self._say(bar) if main else lambda message: None) as stop:
+                while self.step < t.max_steps and not stopping:
                     lr = self._set_lr()
                     wall0 = time.perf_counter()
                     started = timer.start()
@@ -261,6 +318,8 @@ class Trainer:
                     do_ckpt = t.checkpoint_every > 0 and (is_last or self.step % t.checkpoint_every == 0)
                     if self.step % t.log_every and not (do_eval or do_ckpt):
                         bar.update(1)
+                        # Ranks may get a signal at different steps: they agree at the next log point instead.
+                        stopping = stop.requested and not self.world.launched
                         continue
 
                     # ---- log point: the only place the host waits for the device ----
@@ -269,13 +328,15 @@ class Trainer:
                         if step >= first_step + WARMUP_STEPS_EXCLUDED:
                             step_times.append(seconds)
                     self._raise_if_diverged()
+                    dist.all_reduce_(self._loss_sum, "avg")
                     last_loss = (self._loss_sum / self._loss_count).item()
                     self._loss_sum.zero_()
                     self._loss_count = 0
                     tok_s = self.tokens_per_step / statistics.median(interval_times)
                     interval_times.clear()
-                    if on_cuda:
-                        train_peak_bytes = max(train_peak_bytes, torch.cuda.max_memory_allocated(self.device))
+                    if on_cuda:  # the largest over the ranks: what the run needs of each GPU
+                        peak_here = dist.reduce_max(torch.cuda.max_memory_allocated(self.device))
+                        train_peak_bytes = max(train_peak_bytes, int(peak_here))
                     record = {
                         "step": self.step,
                         "tokens": self.step * self.tokens_per_step,
@@ -295,22 +356,27 @@ class Trainer:
                         if on_cuda:  # keep eval's activations out of the training peak
                             torch.cuda.reset_peak_memory_stats(self.device)
                     try:
-                        metrics.write(record)
+                        if metrics is not None:
+                            metrics.write(record)
                     except OSError as exc:
                         raise io_error(exc, metrics_path, self._kept()) from exc
                     bar.set_postfix(self._postfix(record), refresh=False)
                     bar.update(1)
                     if do_ckpt:
                         self.save(stop)
-                if stop.requested and self.step < t.max_steps:
+                    stopping = dist.agree_any(stop.requested) if self.world.launched else stop.requested
+                if stopping and self.step < t.max_steps:
                     self._stop(stop)
         except StopNow as exc:  # a second Ctrl-C: stopped at once, nothing new saved
             raise StopNow(exc.signum, f"{exc} at step {self.step}. {self._kept()}") from None
         finally:
             bar.close()
-            metrics.close()
+            if metrics is not None:
+                metrics.close()
 
-        plot_path = plot_loss_curve(metrics_path, self.out_dir / "loss_curve.png", title=str(self.out_dir.name))
+        plot_path = self.out_dir / "loss_curve.png"
+        if main:
+            plot_loss_curve(metrics_path, plot_path, title=str(self.out_dir.name))
         tok_s = self.tokens_per_step / statistics.median(step_times) if step_times else None
         return TrainResult(
             steps=self.step,
@@ -328,12 +394,14 @@ class Trainer:
 
     def _stop(self, stop: GracefulStop) -> None:
         """A stop signal arrived: save at this step boundary (if the run keeps checkpoints), then stop."""
-        name = f"stopped by {signal.Signals(stop.signum).name} at step {self.step}"
+        # Under torchrun a rank may stop because another one got the signal.
+        signum = stop.signum if stop.signum is not None else signal.SIGTERM
+        name = f"stopped by {signal.Signals(signum).name} at step {self.step}"
         if self.config.train.checkpoint_every == 0:
-            raise Interrupted(stop.signum, f"{name}; this run writes no checkpoints (--checkpoint_every 0)")
+            raise Interrupted(signum, f"{name}; this run writes no checkpoints (--checkpoint_every 0)")
         if self.saved_step != self.step:
             self.save(stop)
-        raise Interrupted(stop.signum, f"{name}; saved {self.checkpoint_path}")
+        raise Interrupted(signum, f"{name}; saved {self.checkpoint_path}")
 
     @staticmethod
     def _say(bar: tqdm):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import signal
 import sys
 from collections.abc import Sequence
@@ -15,6 +16,7 @@ from cs336_basics.benchmark.sweep import run as sweep_run
 from cs336_basics.benchmark.sweep.plan import (
     COMPILE_CHOICES,
     DEFAULTS,
+    PARALLEL_CHOICES,
     PRECISIONS,
     QUICK,
     Grid,
@@ -26,6 +28,7 @@ from cs336_basics.benchmark.sweep.plan import (
     parse_batch_sizes,
     parse_choices,
     parse_on_off,
+    parse_world_sizes,
     plan_sweep,
 )
 from cs336_basics.benchmark.sweep.report import format_amdahl, write_outputs
@@ -46,6 +49,8 @@ examples:
   optimize_performance.py --presets 366m,1.3b --precisions bf16,fp8-tensorwise --compile default \\
       --attention sdpa --ac off --batch_sizes 4,8
   optimize_performance.py --presets 1.3b --fp8_lm_head off,on --dry_run   # print the plan only
+  optimize_performance.py --presets 1.3b --precisions bf16,fp8-tensorwise --compile default --attention sdpa \\
+      --ac off --batch_sizes 4 --world_sizes 1,2 --parallel ddp,fsdp   # 1 GPU vs 2 (torchrun), DDP and FSDP2
 """
 
 
@@ -70,7 +75,16 @@ def build_parser() -> argparse.ArgumentParser:
     grid.add_argument("--compile", help=f"from {', '.join(COMPILE_CHOICES)} (default {full('compile')})")
     grid.add_argument("--attention", help=f"from {', '.join(ATTENTION_BACKENDS)} (default {full('attention')})")
     grid.add_argument("--ac", help="activation checkpointing: off,on (default off,on)")
-    grid.add_argument("--batch_sizes", help="e.g. 4,8 (default: each preset's own batch size)")
+    grid.add_argument("--batch_sizes", help="e.g. 4,8, per GPU (default: each preset's own batch size)")
+    grid.add_argument(
+        "--world_sizes",
+        help="processes (GPUs) per configuration, e.g. 1,2; above 1 the sweep launches them with torchrun (default 1)",
+    )
+    grid.add_argument(
+        "--parallel",
+        help=f"from {', '.join(PARALLEL_CHOICES)}: the --parallel mode of each world size above 1 (default "
+        f"{full('parallel')})",
+    )
     run = parser.add_argument_group("the run")
     run.add_argument("--steps", type=int, help=f"optimizer steps per configuration (default {DEFAULTS['steps']})")
     run.add_argument(
@@ -116,7 +130,11 @@ def parse_options(argv: Sequence[str] | None = None) -> SweepOptions:
         attention=pick("attention", lambda s: parse_choices(s, ATTENTION_BACKENDS, "--attention")),
         ac=pick("ac", lambda s: parse_on_off(s, "--ac")),
         batch_sizes=pick("batch_sizes", parse_batch_sizes),
+        world_sizes=pick("world_sizes", parse_world_sizes),
+        parallel=pick("parallel", lambda s: parse_choices(s, PARALLEL_CHOICES, "--parallel")),
     )
+    if args.parallel is not None and max(grid.world_sizes) == 1:
+        raise ConfigError("--parallel sets the mode of world sizes above 1: add them, e.g. --world_sizes 1,2.")
     steps = args.steps if args.steps is not None else defaults["steps"]
     if steps <= WARMUP_STEPS_EXCLUDED:
         raise ConfigError(
@@ -149,6 +167,10 @@ def format_plan(plan: Sequence[Planned], options: SweepOptions, out_dir: Path) -
     for i, planned in enumerate(plan, 1):
         note = "  (baseline)" if planned.point.is_baseline else ""
         lines.append(f"  {i:>{width}}. {planned.point.label}{note}")
+        if planned.point.world_size > 1:  # the launch, exactly as run_isolated makes it (the spec elided)
+            command = sweep_run.launch_command(planned, Path("RECORD.json"))
+            shown = ["SPEC" if part == json.dumps(planned.spec) else part for part in command]
+            lines.append(f"  {' ' * width}  $ {shlex.join(shown)}")
     if options.base_overrides:
         lines.append(f"settings for every configuration: {json.dumps(options.base_overrides)}")
     lines.append(f"results: {out_dir}/sweep.{{json,csv,md,png}}")

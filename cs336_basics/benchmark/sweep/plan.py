@@ -1,5 +1,6 @@
 """The sweep's grid and plan: which configurations, in which order (each group's BF16 + compile baseline first),
-each with its config built and validated before anything runs."""
+each with its config built and validated before anything runs. A world size above 1 is a configuration trained by
+that many processes under torchrun (one per GPU) with a --parallel mode; world size 1 is one process, as before."""
 
 from __future__ import annotations
 
@@ -14,12 +15,15 @@ from typing import Any
 
 from cs336_basics.config import PRESETS, RunConfig, TrainConfig, build_config
 from cs336_basics.errors import ConfigError
+from cs336_basics.parallel.world import World
+from cs336_basics.parallel.wrap import DDP, FSDP, NONE, check_parallel_request
 
 # fp8-<recipe>: TorchAO's path; fp8-fused-<scaling>: this package's (--fp8_path fused).
 PRECISIONS = (
     "bf16", "fp8-tensorwise", "fp8-rowwise", "fp8-rowwise_with_gw_hp", "fp8-fused-dynamic", "fp8-fused-delayed", "fp32",
 )  # fmt: skip
 COMPILE_CHOICES = ("eager", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+PARALLEL_CHOICES = (DDP, FSDP)  # for world sizes above 1; one process has none
 ON_OFF = {"off": False, "on": True}
 DEFAULT_PRESETS = ("366m", "gpt2-small", "1.3b")
 DEFAULTS: dict[str, Any] = dict(
@@ -30,6 +34,8 @@ DEFAULTS: dict[str, Any] = dict(
     attention=("sdpa", "flash"),
     ac=(False, True),
     batch_sizes=None,  # each preset's own batch size
+    world_sizes=(1,),
+    parallel=PARALLEL_CHOICES,  # multiplies only the world sizes above 1
     steps=30,
     timeout_s=600.0,
 )
@@ -44,6 +50,8 @@ QUICK: dict[str, Any] = dict(
     attention=("sdpa",),
     ac=(False,),
     batch_sizes=(8,),
+    world_sizes=(1,),
+    parallel=PARALLEL_CHOICES,
     steps=20,
     timeout_s=200.0,
 )
@@ -54,6 +62,7 @@ SWEPT_SETTINGS = {
     ("model", "attention"): "--attention",
     ("model", "gradient_checkpointing"): "--ac off,on",
     ("train", "batch_size"): "--batch_sizes",
+    ("train", "parallel"): "--parallel ddp,fsdp with --world_sizes 1,2",
     ("train", "max_steps"): "--steps",
     ("train", "compile_model"): "--compile eager,default,...",
     ("train", "compile_mode"): "--compile",
@@ -104,6 +113,8 @@ class SweepPoint:
     compile: str  # "eager" or a torch.compile mode
     attention: str
     ac: bool
+    world_size: int = 1  # processes (GPUs), launched by torchrun when above 1
+    parallel: str = NONE  # ddp or fsdp when world_size > 1
 
     @property
     def is_fp8(self) -> bool:
@@ -116,7 +127,8 @@ class SweepPoint:
     @property
     def label(self) -> str:
         precision = self.precision + (LM_HEAD_SUFFIX if self.fp8_lm_head else "")
-        return f"{self.preset}/bs{self.batch_size}/{precision}/{self.compile}/{self.attention}/ac-{on_off(self.ac)}"
+        label = f"{self.preset}/bs{self.batch_size}/{precision}/{self.compile}/{self.attention}/ac-{on_off(self.ac)}"
+        return label + (f"/{self.parallel}-x{self.world_size}" if self.world_size > 1 else "")
 
     def overrides(self, base: dict[str, Any], steps: int) -> dict[str, Any]:
         """config.build_config overrides for this point: the pass-through settings plus the swept ones."""
@@ -132,6 +144,7 @@ class SweepPoint:
             resume=False,
             compile_model=self.compile != "eager",
             compile_mode=BASELINE_COMPILE if self.compile == "eager" else self.compile,
+            parallel=self.parallel if self.world_size > 1 else "auto",  # auto: none in one process
             **precision_settings(self.precision)["train"],
         )
         values.setdefault("fp8", {}).update(precision_settings(self.precision)["fp8"], fp8_lm_head=self.fp8_lm_head)
@@ -147,6 +160,8 @@ class Grid:
     attention: tuple[str, ...]
     ac: tuple[bool, ...]
     batch_sizes: tuple[int, ...] | None  # None: each preset's own batch size
+    world_sizes: tuple[int, ...] = (1,)
+    parallel: tuple[str, ...] = PARALLEL_CHOICES  # for the world sizes above 1
 
 
 def on_off(flag: bool) -> str:
@@ -163,15 +178,21 @@ def preset_batch_size(preset: str) -> int:
     return PRESETS[preset].get("train", {}).get("batch_size", TrainConfig.batch_size)
 
 
+def placements(grid: Grid) -> list[tuple[int, str]]:
+    """(world size, parallel mode) pairs: one process without a mode, each larger world size with each mode."""
+    return [(n, mode) for n in grid.world_sizes for mode in ((NONE,) if n == 1 else grid.parallel)]
+
+
 def expand_grid(grid: Grid) -> list[SweepPoint]:
-    """Every combination, grouped by (preset, batch, attention, AC) with the group's BF16 + compile(default)
-    baseline first. fp8_lm_head only multiplies the FP8 precisions (it means nothing without FP8)."""
+    """Every combination, grouped by (preset, batch, attention, AC, world size, parallel mode) with the group's BF16 +
+    compile(default) baseline first. fp8_lm_head only multiplies the FP8 precisions (it means nothing without FP8);
+    the parallel modes only the world sizes above 1."""
     points = []
     for preset in grid.presets:
         for batch in grid.batch_sizes or (preset_batch_size(preset),):
-            for attention, ac in itertools.product(grid.attention, grid.ac):
+            for attention, ac, (world, parallel) in itertools.product(grid.attention, grid.ac, placements(grid)):
                 group = [
-                    SweepPoint(preset, batch, precision, lm_head, mode, attention, ac)
+                    SweepPoint(preset, batch, precision, lm_head, mode, attention, ac, world, parallel)
                     for mode in grid.compile
                     for precision in grid.precisions
                     for lm_head in (grid.fp8_lm_head if precision.startswith("fp8-") else (False,))
@@ -195,15 +216,23 @@ def parse_on_off(text: str, flag: str) -> tuple[bool, ...]:
     return tuple(ON_OFF[item] for item in parse_choices(text, tuple(ON_OFF), flag))
 
 
-def parse_batch_sizes(text: str) -> tuple[int, ...]:
+def parse_positive_ints(text: str, flag: str, example: str) -> tuple[int, ...]:
     items = [item.strip() for item in text.split(",") if item.strip()]
     try:
         sizes = [int(item) for item in items]
     except ValueError:
         sizes = []
     if not items or len(sizes) != len(items) or min(sizes) < 1:
-        raise ConfigError(f"--batch_sizes must be comma-separated positive integers (e.g. 4,8), got {text!r}.")
+        raise ConfigError(f"{flag} must be comma-separated positive integers (e.g. {example}), got {text!r}.")
     return tuple(dict.fromkeys(sizes))
+
+
+def parse_batch_sizes(text: str) -> tuple[int, ...]:
+    return parse_positive_ints(text, "--batch_sizes", "4,8")
+
+
+def parse_world_sizes(text: str) -> tuple[int, ...]:
+    return parse_positive_ints(text, "--world_sizes", "1,2")
 
 
 # ---- the plan: points with their validated configs ----
@@ -239,7 +268,13 @@ def plan_sweep(options: SweepOptions) -> list[Planned]:
     plan = []
     for point in expand_grid(options.grid):
         overrides = point.overrides(options.base_overrides, options.steps)
-        plan.append(Planned(point, overrides, options.from_file, build_config(overrides, options.from_file)))
+        config = build_config(overrides, options.from_file)
+        if point.world_size > 1:  # what the ranks would refuse (e.g. FSDP2 with the fused FP8 path), before any run
+            try:
+                check_parallel_request(config, World(world_size=point.world_size, launched=True))
+            except ConfigError as exc:
+                raise ConfigError(f"{point.label}: {exc} (narrow --precisions or --parallel)") from exc
+        plan.append(Planned(point, overrides, options.from_file, config))
     return plan
 
 
@@ -268,10 +303,11 @@ def default_out_dir(gpu_name: str | None, today: datetime.date | None = None) ->
 
 def amdahl_targets(plan: Sequence[Planned]) -> list[Planned]:
     """The first FP8 + compile configuration of each preset/batch/attention/AC group: its FP8 settings (recipe,
-    lm_head, shape filter) decide which GEMMs count as converted in the analysis."""
+    lm_head, shape filter) decide which GEMMs count as converted in the analysis. One process only: the analysis
+    profiles one GPU's step."""
     chosen: dict[tuple, Planned] = {}
     for planned in plan:
         p = planned.point
-        if p.is_fp8 and p.compile != "eager":
+        if p.is_fp8 and p.compile != "eager" and p.world_size == 1:
             chosen.setdefault((p.preset, p.batch_size, p.attention, p.ac), planned)
     return list(chosen.values())

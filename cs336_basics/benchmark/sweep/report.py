@@ -1,5 +1,6 @@
-"""The sweep's outputs: each record paired with its group's BF16 + compile baseline, and sweep.csv / sweep.md /
-sweep.png rebuilt from sweep.json (the one file a killed sweep leaves complete)."""
+"""The sweep's outputs: each record paired with its group's BF16 + compile baseline (and a run on several GPUs with
+the same configuration on one), and sweep.csv / sweep.md / sweep.png rebuilt from sweep.json (the one file a killed
+sweep leaves complete)."""
 
 from __future__ import annotations
 
@@ -16,9 +17,10 @@ from cs336_basics.benchmark.sweep.plan import BASELINE_COMPILE, BASELINE_PRECISI
 from cs336_basics.results import format_or_na
 from cs336_basics.training.trainer import WARMUP_STEPS_EXCLUDED
 
-# A record's group: everything but the precision/compile variant. Its baseline is BF16 + compile(default).
+# A record's group: these fields and where it ran (world size, parallel mode; see group_key), everything but the
+# precision/compile variant. Its baseline is BF16 + compile(default) in the group. batch_size is per GPU.
 # fmt: off
-GROUP_FIELDS = (
+SHAPE_FIELDS = (
     "preset", "dim", "n_layers", "n_heads", "n_kv_heads", "d_ff", "vocab_size", "seq_len", "batch_size",
     "gradient_accumulation_steps", "attention", "gradient_checkpointing",
 )
@@ -28,10 +30,10 @@ VARIANT_FIELDS = ("precision", "fp8_lm_head", "fp8_shape_filter", "compile")
 # fmt: off
 CSV_COLUMNS = (
     "label", "preset", "dim", "n_layers", "n_heads", "n_kv_heads", "d_ff", "vocab_size", "batch_size",
-    "gradient_accumulation_steps", "seq_len", "precision", "fp8_lm_head", "fp8_shape_filter", "compile",
-    "attention", "gradient_checkpointing", "status", "step_time_ms", "tokens_per_sec", "mfu", "peak_mem_gib",
-    "compile_s", "loss", "speedup_vs_bf16", "steps", "total_params", "non_embedding_params", "train_s", "wall_s",
-    "error", "reason", "log", "command",
+    "gradient_accumulation_steps", "seq_len", "world_size", "parallel", "precision", "fp8_lm_head", "fp8_shape_filter",
+    "compile", "attention", "gradient_checkpointing", "status", "step_time_ms", "tokens_per_sec", "mfu",
+    "peak_mem_gib", "compile_s", "loss", "speedup_vs_bf16", "scaling_vs_1gpu", "steps", "total_params",
+    "non_embedding_params", "train_s", "wall_s", "error", "reason", "log", "command",
 )
 # fmt: on
 
@@ -41,34 +43,67 @@ MFU_NOTE = (
 )
 
 
+def _values(record: dict[str, Any], fields: Sequence[str]) -> tuple:
+    return tuple(record.get(name) for name in fields)
+
+
 def group_key(record: dict[str, Any]) -> tuple:
-    return tuple(record.get(name) for name in GROUP_FIELDS)
+    return _values(record, SHAPE_FIELDS) + (world_size_of(record), record.get("parallel") or "none")
 
 
 def config_key(record: dict[str, Any]) -> tuple:
-    return group_key(record) + tuple(record.get(name) for name in VARIANT_FIELDS)
+    return group_key(record) + _values(record, VARIANT_FIELDS)
+
+
+def setting_key(record: dict[str, Any]) -> tuple:
+    """The configuration apart from where it ran (world size, parallel mode)."""
+    return _values(record, SHAPE_FIELDS + VARIANT_FIELDS)
+
+
+def world_size_of(record: dict[str, Any]) -> int:
+    return record.get("world_size") or 1  # 1 in files written before the field existed (their parallel: none)
 
 
 def is_baseline(record: dict[str, Any]) -> bool:
     return record.get("precision") == BASELINE_PRECISION and record.get("compile") == BASELINE_COMPILE
 
 
+def _measured(record: dict[str, Any]) -> bool:
+    return record.get("status") == "ok" and bool(record.get("tokens_per_sec"))
+
+
+def _ratio_to_reference(record, records, is_reference, key) -> float | None:
+    """tokens/s of `record` over that of the last record among `records` that `is_reference` and has its `key`; None
+    if either did not run OK or there is no such record."""
+    if not _measured(record):
+        return None
+    references = [r for r in records if is_reference(r) and _measured(r) and key(r) == key(record)]
+    return record["tokens_per_sec"] / references[-1]["tokens_per_sec"] if references else None
+
+
 def speedup_for(record: dict[str, Any], records: Sequence[dict[str, Any]]) -> float | None:
     """tokens/s of `record` over that of the BF16 + compile(default) run of its group (same preset, shape,
-    batch, attention and AC) among `records` (the last one if several); None if either did not run OK or the
-    group has no baseline. The baseline itself gets 1.0."""
-    if record.get("status") != "ok" or not record.get("tokens_per_sec"):
-        return None
-    if is_baseline(record):
+    batch, attention, AC, world size and parallel mode) among `records` (the last one if several); None if either
+    did not run OK or the group has no baseline. The baseline itself gets 1.0."""
+    if is_baseline(record) and _measured(record):
         return 1.0
-    key = group_key(record)
-    baselines = [r for r in records if is_baseline(r) and r.get("status") == "ok" and group_key(r) == key]
-    baselines = [r for r in baselines if r.get("tokens_per_sec")]
-    return record["tokens_per_sec"] / baselines[-1]["tokens_per_sec"] if baselines else None
+    return _ratio_to_reference(record, records, is_baseline, group_key)
+
+
+def scaling_for(record: dict[str, Any], records: Sequence[dict[str, Any]]) -> float | None:
+    """For a run on several GPUs: its tokens/s (all GPUs together) over that of the same configuration (same
+    per-GPU batch) in one process among `records`; None for one process, or without that run."""
+    if world_size_of(record) == 1:
+        return None
+    return _ratio_to_reference(record, records, lambda r: world_size_of(r) == 1, setting_key)
 
 
 def pair_speedups(records: Sequence[dict[str, Any]]) -> list[float | None]:
     return [speedup_for(record, records) for record in records]
+
+
+def pair_scalings(records: Sequence[dict[str, Any]]) -> list[float | None]:
+    return [scaling_for(record, records) for record in records]
 
 
 def latest_runs(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -98,7 +133,16 @@ def compile_label(record: dict[str, Any]) -> str:
     return "eager" if record.get("compile") is False else str(record.get("compile"))
 
 
-def format_table(records: Sequence[dict[str, Any]], speedups: Sequence[float | None]) -> str:
+def placement_label(record: dict[str, Any]) -> str:
+    world = world_size_of(record)
+    return "1" if world == 1 else f"{world} {record.get('parallel')}"
+
+
+def format_table(
+    records: Sequence[dict[str, Any]], speedups: Sequence[float | None], scalings: Sequence[float | None]
+) -> str:
+    # The GPU columns only where some run used several: a one-GPU sweep's table stays as it was.
+    several = any(world_size_of(r) > 1 for r in records)
     header = [
         "#",
         "preset",
@@ -117,35 +161,45 @@ def format_table(records: Sequence[dict[str, Any]], speedups: Sequence[float | N
         "loss",
         "vs BF16+compile",
     ]
+    if several:
+        header[3:3] = ["GPUs"]
+        header.append("vs 1 GPU")
     rows = []
-    for i, (r, speedup) in enumerate(zip(records, speedups, strict=True), 1):
+    for i, (r, speedup, scaling) in enumerate(zip(records, speedups, scalings, strict=True), 1):
         fp8 = str(r.get("precision", "")).startswith("fp8-")
-        rows.append(
-            [
-                str(i),
-                str(r.get("preset")),
-                str(r.get("batch_size")),
-                str(r.get("precision")),
-                on_off(bool(r.get("fp8_lm_head"))) if fp8 else "-",
-                compile_label(r),
-                str(r.get("attention")),
-                on_off(bool(r.get("gradient_checkpointing"))),
-                _status_cell(r),
-                format_or_na(r.get("step_time_ms"), ".1f"),
-                format_or_na(r.get("tokens_per_sec"), ",.0f"),
-                _pct(r.get("mfu")),
-                format_or_na(r.get("peak_mem_gib"), ".2f"),
-                format_or_na(r.get("compile_s"), ".1f"),
-                format_or_na(r.get("loss"), ".4f"),
-                format_or_na(speedup, ".3f", "x"),
-            ]
-        )
+        row = [
+            str(i),
+            str(r.get("preset")),
+            str(r.get("batch_size")),
+            str(r.get("precision")),
+            on_off(bool(r.get("fp8_lm_head"))) if fp8 else "-",
+            compile_label(r),
+            str(r.get("attention")),
+            on_off(bool(r.get("gradient_checkpointing"))),
+            _status_cell(r),
+            format_or_na(r.get("step_time_ms"), ".1f"),
+            format_or_na(r.get("tokens_per_sec"), ",.0f"),
+            _pct(r.get("mfu")),
+            format_or_na(r.get("peak_mem_gib"), ".2f"),
+            format_or_na(r.get("compile_s"), ".1f"),
+            format_or_na(r.get("loss"), ".4f"),
+            format_or_na(speedup, ".3f", "x"),
+        ]
+        if several:
+            row[3:3] = [placement_label(r)]
+            row.append(format_or_na(scaling, ".3f", "x"))
+        rows.append(row)
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     return "\n".join(lines)
 
 
-def format_report(data: dict[str, Any], records: Sequence[dict[str, Any]], speedups: Sequence[float | None]) -> str:
+def format_report(
+    data: dict[str, Any],
+    records: Sequence[dict[str, Any]],
+    speedups: Sequence[float | None],
+    scalings: Sequence[float | None],
+) -> str:
     counts = {s: sum(r.get("status") == s for r in records) for s in ("ok", "skipped", "oom", "error")}
     steps = sorted({r.get("steps") for r in records if r.get("steps")})
     lines = [
@@ -159,10 +213,19 @@ def format_report(data: dict[str, Any], records: Sequence[dict[str, Any]], speed
         f"{'/'.join(map(str, steps)) or 'N'} (the first {WARMUP_STEPS_EXCLUDED}, which compile and warm up, "
         "excluded); tokens/s = tokens per step / that median; compile (s): the first step, reported apart.",
         "- vs BF16+compile: tokens/s over the BF16 + torch.compile (default mode) run of the same preset, batch, "
-        "attention and AC in this file; n/a without that baseline.",
+        "attention, AC and GPUs in this file; n/a without that baseline.",
         "- loss: mean training loss over the last log interval; peak mem: torch.cuda.max_memory_allocated.",
+    ]
+    if any(world_size_of(r) > 1 for r in records):
+        lines += [
+            "- GPUs: processes (one per GPU, launched by torchrun) and the parallel mode; batch is per GPU. tokens/s "
+            "counts all GPUs together (global batch / step time), MFU is against the peak times the GPUs, and peak "
+            "mem is per GPU, the largest over the ranks. vs 1 GPU: tokens/s over the same configuration (same "
+            "per-GPU batch) on one GPU in this file.",
+        ]
+    lines += [
         "",
-        format_table(records, speedups),
+        format_table(records, speedups, scalings),
     ]
     failures = [(i, r) for i, r in enumerate(records, 1) if r.get("status") != "ok"]
     if failures:
@@ -173,8 +236,12 @@ def format_report(data: dict[str, Any], records: Sequence[dict[str, Any]], speed
     return "\n".join(lines) + "\n"
 
 
-def write_csv(path: Path, records: Sequence[dict[str, Any]], speedups: Sequence[float | None]) -> Path:
-    rows = [{**r, "speedup_vs_bf16": s} for r, s in zip(records, speedups, strict=True)]
+def write_csv(
+    path: Path, records: Sequence[dict[str, Any]], speedups: Sequence[float | None], scalings: Sequence[float | None]
+) -> Path:
+    rows = [
+        {**r, "speedup_vs_bf16": s, "scaling_vs_1gpu": g} for r, s, g in zip(records, speedups, scalings, strict=True)
+    ]
     extra = sorted({key for row in rows for key in row} - set(CSV_COLUMNS))
     text = io.StringIO(newline="")
     writer = csv.DictWriter(text, fieldnames=[*CSV_COLUMNS, *extra])
@@ -188,8 +255,10 @@ def _variant_label(record: dict[str, Any], show_compile: bool) -> str:
     return label + (f" ({compile_label(record)})" if show_compile else "")
 
 
-def _group_label(record: dict[str, Any], show_attention: bool, show_ac: bool) -> str:
+def _group_label(record: dict[str, Any], show_attention: bool, show_ac: bool, show_gpus: bool) -> str:
     label = f"{record.get('preset')}\nbs{record.get('batch_size')}"
+    if show_gpus:
+        label += f" GPUs {placement_label(record)}"
     if show_attention:
         label += f" {record.get('attention')}"
     if show_ac:
@@ -208,7 +277,9 @@ def write_plot(path: Path, records: Sequence[dict[str, Any]], speedups: Sequence
     ok = [(r, s) for r, s in zip(records, speedups, strict=True) if r.get("status") == "ok"]
     vary = lambda key: len({r.get(key) for r, _ in ok}) > 1  # noqa: E731
     show_compile, show_attention, show_ac = vary("compile"), vary("attention"), vary("gradient_checkpointing")
-    groups = list(dict.fromkeys(_group_label(r, show_attention, show_ac) for r, _ in ok))
+    show_gpus = vary("world_size") or vary("parallel")
+    group_of = lambda r: _group_label(r, show_attention, show_ac, show_gpus)  # noqa: E731
+    groups = list(dict.fromkeys(group_of(r) for r, _ in ok))
     variants = list(dict.fromkeys(_variant_label(r, show_compile) for r, _ in ok))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     width = 0.8 / max(1, len(variants))
@@ -228,7 +299,7 @@ def write_plot(path: Path, records: Sequence[dict[str, Any]], speedups: Sequence
         for j, variant in enumerate(variants):
             offset = (j - (len(variants) - 1) / 2) * width
             points = [
-                (groups.index(_group_label(r, show_attention, show_ac)) + offset, value_of(r, s))
+                (groups.index(group_of(r)) + offset, value_of(r, s))
                 for r, s in ok
                 if _variant_label(r, show_compile) == variant and value_of(r, s) is not None
             ]
@@ -266,9 +337,9 @@ def write_outputs(out_dir: Path, plot: bool = True) -> tuple[str, list[dict[str,
     """Rebuild sweep.csv / sweep.md (and sweep.png) from sweep.json; returns (markdown, latest records)."""
     data = json.loads((out_dir / "sweep.json").read_text())
     records = latest_runs(data["runs"])
-    speedups = pair_speedups(records)
-    report = format_report(data, records, speedups)
-    write_csv(out_dir / "sweep.csv", records, speedups)
+    speedups, scalings = pair_speedups(records), pair_scalings(records)
+    report = format_report(data, records, speedups, scalings)
+    write_csv(out_dir / "sweep.csv", records, speedups, scalings)
     write_text_atomic(out_dir / "sweep.md", report)
     if plot:
         write_plot(out_dir / "sweep.png", records, speedups, title=f"sweep on {data.get('gpu') or 'CPU'}")

@@ -1,5 +1,6 @@
 """Running the sweep: every configuration in a fresh worker process (its own session, killed whole on timeout or
-Ctrl-C), each record appended to sweep.json as soon as it exists; and the Amdahl analysis per preset/batch."""
+Ctrl-C), or for a world size above 1 in that many worker processes under torchrun, each record appended to sweep.json
+as soon as it exists; and the Amdahl analysis per preset/batch."""
 
 from __future__ import annotations
 
@@ -18,15 +19,33 @@ from pathlib import Path
 from typing import Any
 
 from cs336_basics.benchmark.sweep.plan import Planned, SweepOptions, on_off
-from cs336_basics.benchmark.sweep.report import _pct, _status_cell, latest_runs, speedup_for, write_outputs
+from cs336_basics.benchmark.sweep.report import _pct, _status_cell, latest_runs, scaling_for, speedup_for, write_outputs
 from cs336_basics.benchmark.worker import classify_failure, last_line
 from cs336_basics.config import merge_layers
 from cs336_basics.data import prepare_data
 from cs336_basics.results import append_runs, format_or_na, run_record
 
+# torchrun gives its ranks this long to exit after its SIGTERM before it kills them (its default); then some margin.
+TORCHRUN_GRACE_S = 30 + 15
+
 
 def worker_command(spec: dict[str, Any], out_path: Path) -> list[str]:
     return [sys.executable, "-m", "cs336_basics.benchmark.worker", "--spec", json.dumps(spec), "--out", str(out_path)]
+
+
+def torchrun_command(command: list[str], nproc: int) -> list[str]:
+    """`command` (`python -m module ARGS` or `python script ARGS`) run as nproc processes of this machine, one per GPU,
+    by torchrun: `python -m torch.distributed.run` is what the `torchrun` script runs, and naming this interpreter
+    keeps the sweep's environment. `--standalone` gives each launch its own rendezvous on a free local port."""
+    launcher = [command[0], "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+    return [*launcher, *command[1:]]
+
+
+def launch_command(planned: Planned, out_path: Path) -> list[str]:
+    """How one configuration is started: the worker, under torchrun for a world size above 1."""
+    command = worker_command(planned.spec, out_path)
+    n = planned.point.world_size
+    return torchrun_command(command, n) if n > 1 else command
 
 
 def _worker_env() -> dict[str, str]:
@@ -38,10 +57,19 @@ def _worker_env() -> dict[str, str]:
     return env
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
-    """Kill the worker and anything it started (torch.compile's compile workers), all in its own session."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
+def _kill_group(proc: subprocess.Popen, grace_s: float = 0.0) -> None:
+    """Kill the worker and anything it started (torch.compile's compile workers), all in its own session. torchrun
+    starts each rank in a session of its own, out of reach of that kill: with `grace_s`, torchrun first gets a SIGTERM,
+    which it passes on to its ranks (killing them if they do not exit in 30 s), and that long to finish."""
+    try:
+        if grace_s and proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=grace_s)
+    finally:  # also when a second Ctrl-C cuts the grace short
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
 
 
 def _tail(path: Path, n_bytes: int = 20000) -> str:
@@ -53,9 +81,9 @@ def _tail(path: Path, n_bytes: int = 20000) -> str:
         return ""
 
 
-def run_logged(command: list[str], log_path: Path, timeout_s: float) -> tuple[int, bool]:
+def run_logged(command: list[str], log_path: Path, timeout_s: float, grace_s: float = 0.0) -> tuple[int, bool]:
     """Run command in its own session with its output in log_path; (return code, timed out). Never leaves it
-    running: on timeout or Ctrl-C the whole process group is killed."""
+    running: on timeout or Ctrl-C the whole process group is killed (after `grace_s`, see _kill_group)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     timed_out = False
     with log_path.open("w") as log:
@@ -69,21 +97,23 @@ def run_logged(command: list[str], log_path: Path, timeout_s: float) -> tuple[in
         except subprocess.TimeoutExpired:
             timed_out = True
         finally:  # also on Ctrl-C: the worker is in its own session, so the terminal's SIGINT never reaches it
-            _kill_group(proc)
+            _kill_group(proc, grace_s)
             proc.wait()
     return proc.returncode, timed_out
 
 
 def run_isolated(planned: Planned, work_dir: Path, log_path: Path, timeout_s: float) -> dict[str, Any]:
-    """Run one configuration in a fresh worker process, its output going to log_path; return its record (never
-    raises for a failed run)."""
+    """Run one configuration in a fresh worker process (under torchrun: one per rank; rank 0 writes the record), its
+    output going to log_path; return its record (never raises for a failed run)."""
     out_path = work_dir / f"result-{time.monotonic_ns()}.json"
     started = time.perf_counter()
-    returncode, timed_out = run_logged(worker_command(planned.spec, out_path), log_path, timeout_s)
+    p = planned.point
+    grace_s = TORCHRUN_GRACE_S if p.world_size > 1 else 0.0
+    returncode, timed_out = run_logged(launch_command(planned, out_path), log_path, timeout_s, grace_s)
     wall_s = time.perf_counter() - started
 
-    base = run_record(planned.config, status="error")
-    base.update(step_time_ms=None, label=planned.point.label)
+    base = run_record(planned.config, status="error", world_size=p.world_size, parallel=p.parallel)
+    base.update(step_time_ms=None, label=p.label)
     if out_path.exists():  # the worker finished its record (even if it then hung on exit)
         record = {**base, **json.loads(out_path.read_text())}
         out_path.unlink()
@@ -111,12 +141,13 @@ def _progress_line(i: int, n: int, record: dict[str, Any]) -> str:
     head = f"[{i}/{n}] {record.get('label')}: "
     if record.get("status") != "ok":
         return head + _status_cell(record, width=160) + f" ({record['wall_s']:.0f} s)"
-    speedup = record.get("speedup_vs_bf16")
+    speedup, scaling = record.get("speedup_vs_bf16"), record.get("scaling_vs_1gpu")
     return head + (
         f"ok {record['step_time_ms']:.1f} ms/step, {format_or_na(record.get('tokens_per_sec'), ',.0f')} tokens/s, "
         f"MFU {_pct(record.get('mfu'))}, peak {format_or_na(record.get('peak_mem_gib'), '.2f')} GiB, "
         f"compile {format_or_na(record.get('compile_s'), '.1f')} s"
         + (f", {speedup:.3f}x vs BF16+compile" if speedup is not None else "")
+        + (f", {scaling:.3f}x vs 1 GPU" if scaling is not None else "")
         + f" ({record['wall_s']:.0f} s)"
     )
 
@@ -142,7 +173,9 @@ def run_sweep(plan: Sequence[Planned], options: SweepOptions, out_dir: Path, log
             log_name = f"logs/{_log_name(planned.point.label)}"
             record = run_isolated(planned, Path(work), out_dir / log_name, options.timeout_s)
             record["log"] = log_name  # relative to the results folder, which may be moved or committed
-            record["speedup_vs_bf16"] = speedup_for(record, latest_runs([*previous, *records, record]))
+            latest = latest_runs([*previous, *records, record])
+            record["speedup_vs_bf16"] = speedup_for(record, latest)
+            record["scaling_vs_1gpu"] = scaling_for(record, latest)
             records.append(record)
             append_runs(json_path, [record])
             write_outputs(out_dir, plot=False)

@@ -1,0 +1,37 @@
+"""Export a run's checkpoint, sharded (FSDP2) or not, as one file in the one-process layout (course-layout model
+state dict, optimizer with fp32 masters, step, config, sampler and RNG), loadable on one GPU or the CPU:
+
+    uv run python -m cs336_basics.parallel.export runs/default --output runs/default-single.pt
+
+The file loads with cs336_basics.training.checkpoint.load_checkpoint and the course's load_checkpoint; put it in a run
+folder as checkpoint.pt (with that run's config.json) to resume there. A one-process `--resume` and
+cs336_basics.generate read sharded checkpoints directly, without exporting.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from cs336_basics.errors import ConfigError, report_error
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
+    )
+    parser.add_argument("source", help="a run folder (its checkpoint.pt) or a checkpoint file")
+    parser.add_argument("--output", required=True, help="the single-file checkpoint to write (atomically)")
+    args = parser.parse_args(argv)
+    from cs336_basics.parallel.checkpoint import export_checkpoint
+
+    try:
+        path = export_checkpoint(args.source, args.output)
+    except (ConfigError, OSError) as exc:
+        return report_error(exc)
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

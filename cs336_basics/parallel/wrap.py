@@ -1,0 +1,215 @@
+"""--parallel: which data-parallel mode a run uses, and the model wrapped and compiled for it.
+
+The model itself holds no parallelism code. The Trainer applies, in order: the built model (already on its device,
+BF16 and FP8-converted) -> `compile_for_training` -> `parallelize` (DDP wrapper, or FSDP2's `fully_shard` per
+transformer block and the root) -> the optimizer over the (possibly sharded) parameters. Compiling first is
+torchtitan's order, and under DDP the one that keeps fullgraph:
+
+- DDP replicates the model; gradients are all-reduced in buckets while backward still runs (DDP's reducer hooks),
+  with no search for unused parameters (every parameter gets a gradient every step). DDP wraps the compiled model.
+  Compiling the DDP wrapper instead breaks the graph at DDP's own forward (torch 2.15, fullgraph: "Dynamo does not
+  know how to trace method `_rebuild_buckets` of class `Reducer`"). Wrapped this way the model is still compiled on
+  its first call, inside DDP's forward, so dynamo's DDPOptimizer still splits the graph at the gradient buckets and
+  the all-reduces overlap backward (checked on CPU: the DDPOptimizer path is taken, no graph break).
+  With gradient accumulation, micro-batches but the last skip the all-reduce (`no_sync`).
+- FSDP2 shards each block's parameters (and so its gradients, fp32 masters and AdamW moments, which the optimizer
+  keeps per local shard) over the ranks, all-gathering a block's weights just before it runs. The parameters stay
+  in the weight dtype (BF16 on GPU): all-gathers move BF16 and gradients are reduce-scattered in BF16, as DDP
+  all-reduces them and as one GPU accumulates them; the fp32 masters take the averaged gradient. Each block's
+  forward is compiled on its own (fullgraph): FSDP2's all-gather and reshard hooks, registered on the block module,
+  run around it, outside the graph. The root's own forward (embedding, final norm, lm_head, loss) runs eager: it
+  calls the blocks, whose hooks a fullgraph compile could not trace.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from cs336_basics.config import RunConfig
+from cs336_basics.errors import ConfigError
+from cs336_basics.parallel.world import World
+
+NONE, DDP, FSDP = "none", "ddp", "fsdp"
+
+# auto picks FSDP when the replicated model state (weights, gradients, fp32 masters, AdamW moments) would take more
+# than this share of one device's memory: the rest is what activations, the compiled graph's buffers and the
+# allocator's slack need at our batch shapes (the 1.3b preset at 4 x 2048 peaked at 29 GiB on one GPU, of which about
+# 19 GiB is model state at 16 bytes per parameter).
+AUTO_FSDP_STATE_SHARE = 0.5
+
+
+@dataclass(frozen=True)
+class ParallelPlan:
+    mode: str  # none, ddp or fsdp
+    world: World
+    reason: str  # why this mode (the summary prints it)
+    state_gib_per_rank: float  # model state each rank holds: weights, gradients, fp32 masters, AdamW moments
+    device_gib: float | None  # one rank's device memory (None on CPU)
+    fp8_all_gather: bool = False  # FSDP2 all-gathers FP8 weights (torchao's tensorwise recipe)
+
+    def summary_line(self) -> str:
+        line = f"{self.mode}, world size {self.world.world_size}: {self.reason}"
+        return line + ("; FP8 weight all-gather" if self.fp8_all_gather else "")
+
+    def memory_line(self) -> str:
+        per_rank = f"{self.state_gib_per_rank:.2f} GiB of model state per {'GPU' if self.device_gib else 'process'}"
+        if self.mode == FSDP:
+            per_rank += f" (sharded {self.world.world_size} ways)"
+        if self.device_gib is not None:
+            per_rank += f", of {self.device_gib:.1f} GiB"
+        return per_rank + "; measured peak per GPU in metrics.jsonl (peak_mem_gib, the largest over ranks)"
+
+
+SINGLE_PROCESS = ParallelPlan(NONE, World(), "one process", 0.0, None)
+
+
+def model_state_bytes(n_params: int, dtype: torch.dtype) -> int:
+    """Bytes of model state per parameter replica: weight and gradient in the weight dtype, an fp32 master when the
+    weight is low precision (MasterWeightAdamW), and two fp32 AdamW moments."""
+    size = torch.empty((), dtype=dtype).element_size()
+    masters = 4 if size < 4 else 0
+    return n_params * (2 * size + masters + 8)
+
+
+def _device_memory_gib(device: torch.device) -> float | None:
+    if device.type != "cuda":
+        return None
+    return torch.cuda.get_device_properties(device).total_memory / 2**30
+
+
+def check_parallel_request(config: RunConfig, world: World) -> None:
+    """Refuse, with what to do, a --parallel request this launch cannot honour (before any model is built)."""
+    requested = config.train.parallel
+    if not world.launched and requested != "auto":
+        raise ConfigError(
+            f"--parallel {requested} needs several processes started by torchrun, e.g. "
+            f"torchrun --standalone --nproc_per_node 2 train_h100.py --parallel {requested} ...; this process was "
+            "not (no RANK/WORLD_SIZE/LOCAL_RANK in its environment). For one process pass --parallel auto (a run "
+            "resumed from its folder keeps the --parallel it was started with)."
+        )
+    if requested != "auto":
+        _refuse_unsupported(config, requested, world)
+
+
+def _refuse_unsupported(config: RunConfig, mode: str, world: World) -> None:
+    fp8 = config.fp8
+    fp8_maybe = fp8.use_fp8 is not False  # None: automatic, not decided yet (the plan checks before the build)
+    if mode == FSDP and fp8_maybe and fp8.fp8_path == "fused":
+        raise ConfigError(
+            "--fp8_path fused does not support --parallel fsdp yet: its FP8 linears were built and tested on whole "
+            "(unsharded) weights and it has no FP8 all-gather of sharded weights, which torchao's path has. Use "
+            "--fp8_path torchao with fsdp, --parallel ddp with the fused path, or --no_use_fp8."
+        )
+    if world.world_size > 1 and fp8_maybe and fp8.fp8_path == "fused" and fp8.fp8_scaling == "delayed":
+        raise ConfigError(
+            "--fp8_scaling delayed on several processes: each rank would keep its own amax history and scales (they "
+            "are not reduced across ranks), and the checkpoint would keep rank 0's only, so resume would not be "
+            "exact. Use --fp8_scaling dynamic, or one process."
+        )
+
+
+def resolve_parallel(config: RunConfig, world: World, device: torch.device, n_params: int) -> ParallelPlan:
+    """The mode --parallel asks for on this world, with the reason; a ConfigError saying what to do where it cannot
+    be honoured (ddp/fsdp without torchrun, FSDP with the fused FP8 path). `config` has use_fp8 decided."""
+    check_parallel_request(config, world)
+    requested = config.train.parallel
+    dtype = torch.bfloat16 if config.train.dtype == "bfloat16" else torch.float32
+    replica = model_state_bytes(n_params, dtype)
+    device_gib = _device_memory_gib(device)
+    if not world.launched:
+        return ParallelPlan(NONE, world, "one process", replica / 2**30, device_gib)
+    state_gib = replica / 2**30
+    if requested == "auto":
+        if world.world_size == 1:
+            mode, reason = NONE, "auto: one process"
+        elif device_gib is not None and state_gib > AUTO_FSDP_STATE_SHARE * device_gib:
+            mode = FSDP
+            reason = (
+                f"auto: a replica's model state ({state_gib:.1f} GiB) is more than {AUTO_FSDP_STATE_SHARE:.0%} of a "
+                f"GPU's {device_gib:.0f} GiB, so it is sharded"
+            )
+        else:
+            mode = DDP
+            reason = f"auto: {world.world_size} processes and a replica's model state ({state_gib:.2f} GiB) fits"
+    else:
+        mode, reason = requested, f"--parallel {requested}"
+    _refuse_unsupported(config, mode, world)
+    per_rank = state_gib / world.world_size if mode == FSDP else state_gib
+    fp8 = config.fp8
+    all_gather = mode == FSDP and fp8.use_fp8 is not False and fp8.fp8_path == "torchao"
+    if all_gather and fp8.fp8_recipe != "tensorwise":
+        all_gather = False  # torchao implements the FP8 all-gather for tensorwise scaling only
+        reason += f"; weights all-gathered in BF16 ({fp8.fp8_recipe} has no FP8 all-gather in torchao)"
+    return ParallelPlan(mode, world, reason, per_rank, device_gib, fp8_all_gather=all_gather)
+
+
+def compile_for_training(model: nn.Module, plan: ParallelPlan, mode: str) -> nn.Module:
+    """`model` compiled (fullgraph: a graph break is a bug we want to hear about) for the training step, before it is
+    parallelized: a torch.compile wrapper sharing its parameters, or, for FSDP2, `model` with each block's forward
+    compiled in place."""
+    if plan.mode != FSDP:
+        return torch.compile(model, mode=mode, fullgraph=True)
+    for block in model.layers:
+        # The instance attribute shadows the class's forward: nn.Module.__call__ runs FSDP2's hooks, then this.
+        block.forward = torch.compile(block.forward, mode=mode, fullgraph=True)
+    return model
+
+
+def parallelize(model: nn.Module, compiled: nn.Module, plan: ParallelPlan, device: torch.device) -> nn.Module:
+    """What the training step calls: `compiled` (one process; it is `model` when not compiling), a DDP wrapper around
+    it, or `model` sharded in place by FSDP2 (its parameters become DTensor shards; names and state-dict keys stay).
+    DDP and FSDP2 synchronise the replicas' (or shards') starting weights themselves: every rank built the same
+    seeded model anyway."""
+    if plan.mode == DDP:
+        from torch.nn.parallel import DistributedDataParallel
+
+        # The only buffers are RoPE tables, identical on every rank and never updated: no broadcast before each
+        # forward. torch renamed the switch (forward_sync_buffers) after 2.11, the GPU image's version.
+        no_buffer_sync = (
+            {"forward_sync_buffers": False}
+            if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
+            else {"broadcast_buffers": False}
+        )
+        return DistributedDataParallel(
+            compiled,
+            device_ids=[device.index] if device.type == "cuda" else None,
+            find_unused_parameters=False,  # every parameter gets a gradient: no graph search after each forward
+            gradient_as_bucket_view=True,  # gradients live in the all-reduce buckets: no copy, no second buffer
+            **no_buffer_sync,
+        )
+    if plan.mode == FSDP:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        mesh = init_device_mesh(device.type, (plan.world.world_size,))
+        dtype = next(model.parameters()).dtype
+        # Parameters are already in the weight dtype: all-gather and reduce-scatter in it (see the module docstring).
+        policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=dtype)
+        for block in model.layers:
+            fully_shard(block, mesh=mesh, mp_policy=policy)
+        fully_shard(model, mesh=mesh, mp_policy=policy)  # the embedding, final norm and lm_head
+        return model
+    return compiled
+
+
+def gradient_sync(train_model: nn.Module, plan: ParallelPlan, last_micro_batch: bool):
+    """The context a micro-batch's forward and backward run in: under DDP, all micro-batches but the last skip the
+    all-reduce and accumulate locally. FSDP2 reduce-scatters every micro-batch, keeping only sharded gradients
+    between them (its memory saving), so it needs nothing here."""
+    if plan.mode == DDP and not last_micro_batch:
+        return train_model.no_sync()
+    return contextlib.nullcontext()
+
+
+def after_optimizer_step(model: nn.Module, plan: ParallelPlan) -> None:
+    """With FP8 weight all-gather, compute every weight's FP8 scale once for the next forward (one all-reduce for all
+    of them), as torchao documents for FSDP2."""
+    if plan.fp8_all_gather:
+        from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
+
+        precompute_float8_dynamic_scale_for_fsdp(model)

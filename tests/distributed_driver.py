@@ -1,0 +1,34 @@
+"""train_h100.py as torchrun runs it, with two test hooks read from the environment (nothing else changes):
+
+FAIL_RANK, FAIL_STEP   that rank raises at the start of that optimizer step (0-based), as a crash would (the message
+                       ends with the wall-clock time of the failure, "(t=<seconds since the epoch>)");
+REPORT_GRAPH_BREAKS=1  rank 0 prints "graph_breaks=<n>" (torch.compile's count) when training ends.
+"""
+
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import train_h100  # noqa: E402
+from cs336_basics.training.trainer import Trainer  # noqa: E402
+
+_real_step = Trainer.train_step
+
+
+def failing_step(self):
+    if self.world.rank == int(os.environ["FAIL_RANK"]) and self.step == int(os.environ["FAIL_STEP"]):
+        raise RuntimeError(f"injected failure on rank {self.world.rank} at step {self.step + 1} (t={time.time():.3f})")
+    return _real_step(self)
+
+
+if __name__ == "__main__":
+    if "FAIL_RANK" in os.environ:
+        Trainer.train_step = failing_step
+    code = train_h100.main(sys.argv[1:])
+    if os.environ.get("REPORT_GRAPH_BREAKS") and os.environ.get("RANK", "0") == "0":
+        from torch._dynamo.utils import counters
+
+        print(f"graph_breaks={sum(counters['graph_break'].values())}", flush=True)
+    sys.exit(code)

@@ -1,0 +1,471 @@
+"""Training on several processes (issue 12). CPU tests: torchrun starts 2 processes on the gloo backend and trains the
+tiny model for a few steps (no compile); GPU tests (marked, need 2 GPUs): the same with NCCL, BF16, compile and FP8.
+
+One global batch, three ways: one process with micro-batch 4, and 2 ranks (DDP, FSDP2) with micro-batch 2 each, all
+with 2 accumulation steps. Every rank draws the whole global batch from the run's one generator and takes its rows,
+so the three see the same windows and must give the same losses. They can differ only in float32 summation order (a
+mean of 4 sequences and an average over 2 ranks instead of a mean of 8), which is why the tolerance is LOOSE_REL
+(measured: 1e-7); a wrong split of the data or a missing gradient reduction moves the loss by 1e-2 or more.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from tiny import tiny_flags
+
+import train_h100
+from cs336_basics.config import RunConfig, build_config
+from cs336_basics.errors import ConfigError
+from cs336_basics.parallel import wrap
+from cs336_basics.parallel.world import World
+from cs336_basics.training.checkpoint import (
+    CHECKPOINT_FORMAT,
+    CHECKPOINT_NAME,
+    SHARDED_FORMAT,
+    SHARDS_DIR,
+    read_checkpoint,
+    remove_stale_shards,
+)
+from cs336_basics.training.metrics import read_metrics
+
+DRIVER = Path(__file__).resolve().parent / "distributed_driver.py"
+LOOSE_REL = 1e-5  # one process vs 2 ranks: float32 summation order only (see the module docstring)
+STEPS = 6
+TIMEOUT_S = 100  # the process group's timeout in these runs: a failed run that ends sooner was not ended by it
+COMMON = [
+    "--max_steps", str(STEPS), "--log_every", "1", "--eval_every", "3", "--eval_batches", "2",
+    "--checkpoint_every", "3", "--gradient_accumulation_steps", "2", "--dist_timeout_s", str(TIMEOUT_S),
+]  # fmt: skip
+TWO_RANKS = ["--batch_size", "2"]  # x 2 ranks = the one process's batch
+# TorchAO's FP8 numerics on CPU, BF16 weights with fp32 masters; 3 steps, since emulation is slow on CPU.
+FP8 = ["--use_fp8", "--fp8_emulate", "--max_steps", "3"]
+# FP8 scales each rank's activations by their own amax (not the global batch's), so the casts round differently.
+FP8_REL = 1e-2
+FUSED = ["--fp8_path", "fused"]  # this package's FP8 path; its FP8 SwiGLU blocks are on by default
+ONE_PROCESS = ["--batch_size", "4"]
+
+
+@dataclass
+class Finished:
+    returncode: int
+    stdout: str
+    stderr: str
+    seconds: float
+    ended: float = field(default_factory=time.time)  # wall-clock time it was seen to end
+
+    def seconds_after_failure(self) -> float:
+        """From the injected failure (its message has the time, see distributed_driver.py) to the end of torchrun."""
+        return self.ended - float(re.search(r"\(t=(\d+\.\d+)\)", self.stderr).group(1))
+
+
+@dataclass
+class Launch:
+    proc: subprocess.Popen
+    started: float = field(default_factory=time.monotonic)
+
+    def wait(self, timeout_s: float = 300) -> Finished:
+        try:
+            out, err = self.proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            out, err = self.proc.communicate()
+            pytest.fail(f"torchrun did not finish in {timeout_s} s (a hang):\n{err[-3000:]}")
+        return Finished(self.proc.returncode, out, err, time.monotonic() - self.started)
+
+
+def torchrun(args: list, nproc: int = 2, **env: str) -> Launch:
+    """Start `torchrun --standalone --nproc_per_node N tests/distributed_driver.py ARGS` (it returns at once)."""
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", str(DRIVER),
+        *map(str, args),
+    ]  # fmt: skip
+    # One thread per process, as torchrun sets by default: two ranks on two cores.
+    full_env = {**os.environ, "TQDM_DISABLE": "1", "OMP_NUM_THREADS": "1", **env}
+    return Launch(subprocess.Popen(command, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+
+
+def one_process(args: list) -> None:
+    code = train_h100.main([str(a) for a in args])
+    assert code == 0, f"train_h100.main({args}) exited with {code}"
+
+
+def metrics(run: Path) -> list[dict]:
+    return read_metrics(run / "metrics.jsonl")
+
+
+def assert_same_losses(run: list[dict], reference: list[dict], rel: float | None, steps=None) -> None:
+    """Loss, gradient norm and validation loss of every logged step: equal (rel None) or within rel."""
+    pick = (lambda r: True) if steps is None else (lambda r: r["step"] in steps)
+    ours, theirs = [r for r in run if pick(r)], [r for r in reference if pick(r)]
+    assert [r["step"] for r in ours] == [r["step"] for r in theirs]
+    for a, b in zip(ours, theirs, strict=True):
+        for key in ("loss", "grad_norm", "val_loss"):
+            if b[key] is None:
+                assert a[key] is None
+            elif rel is None:
+                assert a[key] == b[key], (a["step"], key, a[key], b[key])
+            else:
+                assert a[key] == pytest.approx(b[key], rel=rel), (a["step"], key)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Every multi-process run of the CPU tests, started concurrently where they do not depend on each other."""
+    root = tmp_path_factory.mktemp("distributed")
+    rng = np.random.default_rng(0)  # the token_files fixture's learnable stream
+    pattern = np.tile(np.arange(64, dtype=np.uint16), 200)
+    noise = rng.integers(0, 64, size=pattern.size, dtype=np.uint16)
+    tokens = np.where(rng.random(pattern.size) < 0.1, noise, pattern).astype(np.uint16)
+    np.save(root / "train.npy", tokens[:10000])
+    np.save(root / "val.npy", tokens[10000:])
+    base = [*tiny_flags(), "--train_data", root / "train.npy", "--val_data", root / "val.npy", *COMMON]
+    two = [*base, *TWO_RANKS]
+
+    launches = {
+        "fsdp": torchrun([*two, "--parallel", "fsdp", "--out_dir", root / "fsdp"]),
+        "ddp": torchrun([*two, "--parallel", "auto", "--out_dir", root / "ddp"]),  # auto picks DDP for 2 ranks
+        # Rank 1 fails at the start of step 5, after the checkpoint of step 3.
+        "failed": torchrun([*two, "--parallel", "fsdp", "--out_dir", root / "failed"], FAIL_RANK="1", FAIL_STEP="4"),
+        "fsdp_fp8": torchrun([*two, *FP8, "--parallel", "fsdp", "--out_dir", root / "fsdp_fp8"]),
+        "ddp_fused": torchrun([*two, *FP8, *FUSED, "--parallel", "ddp", "--out_dir", root / "ddp_fused"]),
+    }
+    one_process([*base, *ONE_PROCESS, "--out_dir", root / "single"])
+    one_process([*base, *ONE_PROCESS, *FP8, "--out_dir", root / "single_fp8"])
+    one_process([*base, *ONE_PROCESS, *FP8, *FUSED, "--out_dir", root / "single_fused"])
+    one_process([*base, *ONE_PROCESS, "--max_steps", "3", "--lr_decay_steps", str(STEPS), "--out_dir", root / "one"])
+    # A one-process checkpoint (step 3) resumed by 2 ranks sharding it.
+    launches["one_then_two"] = torchrun(
+        ["--resume", "--max_steps", STEPS, *TWO_RANKS, "--parallel", "fsdp", "--out_dir", root / "one"]
+    )
+    done = {"failed": launches.pop("failed").wait()}
+    done["failed_checkpoint_step"] = read_checkpoint(root / "failed" / CHECKPOINT_NAME)["step"]
+    shutil.copytree(root / "failed", root / "two_then_one")
+    # The failed run resumed as it was launched (its config.json has every setting) ...
+    launches["resumed"] = torchrun(["--resume", "--out_dir", root / "failed"])
+    # ... and its sharded checkpoint resumed by one process.
+    one_process(["--resume", "--parallel", "auto", *ONE_PROCESS, "--out_dir", root / "two_then_one"])
+    done |= {name: launch.wait() for name, launch in launches.items()}
+    return root, done
+
+
+def test_ddp_and_fsdp_give_the_losses_of_one_process_with_the_same_global_batch(runs):
+    root, done = runs
+    single = metrics(root / "single")
+    assert len(single) == STEPS
+    for mode in ("ddp", "fsdp"):
+        assert done[mode].returncode == 0, done[mode].stderr[-3000:]
+        assert_same_losses(metrics(root / mode), single, rel=LOOSE_REL)
+        summary = done[mode].stdout
+        assert "2 x 16 x 2 accumulation x 2 processes = 128 tokens per step" in summary
+        assert summary.count("FINAL CONFIGURATION SUMMARY") == 1  # rank 0 alone prints
+    assert "ddp, world size 2: auto: 2 processes" in done["ddp"].stdout
+    assert "fsdp, world size 2: --parallel fsdp" in done["fsdp"].stdout
+    record = json.loads((root / "fsdp" / "result.json").read_text())
+    assert (record["world_size"], record["parallel"]) == (2, "fsdp")
+
+
+def test_fsdp_with_fp8_all_gathers_fp8_weights_and_trains_like_one_process(runs):
+    """TorchAO's FP8 (emulated on CPU) under FSDP2: weights all-gathered in FP8 (their BF16 shards wrapped by torchao,
+    the optimizer stepping the fp32 masters of the shards underneath), scales precomputed after each step."""
+    root, done = runs
+    assert done["fsdp_fp8"].returncode == 0, done["fsdp_fp8"].stderr[-3000:]
+    assert "--parallel fsdp; FP8 weight all-gather" in done["fsdp_fp8"].stdout
+    assert "14 FP8 linears counted" in done["fsdp_fp8"].stdout
+    assert_same_losses(metrics(root / "fsdp_fp8"), metrics(root / "single_fp8"), rel=FP8_REL)
+    exported = read_checkpoint(root / "fsdp_fp8" / CHECKPOINT_NAME)
+    from cs336_basics.parallel.checkpoint import assemble_sharded
+
+    whole = assemble_sharded(exported)
+    assert all(t.dtype == torch.bfloat16 for t in whole["model"].values())
+    for name, master in whole["optimizer"]["master"].items():  # the weights are their masters, rounded
+        torch.testing.assert_close(whole["model"][name], master.to(torch.bfloat16), rtol=0, atol=0, msg=name)
+
+
+def test_the_fused_fp8_path_with_its_swiglu_blocks_trains_under_ddp_like_one_process(runs):
+    """The fused path's own autograd functions (FP8 linears, shared input casts, SwiGLU blocks; their torch reference
+    producers on CPU) under DDP: the gradients they return reach DDP's all-reduce like any other."""
+    root, done = runs
+    assert done["ddp_fused"].returncode == 0, done["ddp_fused"].stderr[-3000:]
+    assert "2 SwiGLU blocks fused" in done["ddp_fused"].stdout and "ddp, world size 2" in done["ddp_fused"].stdout
+    assert_same_losses(metrics(root / "ddp_fused"), metrics(root / "single_fused"), rel=FP8_REL)
+
+
+def test_ddp_writes_one_file_and_fsdp_a_sharded_checkpoint(runs):
+    root, _ = runs
+    assert read_checkpoint(root / "ddp" / CHECKPOINT_NAME)["format"] == CHECKPOINT_FORMAT
+    assert not (root / "ddp" / SHARDS_DIR).exists()
+    sharded = read_checkpoint(root / "fsdp" / CHECKPOINT_NAME)
+    assert sharded["format"] == SHARDED_FORMAT and sharded["world_size"] == 2 and sharded["step"] == STEPS
+    # Only the folder checkpoint.pt names is left: the step-3 checkpoint's shards were removed after step 6's.
+    assert [p.name for p in (root / "fsdp" / SHARDS_DIR).iterdir()] == [sharded["shards"]]
+    assert sorted(p.name for p in Path(sharded["shards_path"]).iterdir()) == [
+        ".metadata", "__0_0.distcp", "__1_0.distcp"
+    ]  # fmt: skip
+
+
+def test_a_failing_rank_stops_the_whole_run_with_its_message(runs):
+    _, done = runs
+    failed = done["failed"]
+    assert failed.returncode != 0
+    assert "[rank1]" in failed.stderr and "injected failure on rank 1 at step 5" in failed.stderr
+    # torchrun's elastic agent stopped rank 0 (blocked in a collective) when rank 1 exited: no wait for the timeout
+    # (the agent gives a rank 30 s to exit after its SIGTERM).
+    assert failed.seconds_after_failure() < TIMEOUT_S / 2
+    assert done["failed_checkpoint_step"] == 3  # the last checkpoint before the failure is intact
+
+
+def test_resume_at_two_ranks_reproduces_the_uninterrupted_run(runs):
+    root, done = runs
+    assert done["resumed"].returncode == 0, done["resumed"].stderr[-3000:]
+    assert_same_losses(metrics(root / "failed"), metrics(root / "fsdp"), rel=None)
+
+
+def test_checkpoints_move_between_one_process_and_two_ranks(runs):
+    root, done = runs
+    single = metrics(root / "single")
+    after = set(range(4, STEPS + 1))
+    # Two ranks' sharded checkpoint of step 3, continued by one process.
+    assert_same_losses(metrics(root / "two_then_one"), single, rel=LOOSE_REL, steps=after)
+    assert read_checkpoint(root / "two_then_one" / CHECKPOINT_NAME)["format"] == CHECKPOINT_FORMAT
+    assert not (root / "two_then_one" / SHARDS_DIR).exists()  # the shards it resumed from are gone with its new file
+    # One process's checkpoint of step 3, continued by two ranks that shard it.
+    assert done["one_then_two"].returncode == 0, done["one_then_two"].stderr[-3000:]
+    assert_same_losses(metrics(root / "one"), single, rel=LOOSE_REL)
+    assert read_checkpoint(root / "one" / CHECKPOINT_NAME)["format"] == SHARDED_FORMAT
+
+
+def test_export_writes_the_one_process_layout(runs, tmp_path):
+    from cs336_basics.course import load_checkpoint as course_load_checkpoint
+    from cs336_basics.model import TransformerLM
+    from cs336_basics.optim import MasterWeightAdamW
+    from cs336_basics.parallel.export import main as export_main
+
+    root, _ = runs
+    out = tmp_path / "exported.pt"
+    assert export_main([str(root / "fsdp"), "--output", str(out)]) == 0
+    exported = read_checkpoint(out)
+    single = read_checkpoint(root / "single" / CHECKPOINT_NAME)
+    assert exported["format"] == CHECKPOINT_FORMAT and exported["step"] == STEPS
+    assert list(exported["model"]) == list(single["model"])  # the course layout, in the same order
+    assert exported["optimizer"]["param_names"] == single["optimizer"]["param_names"]
+    # Trained on two ranks, the weights are one process's (summation order aside).
+    for name, weight in exported["model"].items():
+        torch.testing.assert_close(weight, single["model"][name], rtol=1e-4, atol=1e-5, msg=name)
+    # The course's loader reads it into a plain model.
+    config = RunConfig.from_dict(exported["config"])
+    model = TransformerLM(config.model)
+    optimizer = MasterWeightAdamW(model.named_parameters(), lr=1e-3)
+    assert course_load_checkpoint(out, model, optimizer) == STEPS
+    torch.testing.assert_close(model.state_dict(), exported["model"])
+    # The sharded checkpoint itself loads into a plain model too (what cs336_basics.generate does).
+    from cs336_basics.training.checkpoint import load_checkpoint
+
+    direct = TransformerLM(config.model)
+    load_checkpoint(root / "fsdp" / CHECKPOINT_NAME, model=direct, restore_rng=False)
+    torch.testing.assert_close(direct.state_dict(), exported["model"])
+
+
+def test_a_damaged_shard_is_a_clear_error(runs, tmp_path):
+    from cs336_basics.parallel.checkpoint import assemble_sharded
+
+    root, _ = runs
+    shutil.copytree(root / "fsdp", tmp_path / "run")
+    ckpt = read_checkpoint(tmp_path / "run" / CHECKPOINT_NAME)
+    (Path(ckpt["shards_path"]) / "__1_0.distcp").write_bytes(b"torn")
+    with pytest.raises(ConfigError, match="could not be read.*Point at another checkpoint"):
+        assemble_sharded(ckpt)
+    shutil.rmtree(ckpt["shards_path"])
+    with pytest.raises(ConfigError, match="missing or incomplete"):
+        read_checkpoint(tmp_path / "run" / CHECKPOINT_NAME)
+
+
+# ---- fast checks of the pieces (no processes started) ----
+
+
+def config(**train) -> RunConfig:
+    from tiny import TINY_MODEL
+
+    return build_config({"model": TINY_MODEL, "train": {"device": "cpu", "dtype": "float32", **train}})
+
+
+TWO = World(rank=0, world_size=2, local_rank=0, launched=True)
+
+
+def test_auto_picks_none_on_one_process_and_ddp_on_several():
+    cpu = torch.device("cpu")
+    assert wrap.resolve_parallel(config(), World(), cpu, 1000).mode == "none"
+    assert wrap.resolve_parallel(config(), World(launched=True), cpu, 1000).mode == "none"
+    plan = wrap.resolve_parallel(config(), TWO, cpu, 1000)
+    assert plan.mode == "ddp" and "auto" in plan.reason
+
+
+def test_auto_picks_fsdp_when_a_replica_would_not_fit(monkeypatch):
+    # 1e9 parameters in BF16 with fp32 masters and moments: 16 GB per replica, more than half of an 24 GiB GPU.
+    monkeypatch.setattr(wrap, "_device_memory_gib", lambda device: 24.0)
+    plan = wrap.resolve_parallel(config(dtype="bfloat16"), TWO, torch.device("cpu"), 10**9)
+    assert plan.mode == "fsdp" and "sharded" in plan.reason
+    assert plan.state_gib_per_rank == pytest.approx(16e9 / 2**30 / 2)
+    assert wrap.resolve_parallel(config(dtype="bfloat16"), TWO, torch.device("cpu"), 10**8).mode == "ddp"
+
+
+@pytest.mark.parametrize("mode", ["ddp", "fsdp"])
+def test_a_parallel_mode_without_torchrun_is_refused(mode):
+    with pytest.raises(ConfigError, match="torchrun"):
+        wrap.check_parallel_request(config(parallel=mode), World())
+
+
+def test_fsdp_with_the_fused_fp8_path_is_refused():
+    fused = config(parallel="fsdp").replace(fp8={"use_fp8": True, "fp8_path": "fused", "fp8_emulate": True})
+    with pytest.raises(ConfigError, match="fused does not support --parallel fsdp"):
+        wrap.check_parallel_request(fused, TWO)
+    delayed = fused.replace(train={"parallel": "ddp"}, fp8={"fp8_scaling": "delayed"})
+    with pytest.raises(ConfigError, match="delayed"):
+        wrap.check_parallel_request(delayed, TWO)
+    wrap.check_parallel_request(fused.replace(train={"parallel": "ddp"}), TWO)  # dynamic scaling under DDP: allowed
+
+
+def test_fp8_all_gather_only_with_fsdp_and_tensorwise():
+    fp8 = {"use_fp8": True, "fp8_emulate": True}
+    tensorwise = config(parallel="fsdp", dtype="bfloat16").replace(fp8=fp8)
+    assert wrap.resolve_parallel(tensorwise, TWO, torch.device("cpu"), 1000).fp8_all_gather
+    rowwise = tensorwise.replace(fp8={"fp8_recipe": "rowwise"})
+    plan = wrap.resolve_parallel(rowwise, TWO, torch.device("cpu"), 1000)
+    assert not plan.fp8_all_gather and "all-gathered in BF16" in plan.reason
+    ddp = tensorwise.replace(train={"parallel": "ddp"})
+    assert not wrap.resolve_parallel(ddp, TWO, torch.device("cpu"), 1000).fp8_all_gather
+    from cs336_basics.precision import torchao_float8_config
+
+    assert torchao_float8_config(tensorwise.fp8, fsdp_float8_all_gather=True).enable_fsdp_float8_all_gather
+    assert not torchao_float8_config(tensorwise.fp8).enable_fsdp_float8_all_gather
+
+
+def test_each_rank_reads_its_rows_of_the_global_batch():
+    from cs336_basics.data import get_batch, get_rank_batch
+
+    data = np.arange(5000, dtype=np.uint16)
+    whole = get_batch(data, 6, 16, "cpu", np.random.default_rng(7))
+    parts = [get_rank_batch(data, 2, 16, "cpu", np.random.default_rng(7), rank, 3) for rank in range(3)]
+    for i in range(2):
+        assert torch.equal(torch.cat([p[i] for p in parts]), whole[i])
+    assert not torch.equal(parts[0][0], parts[1][0])
+
+
+def test_errors_name_the_rank_under_torchrun(monkeypatch, capsys):
+    from cs336_basics.errors import report_error
+
+    report_error(ConfigError("one process"))
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    report_error(ConfigError("bad value"))
+    assert capsys.readouterr().err.splitlines() == ["error: one process", "[rank3]: error: bad value"]
+
+
+def test_stale_shard_folders_are_removed_and_the_named_one_kept(tmp_path):
+    shards = tmp_path / SHARDS_DIR
+    for name in ("step-000000003-aaaa", "step-000000006-bbbb"):
+        (shards / name).mkdir(parents=True)
+    torch.save({"format": SHARDED_FORMAT, "shards": "step-000000006-bbbb"}, tmp_path / CHECKPOINT_NAME)
+    assert [p.name for p in remove_stale_shards(tmp_path)] == ["step-000000003-aaaa"]
+    assert [p.name for p in shards.iterdir()] == ["step-000000006-bbbb"]
+    (tmp_path / CHECKPOINT_NAME).write_bytes(b"torn")  # unreadable: which folder it names is unknown, keep all
+    assert remove_stale_shards(tmp_path) == [] and (shards / "step-000000006-bbbb").is_dir()
+
+
+# ---- GPU: the same on 2 GPUs with NCCL, BF16 weights, torch.compile and FP8 (run with `python3 -m pytest -m gpu`) ----
+
+GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
+needs_two_gpus = pytest.mark.skipif(GPUS < 2, reason=f"needs 2 CUDA GPUs ({GPUS} visible)")
+# BF16 weights and BF16 gradient reductions, summed in another order on 2 ranks than on 1 GPU (not yet measured on
+# a GPU: these bounds are set from BF16's 2^-8 resolution, well below what a wrong data split changes, ~1e-1).
+BF16_REL = 2e-2
+# Exact resume is not promised on a GPU: embedding backward accumulates with atomics, in no fixed order.
+GPU_RESUME_REL = 1e-3
+BF16 = ["--device", "cuda", "--no_use_fp8", "--compile_model"]
+TORCHAO_FP8 = ["--device", "cuda", "--use_fp8", "--compile_model"]  # tensorwise; FP8 all-gather under FSDP2
+
+
+@pytest.fixture(scope="module")
+def gpu_runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("distributed_gpu")
+    rng = np.random.default_rng(0)
+    pattern = np.tile(np.arange(64, dtype=np.uint16), 200)
+    tokens = np.where(rng.random(pattern.size) < 0.1, rng.integers(0, 64, size=pattern.size), pattern)
+    np.save(root / "train.npy", tokens[:10000].astype(np.uint16))
+    np.save(root / "val.npy", tokens[10000:].astype(np.uint16))
+    base = [*tiny_flags("cuda"), "--train_data", root / "train.npy", "--val_data", root / "val.npy", *COMMON]
+    two = [*base, *TWO_RANKS]
+    launches = {
+        "ddp_bf16": torchrun([*two, *BF16, "--parallel", "auto", "--out_dir", root / "ddp_bf16"]),
+        "fsdp_bf16": torchrun(
+            [*two, *BF16, "--parallel", "fsdp", "--out_dir", root / "fsdp_bf16"], REPORT_GRAPH_BREAKS="1"
+        ),
+        "failed": torchrun(
+            [*two, *BF16, "--parallel", "fsdp", "--out_dir", root / "failed"], FAIL_RANK="1", FAIL_STEP="4"
+        ),
+        "ddp_fp8": torchrun([*two, *TORCHAO_FP8, "--parallel", "ddp", "--out_dir", root / "ddp_fp8"]),
+        "fsdp_fp8": torchrun([*two, *TORCHAO_FP8, "--parallel", "fsdp", "--out_dir", root / "fsdp_fp8"]),
+        "ddp_fused": torchrun(
+            [*two, *TORCHAO_FP8, "--fp8_path", "fused", "--parallel", "ddp", "--out_dir", root / "ddp_fused"]
+        ),
+    }
+    one_process([*base, *ONE_PROCESS, *BF16, "--out_dir", root / "single_bf16"])
+    one_process([*base, *ONE_PROCESS, *TORCHAO_FP8, "--out_dir", root / "single_fp8"])
+    one_process([*base, *ONE_PROCESS, *TORCHAO_FP8, "--fp8_path", "fused", "--out_dir", root / "single_fused"])
+    done = {"failed": launches.pop("failed").wait(600)}
+    shutil.copytree(root / "failed", root / "two_then_one")
+    launches["resumed"] = torchrun(["--resume", "--out_dir", root / "failed"])
+    one_process(["--resume", "--parallel", "auto", *ONE_PROCESS, "--out_dir", root / "two_then_one"])
+    done |= {name: launch.wait(600) for name, launch in launches.items()}
+    return root, done
+
+
+@pytest.mark.gpu
+@needs_two_gpus
+def test_gpu_ddp_and_fsdp_in_bf16_match_one_gpu(gpu_runs):
+    root, done = gpu_runs
+    single = metrics(root / "single_bf16")
+    for mode in ("ddp_bf16", "fsdp_bf16"):
+        assert done[mode].returncode == 0, done[mode].stderr[-4000:]
+        assert_same_losses(metrics(root / mode), single, rel=BF16_REL)
+    assert "ddp, world size 2: auto" in done["ddp_bf16"].stdout
+    # Each block's forward compiled with fullgraph, FSDP2's hooks outside: no graph break anywhere.
+    assert "graph_breaks=0" in done["fsdp_bf16"].stdout
+
+
+@pytest.mark.gpu
+@needs_two_gpus
+def test_gpu_failure_resume_and_a_sharded_checkpoint_on_one_gpu(gpu_runs):
+    root, done = gpu_runs
+    failed = done["failed"]
+    assert failed.returncode != 0 and "injected failure on rank 1 at step 5" in failed.stderr
+    assert failed.seconds_after_failure() < TIMEOUT_S / 2  # torchrun stopped the other rank, not the timeout
+    assert done["resumed"].returncode == 0, done["resumed"].stderr[-4000:]
+    assert_same_losses(metrics(root / "failed"), metrics(root / "fsdp_bf16"), rel=GPU_RESUME_REL)
+    assert_same_losses(
+        metrics(root / "two_then_one"), metrics(root / "single_bf16"), rel=BF16_REL, steps=set(range(4, STEPS + 1))
+    )
+
+
+@pytest.mark.gpu
+@needs_two_gpus
+def test_gpu_fp8_under_ddp_and_fsdp(gpu_runs):
+    root, done = gpu_runs
+    for mode, single in (("ddp_fp8", "single_fp8"), ("fsdp_fp8", "single_fp8"), ("ddp_fused", "single_fused")):
+        assert done[mode].returncode == 0, done[mode].stderr[-4000:]
+        # FP8 scales each rank's activations by their own amax, but on CPU (emulated) that moved losses by 1e-3 only.
+        assert_same_losses(metrics(root / mode), metrics(root / single), rel=BF16_REL)
+    assert "FP8 weight all-gather" in done["fsdp_fp8"].stdout
+    assert "FP8 linears counted" in done["fsdp_fp8"].stdout and "FP8 linears counted" in done["ddp_fused"].stdout
+    assert "SwiGLU blocks fused, producers: Triton kernels" in done["ddp_fused"].stdout
