@@ -605,3 +605,10 @@ def test_amdahl_report_table_from_json_rows():
     )
     report = sweep_report.format_amdahl([row])
     assert "| 366m | 8 | 48/169 | 25.0% | 1.80x | 1.125x | 1.050x | 87.00 | 77.30 | 82.90 | +5.60 |" in report
+
+
+def test_log_file_names_keep_to_letters_digits_dots_and_dashes():
+    from cs336_basics.benchmark.sweep.run import _log_name
+
+    label = "1.3b/bs4/fp8-fused-dynamic+lm_head/default/sdpa/ac-off"
+    assert _log_name(label) == "1.3b_bs4_fp8-fused-dynamic_lm_head_default_sdpa_ac-off.log"

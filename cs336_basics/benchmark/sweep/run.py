@@ -153,7 +153,8 @@ def _progress_line(i: int, n: int, record: dict[str, Any]) -> str:
 
 
 def _log_name(label: str) -> str:
-    return re.sub(r"[^A-Za-z0-9.+-]+", "_", label) + ".log"
+    # Letters, digits, dots and dashes only: other characters (a "+lm_head" variant's "+") trip tools that copy results.
+    return re.sub(r"[^A-Za-z0-9.-]+", "_", label) + ".log"
 
 
 def run_sweep(plan: Sequence[Planned], options: SweepOptions, out_dir: Path, log=print) -> list[dict[str, Any]]:
