@@ -10,6 +10,7 @@ import sys
 
 import pytest
 import torch
+from numerics import sqnr_db
 from tiny import tiny_model
 from torch import nn
 
@@ -61,11 +62,6 @@ def linears(device: str = "cpu", **shapes: tuple[int, int]) -> Stack:
     return Stack(
         **{name: nn.Linear(i, o, bias=False, device=device, dtype=torch.bfloat16) for name, (i, o) in shapes.items()}
     )
-
-
-def sqnr_db(ref: torch.Tensor, test: torch.Tensor) -> float:
-    ref, test = ref.double(), test.double()
-    return (10 * torch.log10(ref.pow(2).sum() / (ref - test).pow(2).sum())).item()
 
 
 # ---- support checks ----

@@ -9,6 +9,7 @@ import json
 
 import pytest
 import torch
+from numerics import sqnr_db
 from tiny import TINY_FLAGS, tiny_model
 from torch import nn
 
@@ -39,11 +40,6 @@ from cs336_basics.training.metrics import read_metrics
 FUSED = FP8Config(use_fp8=True, fp8_emulate=True, fp8_path="fused")
 DELAYED = FP8Config(use_fp8=True, fp8_emulate=True, fp8_path="fused", fp8_scaling="delayed")
 DTYPES = (E4M3, E4M3, E5M2)
-
-
-def sqnr_db(ref: torch.Tensor, test: torch.Tensor) -> float:
-    ref, test = ref.double(), test.double()
-    return (10 * torch.log10(ref.pow(2).sum() / (ref - test).pow(2).sum())).item()
 
 
 def tiny_lm(seed: int = 0) -> TransformerLM:

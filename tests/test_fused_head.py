@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from numerics import sqnr_db
 from tiny import tiny_model
 from torch import nn
 
@@ -18,11 +19,6 @@ from cs336_basics.precision.fused.head import Fp8LMHead, cross_entropy_from_logi
 from cs336_basics.precision.fused.scaling import E4M3, E5M2, SiteScaling
 
 DTYPES = (E4M3, E4M3, E5M2)
-
-
-def sqnr_db(ref: torch.Tensor, test: torch.Tensor) -> float:
-    ref, test = ref.double(), test.double()
-    return (10 * torch.log10(ref.pow(2).sum() / (ref - test).pow(2).sum())).item()
 
 
 def logits_and_targets(rows: int = 48, vocab: int = 96, spread: float = 4.0, seed: int = 0):

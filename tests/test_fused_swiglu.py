@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from numerics import sqnr_db
 
 from cs336_basics.model.layers import SwiGLU
 from cs336_basics.precision.fused import swiglu_reference as reference
@@ -14,11 +15,6 @@ from cs336_basics.precision.fused.scaling import E4M3, E5M2, GRAD, INPUT, SiteSc
 from cs336_basics.precision.fused.swiglu import Fp8SwiGLU
 
 DTYPES = (E4M3, E4M3, E5M2)
-
-
-def sqnr_db(ref: torch.Tensor, test: torch.Tensor) -> float:
-    ref, test = ref.double(), test.double()
-    return (10 * torch.log10(ref.pow(2).sum() / (ref - test).pow(2).sum())).item()
 
 
 def activations(m: int, f: int, device: str = "cpu", seed: int = 0) -> tuple[torch.Tensor, ...]:

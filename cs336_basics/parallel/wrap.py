@@ -119,11 +119,10 @@ def resolve_parallel(config: RunConfig, world: World, device: torch.device, n_pa
     check_parallel_request(config, world)
     requested = config.train.parallel
     dtype = torch.bfloat16 if config.train.dtype == "bfloat16" else torch.float32
-    replica = model_state_bytes(n_params, dtype)
+    state_gib = model_state_bytes(n_params, dtype) / 2**30
     device_gib = _device_memory_gib(device)
     if not world.launched:
-        return ParallelPlan(NONE, world, "one process", replica / 2**30, device_gib)
-    state_gib = replica / 2**30
+        return ParallelPlan(NONE, world, "one process", state_gib, device_gib)
     if requested == "auto":
         if world.world_size == 1:
             mode, reason = NONE, "auto: one process"
@@ -136,9 +135,9 @@ def resolve_parallel(config: RunConfig, world: World, device: torch.device, n_pa
         else:
             mode = DDP
             reason = f"auto: {world.world_size} processes and a replica's model state ({state_gib:.2f} GiB) fits"
+        _refuse_unsupported(config, mode, world)  # an explicit mode was checked by check_parallel_request
     else:
         mode, reason = requested, f"--parallel {requested}"
-    _refuse_unsupported(config, mode, world)
     per_rank = state_gib / world.world_size if mode == FSDP else state_gib
     fp8 = config.fp8
     all_gather = mode == FSDP and fp8.use_fp8 is not False and fp8.fp8_path == "torchao"
