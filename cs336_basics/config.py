@@ -297,6 +297,11 @@ class TrainConfig:
         "and optimizer state sharded); auto: none on one process, ddp on several unless the model would not fit",
         choices=PARALLEL_MODES,
     )  # fmt: skip
+    ddp_bucket_mb: int = setting(
+        25, "under --parallel ddp: megabytes of gradients per all-reduce bucket (torch's default is 25); larger "
+        "buckets mean fewer all-reduces and fewer pieces of the compiled graph, smaller ones an earlier start",
+        check=at_least(1),
+    )  # fmt: skip
     dist_timeout_s: int = setting(
         600, "under torchrun: seconds a rank waits for the others in a collective before the run fails (a rank "
         "that is stuck or gone never leaves the others hanging)", check=at_least(1),
@@ -355,7 +360,9 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     },
     "1.3b": {
         "model": dict(dim=2048, n_layers=22, n_heads=16, intermediate_size=5632, vocab_size=32000, context_length=2048),
-        "train": dict(batch_size=4),
+        # Under DDP, 400 MB buckets measured fastest of 25, 100 and 400 on 2 GPUs:
+        # benchmarks/results/2026-11-23-sweep-1.3b-x2-h200x2/README.md.
+        "train": dict(batch_size=4, ddp_bucket_mb=400),
     },
 }
 SECTIONS = {"model": ModelConfig, "data": DataConfig, "optim": OptimConfig, "train": TrainConfig, "fp8": FP8Config}

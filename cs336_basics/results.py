@@ -87,6 +87,7 @@ def run_record(config: RunConfig, status: str = "ok", **measured: Any) -> dict[s
         "gradient_checkpointing": m.gradient_checkpointing,
         "world_size": 1,
         "parallel": "none",
+        "ddp_bucket_mb": t.ddp_bucket_mb,  # used by --parallel ddp only
         "fp8_lm_head": bool(fp8.use_fp8 and fp8.fp8_lm_head),
         "fp8_shape_filter": fp8.fp8_shape_filter,  # as configured (a preset may set it for its BF16 rows too)
         "fp8_path": fp8.fp8_path if fp8.use_fp8 else None,

@@ -349,6 +349,36 @@ def test_fsdp_with_the_fused_fp8_path_is_refused():
     wrap.check_parallel_request(fused.replace(train={"parallel": "ddp"}), TWO)  # dynamic scaling under DDP: allowed
 
 
+def test_ddp_all_reduces_in_buckets_of_the_configured_size(monkeypatch):
+    import torch.nn.parallel
+
+    seen = {}
+
+    class RecordingDDP:
+        def __init__(self, module, **kwargs):
+            seen.update(kwargs)
+
+    monkeypatch.setattr(torch.nn.parallel, "DistributedDataParallel", RecordingDDP)
+    plan = wrap.resolve_parallel(config(ddp_bucket_mb=7), TWO, torch.device("cpu"), 1000)
+    wrap.parallelize(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2), plan, torch.device("cpu"))
+    assert seen["bucket_cap_mb"] == 7 and not seen["find_unused_parameters"]
+    assert "7 MB all-reduce buckets" in plan.summary_line()
+
+
+@pytest.mark.parametrize(("backend", "expected"), [("nccl", ["abort"]), ("gloo", ["destroy"])])
+def test_a_failing_rank_leaves_without_waiting_for_the_others(monkeypatch, backend, expected):
+    from torch.distributed import distributed_c10d
+
+    from cs336_basics.parallel import world
+
+    calls = []
+    monkeypatch.setattr(torch.distributed, "get_backend", lambda group=None: backend)
+    monkeypatch.setattr(distributed_c10d, "_abort_process_group", lambda group=None: calls.append("abort"))
+    monkeypatch.setattr(torch.distributed, "destroy_process_group", lambda group=None: calls.append("destroy"))
+    world._leave_after_error()
+    assert calls == expected
+
+
 def test_fp8_all_gather_only_with_fsdp_and_tensorwise():
     fp8 = {"use_fp8": True, "fp8_emulate": True}
     tensorwise = config(parallel="fsdp", dtype="bfloat16").replace(fp8=fp8)

@@ -119,11 +119,27 @@ def process_group(device_name: str, timeout_s: int) -> Iterator[World]:
     try:
         yield current_world()
     except BaseException:
-        dist.destroy_process_group()  # torchrun stops the other ranks when this one exits with the error
+        _leave_after_error()  # torchrun stops the other ranks when this one exits with the error
         raise
     # Leave together: a rank that tears its connections down while another still talks to it can make gloo abort.
     dist.barrier()
     dist.destroy_process_group()
+
+
+def _leave_after_error() -> None:
+    """Tear this rank's process group down without waiting for the others. NCCL's orderly shutdown (what
+    destroy_process_group does) waits for this rank's pending collectives, which the other ranks, blocked elsewhere,
+    never complete: the failed rank could sit there until the collective timeout before its error reached torchrun
+    (the 2-GPU failure test saw its run end minutes after the failure:
+    benchmarks/results/2026-11-23-sweep-1.3b-x2-h200x2/gpu-tests-distributed.log). Aborting the communicators does
+    not wait. gloo's shutdown does not wait either."""
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d
+
+    if dist.get_backend() == "nccl":
+        distributed_c10d._abort_process_group()  # torch's abort of every group (private: no public one exists)
+    else:
+        dist.destroy_process_group()
 
 
 # ---- collectives (no-ops in a single process) ----

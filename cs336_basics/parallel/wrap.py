@@ -51,9 +51,12 @@ class ParallelPlan:
     state_gib_per_rank: float  # model state each rank holds: weights, gradients, fp32 masters, AdamW moments
     device_gib: float | None  # one rank's device memory (None on CPU)
     fp8_all_gather: bool = False  # FSDP2 all-gathers FP8 weights (torchao's tensorwise recipe)
+    ddp_bucket_mb: int = 25  # gradient megabytes per DDP all-reduce bucket
 
     def summary_line(self) -> str:
         line = f"{self.mode}, world size {self.world.world_size}: {self.reason}"
+        if self.mode == DDP:
+            line += f"; {self.ddp_bucket_mb} MB all-reduce buckets"
         return line + ("; FP8 weight all-gather" if self.fp8_all_gather else "")
 
     def memory_line(self) -> str:
@@ -144,7 +147,9 @@ def resolve_parallel(config: RunConfig, world: World, device: torch.device, n_pa
     if all_gather and fp8.fp8_recipe != "tensorwise":
         all_gather = False  # torchao implements the FP8 all-gather for tensorwise scaling only
         reason += f"; weights all-gathered in BF16 ({fp8.fp8_recipe} has no FP8 all-gather in torchao)"
-    return ParallelPlan(mode, world, reason, per_rank, device_gib, fp8_all_gather=all_gather)
+    return ParallelPlan(
+        mode, world, reason, per_rank, device_gib, fp8_all_gather=all_gather, ddp_bucket_mb=config.train.ddp_bucket_mb
+    )
 
 
 def compile_for_training(model: nn.Module, plan: ParallelPlan, mode: str) -> nn.Module:
@@ -179,6 +184,9 @@ def parallelize(model: nn.Module, compiled: nn.Module, plan: ParallelPlan, devic
             device_ids=[device.index] if device.type == "cuda" else None,
             find_unused_parameters=False,  # every parameter gets a gradient: no graph search after each forward
             gradient_as_bucket_view=True,  # gradients live in the all-reduce buckets: no copy, no second buffer
+            # dynamo's DDPOptimizer splits the compiled graph at these buckets, so each all-reduce starts as soon as
+            # its piece of backward ends.
+            bucket_cap_mb=plan.ddp_bucket_mb,
             **no_buffer_sync,
         )
     if plan.mode == FSDP:
