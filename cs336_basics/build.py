@@ -22,6 +22,7 @@ import torch
 
 from cs336_basics.config import RunConfig
 from cs336_basics.errors import ConfigError, NotSupportedHere
+from cs336_basics.lora import LoRAReport, apply_lora, check_finetune_request, count_frozen_fp8_linears, load_base
 from cs336_basics.model import TransformerLM, check_attention_backend
 from cs336_basics.parallel.world import SINGLE, World, current_world, process_device
 from cs336_basics.parallel.wrap import SINGLE_PROCESS, ParallelPlan, check_parallel_request, resolve_parallel
@@ -124,6 +125,7 @@ def plan(config: RunConfig) -> Plan:
     )
     if use_fp8:
         _check_fp8_request(config, support)
+    check_finetune_request(config, world)
     m = config.model
     kernel = check_attention_backend(m.attention, device, torch_dtype(dtype), head_dim=m.head_dim)
     check_parallel_request(config, world)
@@ -141,6 +143,7 @@ class Built:
     fp8_linears: int  # FP8 linears counted in the model after conversion, independently of the conversion's report
     auto_choices: tuple[str, ...]
     parallel: ParallelPlan = SINGLE_PROCESS
+    lora: LoRAReport | None = None  # a LoRA fine-tune: which base layers are FP8, which carry adapters
 
     @property
     def device(self) -> torch.device:
@@ -149,9 +152,22 @@ class Built:
     @property
     def fp8_line(self) -> str:
         """The FP8 row of the configuration summary."""
+        if self.lora is not None:
+            if not self.config.fp8.use_fp8:
+                return "off (the frozen base runs in BF16)"
+            return f"frozen base, tensorwise, dynamic input and gradient scales; {self.fp8_linears} FP8 linears counted"
         if self.conversion is None:
             return "off"
         return f"{self.conversion.summary_line()}; {self.fp8_linears} FP8 linears counted"
+
+    @property
+    def finetune_rows(self) -> list[tuple[str, str]]:
+        """The fine-tuning rows of the configuration summary (none for pretraining)."""
+        ft = self.config.finetune
+        if ft.init_from is None:
+            return []
+        rows = [("init from", f"{ft.init_from}" + ("" if ft.lora else " (full fine-tuning: every weight trains)"))]
+        return rows + (self.lora.summary_lines() if self.lora is not None else [])
 
 
 def seeded_model(config: RunConfig, device: torch.device) -> TransformerLM:
@@ -175,8 +191,15 @@ def build(config_or_plan: RunConfig | Plan) -> Built:
         if use_fp8:
             _check_fp8_request(config, p.fp8_support)
     parallel = resolve_parallel(config, p.world, p.device, model.num_parameters())
-    report, counted = None, 0
-    if use_fp8:
+    report, counted, lora = None, 0, None
+    if config.finetune.init_from is not None:
+        load_base(model, config.finetune.init_from)
+    if config.finetune.lora:  # the frozen base takes FP8 its own way: weights cast once, no weight-gradient GEMM
+        lora = apply_lora(model, config.finetune, config.fp8 if use_fp8 else None)
+        counted = count_frozen_fp8_linears(model)
+        if counted != len(lora.fp8_layers):  # the independent check of the report
+            raise ConfigError(f"{counted} frozen FP8 linears are in the model, {len(lora.fp8_layers)} expected.")
+    elif use_fp8:
         report = convert_for_fp8(model, config.fp8, fsdp_float8_all_gather=parallel.fp8_all_gather)
         counted = count_fp8_linears(model)
         if counted != report.n_converted or counted == 0:  # the independent check of the conversion's report
@@ -192,4 +215,5 @@ def build(config_or_plan: RunConfig | Plan) -> Built:
         fp8_linears=counted,
         auto_choices=tuple(auto),
         parallel=parallel,
+        lora=lora,
     )

@@ -175,6 +175,10 @@ class DataConfig:
     val_data: str | None = setting(
         None, "validation data, same formats (default: the last 5%% of train held out)", check=not_empty
     )
+    tokenizer: str | None = setting(
+        None, "a saved tokenizer folder (a run folder's tokenizer/) to encode .txt data with, instead of training one "
+        "on it; fine-tuning from a run folder uses that run's by default", check=not_empty,
+    )  # fmt: skip
     cache_dir: str | None = setting(
         None, "where tokenizers and encoded arrays are cached (default $CS336_CACHE_DIR or ~/.cache/cs336_basics)",
         check=not_empty,
@@ -313,6 +317,66 @@ class TrainConfig:
             raise ConfigError("--resume continues the run in out_dir and --overwrite deletes it: pass one of them.")
 
 
+LORA_TARGETS = ("q", "k", "v", "o", "w1", "w2", "w3", "lm_head")
+LORA_SHORTHANDS = {"attn": ("q", "k", "v", "o"), "mlp": ("w1", "w2", "w3"), "all": LORA_TARGETS[:-1]}
+
+
+def lora_target_list(value: str) -> tuple[str, ...]:
+    """--lora_targets as layer names, shorthands expanded, in LORA_TARGETS order; a ConfigError for an unknown one."""
+    names: set[str] = set()
+    for part in (p.strip() for p in value.split(",")):
+        if part in LORA_SHORTHANDS:
+            names.update(LORA_SHORTHANDS[part])
+        elif part in LORA_TARGETS:
+            names.add(part)
+        else:
+            shorthands = ", ".join(f"{name} ({'+'.join(layers)})" for name, layers in LORA_SHORTHANDS.items())
+            raise ConfigError(
+                f"--lora_targets: {part!r} is not a layer of this model; use any of {', '.join(LORA_TARGETS)} or the "
+                f"shorthands {shorthands}, comma-separated."
+            )
+    return tuple(t for t in LORA_TARGETS if t in names)
+
+
+@dataclass(frozen=True)
+class FinetuneConfig:
+    init_from: str | None = setting(
+        None, "start from these weights: a run folder, a checkpoint.pt, or a course-layout state dict (.pt); the "
+        "model's shape comes from it. Alone: full fine-tuning; with --lora_rank: LoRA on the frozen base",
+        check=not_empty,
+    )  # fmt: skip
+    lora_rank: int | None = setting(
+        None, "rank of the LoRA adapters (default: no LoRA; with --init_from alone every weight trains); needs "
+        "--init_from", check=at_least(1),
+    )  # fmt: skip
+    lora_alpha: float | None = setting(
+        None, "LoRA scale numerator: adapters add (alpha / rank) * B A x (default: alpha = rank, a scale of 1)",
+        check=finite(positive),
+    )  # fmt: skip
+    lora_dropout: float = setting(0.0, "dropout on the adapters' input", check=unit_interval)
+    lora_targets: str = setting(
+        "attn", f"layers that get adapters: any of {', '.join(LORA_TARGETS)}, or attn, mlp, all (all linears but "
+        "lm_head), comma-separated", check=not_empty,
+    )  # fmt: skip
+
+    def __post_init__(self) -> None:
+        validate_fields(self)
+        lora_target_list(self.lora_targets)
+        if self.lora and self.init_from is None:
+            raise ConfigError(
+                "--lora_rank trains adapters on a frozen base model, which --init_from names: pass --init_from RUN "
+                "(a run folder, a checkpoint.pt or a course-layout state dict)."
+            )
+
+    @property
+    def lora(self) -> bool:
+        return self.lora_rank is not None
+
+    @property
+    def scale(self) -> float:
+        return (self.lora_alpha if self.lora_alpha is not None else self.lora_rank) / self.lora_rank
+
+
 @dataclass(frozen=True)
 class RunConfig:
     # A named model/batch shape (see PRESETS); "auto" picks by device. Explicit fields override it.
@@ -322,6 +386,7 @@ class RunConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     fp8: FP8Config = field(default_factory=FP8Config)
+    finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -365,7 +430,10 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         "train": dict(batch_size=4, ddp_bucket_mb=400),
     },
 }
-SECTIONS = {"model": ModelConfig, "data": DataConfig, "optim": OptimConfig, "train": TrainConfig, "fp8": FP8Config}
+SECTIONS = {
+    "model": ModelConfig, "data": DataConfig, "optim": OptimConfig, "train": TrainConfig, "fp8": FP8Config,
+    "finetune": FinetuneConfig,
+}  # fmt: skip
 
 
 def auto_preset(device_type: str) -> str:
@@ -420,7 +488,24 @@ def build_config(
         raise ConfigError(f"unknown preset {preset!r}; choose one of auto, {', '.join(PRESETS)}.")
     values = merge_layers(merge_layers(PRESETS[resolved_preset], from_file), overrides)
     values["preset"] = resolved_preset
+    init_from = lookup("finetune", "init_from", overrides, from_file)
+    if init_from is not None:  # the base's weights fix the model's shape: a layer between the preset and the file
+        values = _with_base(values, init_from, explicit=merge_layers(from_file, overrides))
     return _build(values)
+
+
+def _with_base(values: dict[str, Any], init_from: str, explicit: dict[str, Any]) -> dict[str, Any]:
+    """values with the shape of the base model --init_from names (and, for .txt data, its run's tokenizer)."""
+    from cs336_basics.lora.base import model_settings_from_base, read_base
+
+    base = read_base(init_from).whole()
+    model = {**dataclasses.asdict(ModelConfig()), **values.get("model", {})}
+    values = {**values, "model": model_settings_from_base(base, model, explicit.get("model", {}))}
+    data = values.get("data", {})
+    text = str(data.get("train_data", "")).lower().endswith(".txt")
+    if base.tokenizer is not None and data.get("tokenizer") is None and text:
+        values["data"] = {**data, "tokenizer": str(base.tokenizer)}
+    return values
 
 
 def lookup(section: str, name: str, *layers: dict[str, Any]) -> Any:

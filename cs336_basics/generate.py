@@ -20,8 +20,14 @@ def load_trained(out_dir: Path, device: torch.device) -> tuple[TransformerLM, BP
     """Rebuild the model from a run folder's checkpoint (its saved config gives the shape) and tokenizer."""
     checkpoint = out_dir / CHECKPOINT_NAME
     state = load_checkpoint(checkpoint, restore_rng=False)
-    model = TransformerLM(RunConfig.from_dict(state["config"]).model)
-    load_checkpoint(checkpoint, model=model, restore_rng=False)
+    config = RunConfig.from_dict(state["config"])
+    if config.finetune.lora:  # adapters alone: the base they fine-tune, with them folded in
+        from cs336_basics.lora.merge import lora_model, merge_adapters
+
+        model = merge_adapters(lora_model(checkpoint)[0])
+    else:
+        model = TransformerLM(config.model)
+        load_checkpoint(checkpoint, model=model, restore_rng=False)
     if not (out_dir / "tokenizer").is_dir():
         raise ConfigError(f"{out_dir} has no tokenizer/ folder (the run trained on pre-tokenised arrays).")
     return model.to(device).eval(), BPETokenizer.load(out_dir / "tokenizer")

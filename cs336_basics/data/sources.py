@@ -199,13 +199,27 @@ def _prepare_stdlib(cache: Path, vocab_size: int) -> PreparedData:
     return PreparedData(train=train, val=val, tokenizer=tok, description=desc)
 
 
-def _prepare_text(train_path: Path, val_path: Path | None, vocab_size: int, cache: Path, label: str) -> PreparedData:
+def _prepare_text(
+    train_path: Path, val_path: Path | None, vocab_size: int, cache: Path, label: str, tokenizer: str | None = None
+) -> PreparedData:
     _ensure_cache(cache)
-    # The tokenizer depends only on the training text; each encoded file is keyed by itself as well,
-    # so changing only --val_data re-encodes only the validation file.
-    folder = cache / f"text-{_key({'kind': 'text', 'vocab_size': vocab_size, 'train': _file_identity(train_path)})}"
     size = train_path.stat().st_size
-    tok = _cached_tokenizer(folder / "tokenizer", [train_path], vocab_size, f"{train_path} ({_megabytes(size)})")
+    if tokenizer is not None:  # a given tokenizer (a fine-tune's base run's): the encodings are keyed by it
+        tok_path = Path(tokenizer).expanduser()
+        tok = BPETokenizer.load(tok_path)
+        if tok.vocab_size > vocab_size:
+            raise ConfigError(
+                f"--tokenizer {tok_path} has {tok.vocab_size:,} tokens but the model's vocabulary is {vocab_size:,}."
+            )
+        identity = _file_identity(tok_path / "tokenizer.json" if tok_path.is_dir() else tok_path)
+        folder = cache / f"text-{_key({'kind': 'text', 'tokenizer': identity, 'train': _file_identity(train_path)})}"
+        label += f", tokenizer {tok_path}"
+    else:
+        # The tokenizer depends only on the training text; each encoded file is keyed by itself as well,
+        # so changing only --val_data re-encodes only the validation file.
+        key = _key({"kind": "text", "vocab_size": vocab_size, "train": _file_identity(train_path)})
+        folder = cache / f"text-{key}"
+        tok = _cached_tokenizer(folder / "tokenizer", [train_path], vocab_size, f"{train_path} ({_megabytes(size)})")
 
     def encoded(path: Path) -> np.ndarray:
         out = folder / f"{path.stem}-{_key(_file_identity(path))}.npy"
@@ -286,8 +300,15 @@ def check_data_sources(cfg: DataConfig) -> str | None:
     if cfg.train_data is None:
         if cfg.val_data is not None:
             raise ConfigError("--val_data was given without --train_data; pass both, or only --train_data.")
+        if cfg.tokenizer is not None:
+            raise ConfigError(f"--tokenizer encodes your .txt --train_data; the built-in {cfg.dataset} has its own.")
         return None
     kind = _classify(Path(cfg.train_data).expanduser(), "--train_data")
+    if cfg.tokenizer is not None and kind != "text":
+        raise ConfigError(
+            f"--tokenizer {cfg.tokenizer} encodes .txt data, but --train_data {cfg.train_data} is already tokens; drop "
+            "--tokenizer."
+        )
     if cfg.val_data is not None and _classify(Path(cfg.val_data).expanduser(), "--val_data") != kind:
         raise ConfigError(
             f"--train_data ({Path(cfg.train_data).name}) and --val_data ({Path(cfg.val_data).name}) must both be text "
@@ -310,5 +331,5 @@ def prepare_data(cfg: DataConfig, vocab_size: int) -> PreparedData:
     train_path = Path(cfg.train_data).expanduser()
     val_path = Path(cfg.val_data).expanduser() if cfg.val_data else None
     if kind == "text":
-        return _prepare_text(train_path, val_path, vocab_size, cache, str(train_path))
+        return _prepare_text(train_path, val_path, vocab_size, cache, str(train_path), cfg.tokenizer)
     return _prepare_arrays(train_path, val_path, vocab_size)

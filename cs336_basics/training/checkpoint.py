@@ -56,10 +56,24 @@ SHARDED_FORMAT = "cs336_basics.checkpoint/v1-sharded"
 SHARDS_DIR = "checkpoint.shards"
 
 
+def checkpointed_keys(model: nn.Module) -> dict[str, str]:
+    """The state-dict entries a checkpoint of `model` holds, as plain key -> the module's own key (which carries
+    compile prefixes where submodules were compiled in place; plain names undo them). All of them, unless some
+    parameters are frozen (a LoRA fine-tune): then the trainable ones only, as the frozen ones are the base model's,
+    which the run's config names (finetune.init_from)."""
+    module = unwrap(model)
+    own = {plain_name(k): k for k in module.state_dict()}
+    frozen = {plain_name(n) for n, p in module.named_parameters() if not p.requires_grad}
+    if not frozen:
+        return own
+    trainable = {plain_name(n) for n, p in module.named_parameters() if p.requires_grad}
+    return {k: v for k, v in own.items() if k in trainable}
+
+
 def model_state(model: nn.Module) -> OrderedDict[str, torch.Tensor]:
-    """The plain module's state dict, whatever wraps it (torch.compile, DDP): the keys checkpoints use."""
-    # Plain names also cover submodules compiled on their own (e.g. per-block compile).
-    return OrderedDict((plain_name(k), v) for k, v in unwrap(model).state_dict().items())
+    """What a checkpoint holds of the model, whatever wraps it (torch.compile, DDP), under plain keys."""
+    state = unwrap(model).state_dict()
+    return OrderedDict((plain, state[key]) for plain, key in checkpointed_keys(model).items())
 
 
 # ---- keeping the payload weights_only-safe ----
@@ -284,7 +298,7 @@ def load_checkpoint(
 def check_model_keys(model: nn.Module, keys: Any, path: str) -> dict[str, str]:
     """A ConfigError unless the checkpoint's model `keys` (plain names) are exactly the model's; returns plain key ->
     the module's own key (which carries compile prefixes where submodules were compiled in place)."""
-    own = {plain_name(k): k for k in unwrap(model).state_dict()}
+    own = checkpointed_keys(model)
     missing = sorted(set(own) - set(keys))
     unexpected = sorted(set(keys) - set(own))
     if missing or unexpected:
@@ -302,7 +316,8 @@ def load_model_state(model: nn.Module, state: dict[str, torch.Tensor], path: str
     module = unwrap(model)
     own = check_model_keys(module, state, path)
     try:
-        module.load_state_dict({own[k]: v for k, v in state.items()}, strict=True)
+        # strict unless the checkpoint holds the trainable tensors alone (check_model_keys checked those).
+        module.load_state_dict({own[k]: v for k, v in state.items()}, strict=len(own) == len(module.state_dict()))
     except RuntimeError as e:  # shape mismatches
         raise ConfigError(
             f"{path} does not fit this model: {e}. Build the model with the config stored in the checkpoint."

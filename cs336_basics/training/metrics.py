@@ -26,11 +26,24 @@ def peak_flops(device: torch.device) -> float | None:
     return next((peak for key, peak in _BF16_PEAK_FLOPS.items() if key in name), None)
 
 
-def flops_per_token(config: ModelConfig, non_embedding_params: int) -> float:
+def flops_per_token(config: ModelConfig, non_embedding_params: int, frozen_params: int = 0) -> float:
     """Training FLOPs per token: 6N for the weight matmuls (forward + backward) plus 12·L·d·T for attention's
     score and value matmuls (the PaLM appendix-B convention). N excludes the token embedding (a lookup, no
-    matmul) but includes the lm_head."""
-    return 6 * non_embedding_params + 12 * config.n_layers * config.dim * config.context_length
+    matmul) but includes the lm_head. Of N, `frozen_params` (a fine-tune's frozen base) cost 4 each, not 6: their
+    backward computes the input's gradient only, never the weight's."""
+    attention = 12 * config.n_layers * config.dim * config.context_length
+    return 6 * non_embedding_params - 2 * frozen_params + attention
+
+
+def frozen_matmul_parameters(model: torch.nn.Module) -> int:
+    """Frozen parameters of the model's matmuls (a LoRA base's linears): the embedding table is a lookup, not a
+    matmul, unless the lm_head shares it."""
+    tied = getattr(getattr(model, "config", None), "tie_embeddings", False)
+    return sum(
+        p.numel()
+        for name, p in model.named_parameters()
+        if not p.requires_grad and p.ndim >= 2 and (tied or not name.startswith("token_embeddings"))
+    )
 
 
 def mfu(tokens_per_sec: float, flops_per_tok: float, peak: float | None) -> float | None:

@@ -157,6 +157,7 @@ def _facts(built: Built, data_description: str, notes: list[str]) -> RunFacts:
         fp8_capable=built.plan.fp8_support.ok,
         resume_notes=notes,
         parallel=built.parallel,
+        finetune_rows=built.finetune_rows,
     )
 
 

@@ -26,6 +26,7 @@ class RunFacts:
     fp8_capable: bool = False
     resume_notes: list[str] = field(default_factory=list)
     parallel: ParallelPlan = SINGLE_PROCESS
+    finetune_rows: list[tuple[str, str]] = field(default_factory=list)  # init_from, LoRA layers and parameters
 
 
 # How much slower: benchmarks/results/2026-11-21-sweep-fused-adamw-h200/sweep.md (the eager rows).
@@ -110,6 +111,7 @@ def format_summary(config: RunConfig, facts: RunFacts) -> str:
             + (" (fused Triton update)" if fused_by_default(facts.device) else ""),
         ),
         ("FP8", facts.fp8_line),
+        *facts.finetune_rows,
         ("compile", compile_row if t.compile_model else "off (eager)"),
         ("attention", f"{m.attention}: {facts.attention_kernel}"),
         ("activation ckpt", "on" if m.gradient_checkpointing else "off"),

@@ -51,7 +51,14 @@ from cs336_basics.training.checkpoint import (
     restore_checkpoint,
     save_checkpoint,
 )
-from cs336_basics.training.metrics import MetricsLog, flops_per_token, mfu, peak_flops, plot_loss_curve
+from cs336_basics.training.metrics import (
+    MetricsLog,
+    flops_per_token,
+    frozen_matmul_parameters,
+    mfu,
+    peak_flops,
+    plot_loss_curve,
+)
 from cs336_basics.training.run_folder import io_error
 from cs336_basics.training.signals import GracefulStop, Interrupted, StopNow
 
@@ -137,7 +144,9 @@ class Trainer:
         self.fp8_scaling: DelayedScalingState | None = getattr(model, "fp8_scaling", None)
         self.step = 0
         self.saved_step: int | None = None  # the step of the checkpoint on disk that this run knows is good
-        self.flops_per_token = flops_per_token(m, model.num_parameters(exclude_embeddings=True))
+        self.flops_per_token = flops_per_token(
+            m, model.num_parameters(exclude_embeddings=True), frozen_matmul_parameters(model)
+        )
         peak = peak_flops(device)
         # Tokens/s counts the global batch, so MFU compares it with the peak of all the run's GPUs.
         self.peak_flops = peak * self.world.world_size if peak is not None else None

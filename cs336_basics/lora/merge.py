@@ -1,0 +1,76 @@
+"""Fold a LoRA run's adapters into its base: a plain model, saved as a course-layout state dict.
+
+    uv run python -m cs336_basics.lora.merge runs/lora --output merged.pt
+    uv run python train_h100.py --init_from merged.pt ...      # or load it into a plain TransformerLM
+
+W' = W + (alpha / r) B A for every layer with adapters, computed in float32 and stored in the base weights' dtype.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from cs336_basics.atomic import atomic_write
+from cs336_basics.config import RunConfig
+from cs336_basics.errors import ConfigError, report_error
+from cs336_basics.lora.apply import apply_lora
+from cs336_basics.lora.base import load_base
+from cs336_basics.lora.layers import FrozenLinear
+from cs336_basics.model import TransformerLM
+from cs336_basics.training.checkpoint import CHECKPOINT_NAME, load_model_state, read_checkpoint
+
+
+def lora_model(run_checkpoint: str | Path) -> tuple[TransformerLM, RunConfig]:
+    """The fine-tuned model of a LoRA run's checkpoint, unmerged (base + adapters, BF16 base GEMMs), on the CPU in
+    float32 (the base's weights and the adapters converted exactly), and the run's config."""
+    path = Path(run_checkpoint)
+    ckpt = read_checkpoint(path / CHECKPOINT_NAME if path.is_dir() else path)
+    config = RunConfig.from_dict(ckpt["config"])
+    if not config.finetune.lora:
+        raise ConfigError(f"{path} is not a LoRA run's checkpoint (no --lora_rank): it holds the whole model already.")
+    model = TransformerLM(config.model)
+    load_base(model, config.finetune.init_from)
+    apply_lora(model, config.finetune, fp8=None)
+    load_model_state(model, ckpt["model"], ckpt["path"])
+    return model.eval(), config
+
+
+@torch.no_grad()
+def merge_adapters(model: nn.Module) -> nn.Module:
+    """`model` with every FrozenLinear replaced by a plain nn.Linear holding its merged weight (in place)."""
+    for fqn, layer in [(n, m) for n, m in model.named_modules() if isinstance(m, FrozenLinear)]:
+        linear = nn.Linear(layer.in_features, layer.out_features, bias=False, device=layer.weight.device)
+        linear.weight = nn.Parameter(layer.merged_weight(), requires_grad=False)
+        parent, _, child = fqn.rpartition(".")
+        setattr(model.get_submodule(parent) if parent else model, child, linear)
+    return model
+
+
+def merged_state_dict(run_checkpoint: str | Path) -> dict[str, torch.Tensor]:
+    """The course-layout state dict of a LoRA run's fine-tuned model, adapters folded in, in the base's dtype."""
+    model, config = lora_model(run_checkpoint)
+    dtype = torch.bfloat16 if config.train.dtype == "bfloat16" else torch.float32
+    return {k: v.to(dtype) for k, v in merge_adapters(model).state_dict().items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m cs336_basics.lora.merge", description=__doc__.split("\n\n")[0])
+    parser.add_argument("run", help="a LoRA run folder, or its checkpoint.pt")
+    parser.add_argument("--output", required=True, help="the state dict file to write (.pt)")
+    args = parser.parse_args(argv)
+    try:
+        state = merged_state_dict(args.run)
+        atomic_write(Path(args.output), lambda f: torch.save(state, f))
+    except (ConfigError, OSError) as exc:
+        return report_error(exc)
+    print(f"wrote {args.output}: {len(state)} tensors, {sum(t.numel() for t in state.values()):,} parameters")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
