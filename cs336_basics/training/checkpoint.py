@@ -63,10 +63,10 @@ def checkpointed_keys(model: nn.Module) -> dict[str, str]:
     which the run's config names (finetune.init_from)."""
     module = unwrap(model)
     own = {plain_name(k): k for k in module.state_dict()}
-    frozen = {plain_name(n) for n, p in module.named_parameters() if not p.requires_grad}
-    if not frozen:
+    params = list(module.named_parameters())
+    if all(p.requires_grad for _, p in params):
         return own
-    trainable = {plain_name(n) for n, p in module.named_parameters() if p.requires_grad}
+    trainable = {plain_name(n) for n, p in params if p.requires_grad}
     return {k: v for k, v in own.items() if k in trainable}
 
 
