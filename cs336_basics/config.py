@@ -317,7 +317,12 @@ class TrainConfig:
             raise ConfigError("--resume continues the run in out_dir and --overwrite deletes it: pass one of them.")
 
 
-LORA_TARGETS = ("q", "k", "v", "o", "w1", "w2", "w3", "lm_head")
+# --lora_targets names -> the last part of that linear's name in the model (attention, SwiGLU, output head).
+LORA_TARGET_MODULES = {
+    "q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "output_proj", "w1": "w1", "w2": "w2", "w3": "w3",
+    "lm_head": "lm_head",
+}  # fmt: skip
+LORA_TARGETS = tuple(LORA_TARGET_MODULES)
 LORA_SHORTHANDS = {"attn": ("q", "k", "v", "o"), "mlp": ("w1", "w2", "w3"), "all": LORA_TARGETS[:-1]}
 
 

@@ -14,16 +14,10 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
-from cs336_basics.config import FinetuneConfig, FP8Config, lora_target_list
+from cs336_basics.config import LORA_TARGET_MODULES, FinetuneConfig, FP8Config, lora_target_list
 from cs336_basics.errors import ConfigError
 from cs336_basics.lora.layers import FrozenLinear
 from cs336_basics.precision import skip_reason
-
-# --lora_targets names -> the last part of the linear's name in the model (attention and SwiGLU layer names).
-TARGET_MODULES = {
-    "q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "output_proj", "w1": "w1", "w2": "w2", "w3": "w3",
-    "lm_head": "lm_head",
-}  # fmt: skip
 
 
 @dataclass
@@ -57,7 +51,7 @@ class LoRAReport:
 
 def _target_of(fqn: str) -> str | None:
     last = fqn.rsplit(".", 1)[-1]
-    return next((name for name, module in TARGET_MODULES.items() if module == last), None)
+    return next((name for name, module in LORA_TARGET_MODULES.items() if module == last), None)
 
 
 def apply_lora(model: nn.Module, ft: FinetuneConfig, fp8: FP8Config | None) -> LoRAReport:
@@ -100,7 +94,3 @@ def apply_lora(model: nn.Module, ft: FinetuneConfig, fp8: FP8Config | None) -> L
 def count_frozen_fp8_linears(model: nn.Module) -> int:
     """Frozen base linears running in FP8, counted from the model's modules (independently of the report)."""
     return sum(1 for m in model.modules() if isinstance(m, FrozenLinear) and m.fp8)
-
-
-def has_frozen_parameters(model: nn.Module) -> bool:
-    return any(not p.requires_grad for p in model.parameters())

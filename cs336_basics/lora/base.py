@@ -10,6 +10,7 @@ shape flag given on the command line that disagrees with the base is an error, n
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,7 @@ class Base:
     tokenizer: Path | None  # the base run's tokenizer folder, if it has one
     kind: str  # "run folder", "checkpoint" or "state dict"
     lora: bool = False  # a LoRA run's checkpoint (adapters only)
+    kv_dim: int | None = None  # a bare state dict's k_proj outputs: checked against the heads the flags give
 
     def whole(self) -> Base:
         """This base, if it is a whole model; a ConfigError saying what to do if it is a LoRA run's adapters."""
@@ -46,9 +48,6 @@ class Base:
             )
         return self
 
-    def describe(self) -> str:
-        return f"{self.kind} {self.path} ({sum(t.numel() for t in self.state.values()):,} parameters)"
-
 
 def read_base(init_from: str) -> Base:
     """Read --init_from (mapped, not copied: a large base costs no memory until used). ConfigError if it is not a
@@ -59,7 +58,7 @@ def read_base(init_from: str) -> Base:
             raise ConfigError(f"--init_from {path}: a folder, but it holds no {CHECKPOINT_NAME}; is it a run folder?")
         base = _from_checkpoint(path / CHECKPOINT_NAME, kind="run folder")
         tokenizer = path / TOKENIZER_DIR
-        return Base(base.path, base.state, base.shape, tokenizer if tokenizer.is_dir() else None, base.kind, base.lora)
+        return dataclasses.replace(base, tokenizer=tokenizer if tokenizer.is_dir() else None)
     if not path.is_file():
         raise ConfigError(f"--init_from {path}: no such file or folder.")
     try:
@@ -74,7 +73,8 @@ def read_base(init_from: str) -> Base:
     state = raw.get("model_state_dict", raw) if isinstance(raw, dict) else None  # the course's checkpoint layout too
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise ConfigError(f"--init_from {path} holds no state dict of tensors.")
-    return Base(path, dict(state), shape_of_state(state, path), None, "state dict")
+    shape, kv_dim = shape_of_state(state, path)
+    return Base(path, dict(state), shape, None, "state dict", kv_dim=kv_dim)
 
 
 def _from_checkpoint(path: Path, kind: str) -> Base:
@@ -90,8 +90,8 @@ def _from_checkpoint(path: Path, kind: str) -> Base:
     return Base(path, ckpt["model"], shape, None, kind, lora)
 
 
-def shape_of_state(state: dict[str, torch.Tensor], path: Path) -> dict[str, Any]:
-    """The shape fields a course-layout state dict's tensors fix."""
+def shape_of_state(state: dict[str, torch.Tensor], path: Path) -> tuple[dict[str, Any], int]:
+    """The shape fields a course-layout state dict's tensors fix, and its key/value projection's output size."""
     try:
         vocab, dim = state["token_embeddings.weight"].shape
         layers = {int(k.split(".")[1]) for k in state if k.startswith("layers.")}
@@ -103,15 +103,14 @@ def shape_of_state(state: dict[str, torch.Tensor], path: Path) -> dict[str, Any]
             "token_embeddings.weight, layers.0.attn.q_proj.weight, lm_head.weight."
         ) from exc
     shape = {"vocab_size": vocab, "dim": dim, "n_layers": max(layers) + 1, "intermediate_size": d_ff}
-    shape["_kv_dim"] = kv_out  # checked against the heads the flags give (heads are not in the tensors' sizes)
     shape["tie_embeddings"] = "lm_head.weight" not in state
-    return shape
+    return shape, kv_out  # heads are not in the tensors' sizes: the flags give them, checked against kv_out
 
 
 def model_settings_from_base(base: Base, model: dict[str, Any], explicit: dict[str, Any]) -> dict[str, Any]:
     """The model section with the base's shape: `model` the resolved settings, `explicit` those given on the command
     line (or a config file). ConfigError where an explicit setting disagrees with the base."""
-    shape = {k: v for k, v in base.shape.items() if not k.startswith("_")}
+    shape = base.shape
     clashes = [f"--{k} {explicit[k]} (the base has {v})" for k, v in shape.items() if explicit.get(k, v) != v]
     if clashes:
         raise ConfigError(
@@ -119,7 +118,7 @@ def model_settings_from_base(base: Base, model: dict[str, Any], explicit: dict[s
             "Drop those flags (or point at a base of that shape)."
         )
     merged = {**model, **shape}
-    kv_dim = base.shape.get("_kv_dim")
+    kv_dim = base.kv_dim
     if kv_dim is not None:
         heads = merged["n_heads"]
         kv_heads = merged.get("n_kv_heads") or heads

@@ -22,13 +22,7 @@ import math
 import torch
 from torch import nn
 
-from cs336_basics.precision.fused.scaling import E4M3, E5M2, amax_to_scale, cast_to_fp8
-
-
-def fp8_tensorwise(x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """x cast to FP8 with dynamic tensorwise scaling (the scale from x's own amax, as torchao's tensorwise recipe)."""
-    scale = amax_to_scale(x.abs().amax(), dtype)
-    return cast_to_fp8(x, scale, dtype), scale
+from cs336_basics.precision.fused.scaling import E4M3, E5M2, dynamic_cast
 
 
 class _FrozenFp8Matmul(torch.autograd.Function):
@@ -37,7 +31,7 @@ class _FrozenFp8Matmul(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, w_fp8: torch.Tensor, w_fp8_t: torch.Tensor, w_scale: torch.Tensor):
         x2 = x.reshape(-1, x.shape[-1])
-        x_fp8, x_scale = fp8_tensorwise(x2, E4M3)
+        x_fp8, x_scale = dynamic_cast(x2, E4M3)
         # B operands column-major, as the FP8 GEMM wants them: W viewed transposed here, W^T viewed transposed below.
         y = torch._scaled_mm(
             x_fp8, w_fp8.t(), scale_a=x_scale.reciprocal(), scale_b=w_scale.reciprocal(), out_dtype=x.dtype,
@@ -50,7 +44,7 @@ class _FrozenFp8Matmul(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy: torch.Tensor):
         w_fp8_t, w_scale = ctx.saved_tensors
-        g_fp8, g_scale = fp8_tensorwise(dy.reshape(-1, dy.shape[-1]), E5M2)
+        g_fp8, g_scale = dynamic_cast(dy.reshape(-1, dy.shape[-1]), E5M2)
         dx = torch._scaled_mm(
             g_fp8, w_fp8_t.t(), scale_a=g_scale.reciprocal(), scale_b=w_scale.reciprocal(), out_dtype=ctx.x_dtype
         )
@@ -84,7 +78,7 @@ class FrozenLinear(nn.Module):
     def refresh_fp8_weight(self) -> None:
         """Make the FP8 copies of the weight (non-persistent buffers: the BF16 weight stays the saved one). Needed
         again only if the base weight is changed in place, e.g. by loading other base weights."""
-        w_fp8, w_scale = fp8_tensorwise(self.weight, E4M3)
+        w_fp8, w_scale = dynamic_cast(self.weight, E4M3)
         self.register_buffer("weight_fp8", w_fp8, persistent=False)
         self.register_buffer("weight_fp8_t", w_fp8.t().contiguous(), persistent=False)
         self.register_buffer("weight_scale", w_scale, persistent=False)

@@ -42,6 +42,13 @@ def amax_to_scale(amax: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return (fp8_max(dtype) / torch.clamp(amax.to(torch.float64), min=AMAX_FLOOR)).to(torch.float32)
 
 
+def dynamic_cast(x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """x cast to FP8 with dynamic tensorwise scaling (the scale from x's own amax, as torchao's tensorwise recipe),
+    and that scale."""
+    scale = amax_to_scale(x.abs().amax(), dtype)
+    return cast_to_fp8(x, scale, dtype), scale
+
+
 def produce_scales(scalings: tuple[SiteScaling, ...], role: int, amax_fn) -> torch.Tensor:
     """The scales, shape (n,), with which a producer kernel casts the n tensors it writes (one per site, each in
     `role`): with delayed scaling each site's current scale; with dynamic scaling the scales of the amaxes that
@@ -89,8 +96,7 @@ class SiteScaling(nn.Module):
         counts the values that saturate."""
         dtype = self.dtypes[role]
         if not self.delayed:
-            scale = amax_to_scale(x.abs().amax(), dtype)
-            return cast_to_fp8(x, scale, dtype), scale
+            return dynamic_cast(x, dtype)
         scale = self.scale[role]
         if record:
             magnitude = x.abs()
