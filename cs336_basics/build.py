@@ -155,7 +155,12 @@ class Built:
         if self.lora is not None:
             if not self.config.fp8.use_fp8:
                 return "off (the frozen base runs in BF16)"
-            return f"frozen base, tensorwise, dynamic input and gradient scales; {self.fp8_linears} FP8 linears counted"
+            cpu = self.device.type == "cpu"
+            where = " (on the CPU too: torch._scaled_mm's CPU kernel, not emulation)" if cpu else ""
+            return (
+                f"frozen base, tensorwise, dynamic input and gradient scales{where}; this package's frozen FP8 "
+                f"linears, not TorchAO's; {self.fp8_linears} FP8 linears counted"
+            )
         if self.conversion is None:
             return "off"
         return f"{self.conversion.summary_line()}; {self.fp8_linears} FP8 linears counted"

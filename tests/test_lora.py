@@ -122,6 +122,24 @@ def test_targets_and_ranks_are_checked():
         FinetuneConfig(lora_rank=4)
 
 
+def test_fp8_settings_the_frozen_base_cannot_honour_are_refused():
+    from cs336_basics.config import RunConfig, TrainConfig
+    from cs336_basics.lora import check_finetune_request
+    from cs336_basics.parallel.world import World
+
+    lora = RunConfig(finetune=FinetuneConfig(init_from="x", lora_rank=2), train=TrainConfig(device="cuda"))
+    for fp8, match in (
+        ({"use_fp8": True, "fp8_path": "fused"}, "Drop --fp8_path"),
+        ({"use_fp8": True, "fp8_emulate": True}, "Drop --fp8_emulate"),
+        ({"use_fp8": True, "fp8_recipe": "rowwise"}, "tensorwise"),
+    ):
+        with pytest.raises(ConfigError, match=match):
+            check_finetune_request(lora.replace(fp8=fp8), World())
+    with pytest.raises(ConfigError, match="one GPU only"):
+        check_finetune_request(lora, World(world_size=2, launched=True))
+    check_finetune_request(lora.replace(fp8={"use_fp8": True}), World())  # the plain request passes
+
+
 def test_fp8_with_no_layer_to_convert_is_an_error():
     model = tiny_lm(dtype=torch.bfloat16)
     with pytest.raises(ConfigError, match="no frozen base linear passes the FP8 filters"):
