@@ -159,7 +159,7 @@ class Built:
             where = " (on the CPU too: torch._scaled_mm's CPU kernel, not emulation)" if cpu else ""
             return (
                 f"frozen base, tensorwise, dynamic input and gradient scales{where}; this package's frozen FP8 "
-                f"linears, not TorchAO's; {self.fp8_linears} FP8 linears counted"
+                f"linears (lora/layers.py) whatever --fp8_path says; {self.fp8_linears} FP8 linears counted"
             )
         if self.conversion is None:
             return "off"

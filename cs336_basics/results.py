@@ -52,6 +52,9 @@ REQUIRED_FIELDS = (
 )  # fmt: skip
 
 
+LORA_FP8_PATH = "lora-frozen"
+
+
 def schema_record(**fields: Any) -> dict[str, Any]:
     """A record with every required field (None where it does not apply) and the given ones."""
     return {**dict.fromkeys(REQUIRED_FIELDS), **fields}
@@ -62,7 +65,8 @@ def precision_label(config: RunConfig) -> str:
     for a run on CPU."""
     fp8 = config.fp8
     if fp8.use_fp8:
-        name = f"fp8-{fp8.fp8_recipe}" if fp8.fp8_path == "torchao" else f"fp8-fused-{fp8.fp8_scaling}"
+        torchao = fp8.fp8_path == "torchao" or config.finetune.lora  # a LoRA base: dynamic tensorwise, either path
+        name = f"fp8-{fp8.fp8_recipe}" if torchao else f"fp8-fused-{fp8.fp8_scaling}"
         return name + ("-emulated" if fp8.fp8_emulate else "")
     return {"bfloat16": "bf16", "float32": "fp32"}.get(config.train.dtype, config.train.dtype)
 
@@ -90,11 +94,14 @@ def run_record(config: RunConfig, status: str = "ok", **measured: Any) -> dict[s
         "ddp_bucket_mb": t.ddp_bucket_mb,  # used by --parallel ddp only
         "fp8_lm_head": bool(fp8.use_fp8 and fp8.fp8_lm_head),
         "fp8_shape_filter": fp8.fp8_shape_filter,  # as configured (a preset may set it for its BF16 rows too)
-        "fp8_path": fp8.fp8_path if fp8.use_fp8 else None,
+        # A LoRA run's frozen base runs its own FP8 linears (lora/layers.py), whichever path was named.
+        "fp8_path": (LORA_FP8_PATH if config.finetune.lora else fp8.fp8_path) if fp8.use_fp8 else None,
         "fp8_scaling": fp8.fp8_scaling if fp8.use_fp8 else None,
         "fp8_fast_accum_backward": bool(fp8.use_fp8 and fp8.fp8_fast_accum_backward),
         "fp8_share_input_casts": bool(fp8.use_fp8 and fp8.fp8_path == "fused" and fp8.fp8_share_input_casts),
         "fp8_fused_swiglu": bool(fp8.use_fp8 and fp8.fp8_path == "fused" and fp8.fp8_fused_swiglu),
+        "lora_rank": config.finetune.lora_rank,
+        "lora_targets": config.finetune.lora_targets if config.finetune.lora else None,
         "tokens_per_sec": None,
         "mfu": None,
         "peak_mem_gib": None,

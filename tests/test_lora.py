@@ -4,6 +4,8 @@ on the CPU (the same calls as on a GPU)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from numerics import sqnr_db
@@ -15,7 +17,7 @@ import train_h100
 from cs336_basics.config import FinetuneConfig, FP8Config, build_config
 from cs336_basics.errors import ConfigError
 from cs336_basics.lora import apply_lora
-from cs336_basics.lora.layers import FrozenLinear
+from cs336_basics.lora.layers import FrozenFp8, FrozenFp8LMHead, FrozenFp8SwiGLU, FrozenLinear, FrozenSharedInput
 from cs336_basics.lora.merge import lora_model, merge_adapters, merged_state_dict
 from cs336_basics.model import TransformerLM
 from cs336_basics.training.checkpoint import read_checkpoint
@@ -68,7 +70,7 @@ def test_only_the_adapters_get_gradients():
 def test_fp8_base_casts_its_weight_once_and_runs_two_gemms_not_three():
     torch.manual_seed(0)
     linear = nn.Linear(64, 32, bias=False).to(torch.bfloat16)
-    layer = FrozenLinear(linear, fp8=True, rank=4)
+    layer = FrozenLinear(linear, fp8=FrozenFp8(), rank=4)
     x = torch.randn(8, 64, dtype=torch.bfloat16, requires_grad=True)
     with CountScaledMM() as counter:
         for _ in range(3):
@@ -83,7 +85,7 @@ def test_fp8_base_matches_the_bf16_base():
     linear = nn.Linear(64, 48, bias=False).to(torch.bfloat16)
     x = torch.randn(32, 64, dtype=torch.bfloat16)
     xs = [x.clone().requires_grad_(), x.clone().requires_grad_()]
-    fp8, bf16 = FrozenLinear(linear, fp8=True), FrozenLinear(linear, fp8=False)
+    fp8, bf16 = FrozenLinear(linear, fp8=FrozenFp8()), FrozenLinear(linear, fp8=None)
     dy = torch.randn(32, 48, dtype=torch.bfloat16)
     y8, y16 = fp8(xs[0]), bf16(xs[1])
     (y8 * dy).sum().backward()
@@ -91,6 +93,94 @@ def test_fp8_base_matches_the_bf16_base():
     # E4M3 has 3 mantissa bits (SQNR ~ 25-30 dB per operand); E5M2 gradients 2 bits.
     assert sqnr_db(y16.float(), y8.float()) > 20
     assert sqnr_db(xs[1].grad.float(), xs[0].grad.float()) > 15
+
+
+class CountOps(TorchDispatchMode):
+    """How often each aten op ran."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls: dict[str, int] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        self.calls[name] = self.calls.get(name, 0) + 1
+        return func(*args, **(kwargs or {}))
+
+
+def fp8_lora(targets: str, **fp8) -> tuple[TransformerLM, object]:
+    model = tiny_lm(dtype=torch.bfloat16)
+    fp8_config = dataclasses.replace(FP8, fp8_path="fused", **fp8)  # the fused path's switches apply to the base too
+    report = apply_lora(model, FinetuneConfig(init_from="x", lora_rank=4, lora_targets=targets), fp8_config)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("lora_b"):
+                p.normal_(0, 0.05)  # trained adapters, so that they take part in the outputs
+    return model, report
+
+
+def loss_and_grads(model: TransformerLM) -> tuple[torch.Tensor, dict[str, torch.Tensor], dict[str, int]]:
+    with CountOps() as counter:
+        loss = model(batch(), targets=batch(2))
+        loss.backward()
+    return loss.detach(), {n: p.grad for n, p in model.named_parameters() if p.requires_grad}, counter.calls
+
+
+def test_the_fp8_base_shares_input_casts_and_makes_swiglu_in_fp8_with_the_same_numerics():
+    """Grouped (q/k/v and w1/w3 inputs cast once, SwiGLU made in FP8) and per-layer FP8 bases cast the same tensors
+    with the same scales: the same loss and adapter gradients, with fewer amax passes."""
+    grouped, report = fp8_lora("attn")
+    plain, plain_report = fp8_lora("attn", fp8_share_input_casts=False, fp8_fused_swiglu=False)
+    n = tiny_model().n_layers
+    assert (report.shared_input_groups, report.fp8_swiglu_blocks) == (n, n)
+    assert (plain_report.shared_input_groups, plain_report.fp8_swiglu_blocks) == (0, 0)
+    assert sum(isinstance(m, FrozenSharedInput) for m in grouped.modules()) == n
+    assert sum(isinstance(m, FrozenFp8SwiGLU) for m in grouped.modules()) == n
+    assert plain.state_dict().keys() == grouped.state_dict().keys()
+    loss, grads, calls = loss_and_grads(grouped)
+    plain_loss, plain_grads, plain_calls = loss_and_grads(plain)
+    torch.testing.assert_close(loss, plain_loss, rtol=0, atol=0)
+    # The forward is the same computation, and so is the last block's backward. Below it, the input gradients of
+    # q, k, v (and w1, w3) are summed in another order, and BF16 rounding differences grow to E5M2's resolution when
+    # the next gradient cast rounds them.
+    last = f"layers.{n - 1}."
+    for name, grad in plain_grads.items():
+        if name.startswith(last):
+            torch.testing.assert_close(grads[name], grad, rtol=0, atol=0, msg=name)
+        assert sqnr_db(grad.float(), grads[name].float()) > 25, name
+    # 7 FP8 linears per block, 2 casts each (input and output gradient) unshared; q/k/v and w1/w3 cast theirs once.
+    assert plain_calls["amax"] - calls["amax"] == 3 * n
+    # Forward and dx, no weight gradient; and no dx at all for the first block's q/k/v, whose input (the frozen
+    # embedding's, normed) needs no gradient.
+    assert calls["_scaled_mm"] == plain_calls["_scaled_mm"] == 2 * 7 * n - 3
+
+
+def test_the_fp8_head_fuses_the_loss_and_matches_the_bf16_head():
+    torch.manual_seed(0)
+    linear = nn.Linear(64, 96, bias=False).to(torch.bfloat16)
+    head, bf16 = FrozenFp8LMHead(linear, fp8=FrozenFp8()), FrozenLinear(linear, fp8=None)
+    x = torch.randn(32, 64, dtype=torch.bfloat16)
+    targets = torch.randint(0, 96, (32,))
+    xs = [x.clone().requires_grad_(), x.clone().requires_grad_()]
+    with CountOps() as counter:
+        loss = head.linear_cross_entropy(xs[0], targets)
+        loss.backward()
+    reference = nn.functional.cross_entropy(bf16(xs[1]).float(), targets)
+    reference.backward()
+    assert counter.calls["_scaled_mm"] == 2 and counter.calls["amax"] == 1  # x's amax only: the gradient has a bound
+    torch.testing.assert_close(loss, reference, rtol=2e-2, atol=2e-2)
+    assert sqnr_db(xs[1].grad.float(), xs[0].grad.float()) > 15
+    _, report = fp8_lora("attn", fp8_lm_head=True)
+    assert report.fused_loss_head
+    assert not fp8_lora("attn,lm_head", fp8_lm_head=True)[1].fused_loss_head  # adapters need the logits
+
+
+def test_adapters_on_the_mlp_keep_its_linears_apart_and_shared_casts_keep_adapters():
+    model, report = fp8_lora("all")
+    assert report.fp8_swiglu_blocks == 0  # an adapter needs the BF16 activation the FP8 SwiGLU never writes
+    assert report.shared_input_groups == 2 * tiny_model().n_layers  # q/k/v and w1/w3, each with its adapters
+    _, grads, _ = loss_and_grads(model)
+    assert all(g is not None and g.abs().sum() > 0 for g in grads.values())
 
 
 def test_merged_weights_give_the_unmerged_outputs():
@@ -129,7 +219,6 @@ def test_fp8_settings_the_frozen_base_cannot_honour_are_refused():
 
     lora = RunConfig(finetune=FinetuneConfig(init_from="x", lora_rank=2), train=TrainConfig(device="cuda"))
     for fp8, match in (
-        ({"use_fp8": True, "fp8_path": "fused"}, "Drop --fp8_path"),
         ({"use_fp8": True, "fp8_emulate": True}, "Drop --fp8_emulate"),
         ({"use_fp8": True, "fp8_recipe": "rowwise"}, "tensorwise"),
     ):
@@ -211,3 +300,55 @@ def test_a_lora_checkpoint_is_not_a_base(base_run, tmp_path, token_files, capsys
     assert run([*argv, "--out_dir", out], capsys)[0] == 0
     code, _, err = run([*COMMON, *token_files, "--init_from", out, "--out_dir", tmp_path / "again"], capsys)
     assert code == 2 and "Merge them into their base first" in err
+
+
+# ---- on the GPU: compiled, real FP8 kernels (the Triton SwiGLU producers included) ----
+
+
+@pytest.mark.gpu
+def test_gpu_compiled_fp8_base_trains_its_adapters_like_the_bf16_base_and_never_recasts_weights():
+    """One fullgraph compile (a graph break fails) of each base; three optimizer steps each from the same start: the
+    losses and adapter gradients of the FP8 base follow the BF16 base's, and its weight copies stay the first ones."""
+    shape = tiny_model(dim=256, intermediate_size=512, n_heads=4, context_length=64, vocab_size=512)
+    tokens = torch.randint(0, 512, (4, 65), generator=torch.Generator().manual_seed(0)).cuda()
+    fp8 = dataclasses.replace(FP8, fp8_emulate=False, fp8_lm_head=True)
+    runs = {}
+    for name, precision in (("bf16", None), ("fp8", fp8)):
+        torch.manual_seed(0)
+        model = TransformerLM(shape).cuda().to(torch.bfloat16)
+        report = apply_lora(model, FinetuneConfig(init_from="x", lora_rank=8, lora_targets="attn"), precision)
+        compiled = torch.compile(model, fullgraph=True)
+        adapters = [p for p in model.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(adapters, lr=1e-3)
+        losses, grads = [], None
+        for _ in range(3):
+            loss = compiled(tokens[:, :-1], targets=tokens[:, 1:])
+            loss.backward()
+            grads = grads or [p.grad.float().clone() for p in adapters]  # the first step's: the same weights
+            optimizer.step()
+            optimizer.zero_grad()
+            losses.append(loss.item())
+        runs[name] = (losses, grads, model, report)
+    (bf16_losses, bf16_grads, _, _), (fp8_losses, fp8_grads, fp8_model, report) = runs["bf16"], runs["fp8"]
+    assert report.shared_input_groups == report.fp8_swiglu_blocks == shape.n_layers and report.fused_loss_head
+    assert any(isinstance(m, FrozenFp8SwiGLU) and m.ops.__name__.endswith("swiglu_triton") for m in fp8_model.modules())
+    for a, b in zip(bf16_losses, fp8_losses, strict=True):
+        assert abs(a - b) < 0.02 * abs(a)
+    # E5M2 output gradients keep 2 mantissa bits; through a few blocks of a random-weight model the adapters'
+    # gradients keep about 10-15 dB (the CPU test of one layer, 15+). The loss on real text is the benchmark's check.
+    compared = [(a, b) for a, b in zip(bf16_grads, fp8_grads, strict=True) if a.abs().sum() > 0]  # B = 0: dA = 0
+    assert len(compared) == len(bf16_grads) // 2
+    for a, b in compared:
+        assert sqnr_db(a, b) > 10
+    assert {m.weight_casts for m in fp8_model.modules() if isinstance(m, FrozenLinear) and m.fp8} == {1}
+
+
+@pytest.mark.gpu
+def test_gpu_lora_fine_tune_runs_compiled_with_an_fp8_base(base_run, tmp_path, token_files, capsys):
+    argv = ["--device", "cuda", "--batch_size", "4", "--warmup_steps", "2", "--log_every", "1", "--eval_every", "0"]
+    argv += [*token_files, "--init_from", base_run, "--lora_rank", "4", "--lora_targets", "attn", "--use_fp8"]
+    argv += ["--no_fp8_shape_filter", "--fp8_lm_head", "--compile_model", "--max_steps", "4"]
+    code, stdout, err = run([*argv, "--out_dir", tmp_path / "lora"], capsys)
+    assert code == 0, err
+    assert "15 frozen linears in FP8 (weights cast once), 0 in BF16" in stdout
+    assert "2 shared input casts, 2 SwiGLU blocks made in FP8, loss fused into the FP8 head" in stdout

@@ -16,8 +16,11 @@ from torch import nn
 
 from cs336_basics.config import LORA_TARGET_MODULES, FinetuneConfig, FP8Config, lora_target_list
 from cs336_basics.errors import ConfigError
-from cs336_basics.lora.layers import FrozenLinear
+from cs336_basics.lora.layers import FrozenFp8, FrozenFp8LMHead, FrozenFp8SwiGLU, FrozenLinear, FrozenSharedInput
+from cs336_basics.model.layers import SwiGLU
 from cs336_basics.precision import skip_reason
+from cs336_basics.precision.fp8 import is_lm_head
+from cs336_basics.precision.fused.convert import fused_dtypes
 
 
 @dataclass
@@ -28,6 +31,9 @@ class LoRAReport:
     fp8_layers: list[str] = field(default_factory=list)  # frozen base linears whose GEMMs run in FP8
     bf16_layers: dict[str, str] = field(default_factory=dict)  # the others -> why not FP8
     adapter_layers: list[str] = field(default_factory=list)
+    shared_input_groups: int = 0  # FP8 groups (q/k/v, w1/w3) whose input is cast once
+    fp8_swiglu_blocks: int = 0  # SwiGLU blocks run as one FP8 unit (activation and its gradients made in FP8)
+    fused_loss_head: bool = False  # an FP8 head that computes the loss and writes the logits' gradient in FP8
     trainable: int = 0
     frozen: int = 0
 
@@ -37,6 +43,11 @@ class LoRAReport:
         if self.bf16_layers:
             reasons = sorted(set(self.bf16_layers.values()))
             base += f" ({'; '.join(reasons)})"
+        if self.fp8_layers:
+            base += (
+                f"; {self.shared_input_groups} shared input casts, {self.fp8_swiglu_blocks} SwiGLU blocks made in "
+                f"FP8, loss {'fused into the FP8 head' if self.fused_loss_head else 'after the head'}"
+            )
         share = self.trainable / max(self.trainable + self.frozen, 1)
         return [
             (
@@ -54,28 +65,40 @@ def _target_of(fqn: str) -> str | None:
     return next((name for name, module in LORA_TARGET_MODULES.items() if module == last), None)
 
 
+def _set_child(model: nn.Module, fqn: str, module: nn.Module) -> None:
+    parent, _, name = fqn.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, name, module)
+
+
 def apply_lora(model: nn.Module, ft: FinetuneConfig, fp8: FP8Config | None) -> LoRAReport:
     """Freeze `model` (built, on its device and dtype, base weights loaded, uncompiled) and replace each of its
     linear layers by a FrozenLinear: in FP8 if `fp8` is given and its filters take the layer, with adapters if the
-    layer is a target. Raises ConfigError if the targets match no layer or FP8 was asked for and no layer takes it."""
+    layer is a target. FP8 layers that share an input cast it once (fp8.fp8_share_input_casts), and FP8 SwiGLU blocks
+    without adapters make their activation in FP8 (fp8.fp8_fused_swiglu), as on the fused pretraining path. Raises
+    ConfigError if the targets match no layer or FP8 was asked for and no layer takes it."""
     targets = lora_target_list(ft.lora_targets)
     report = LoRAReport(rank=ft.lora_rank, scale=ft.scale, targets=targets)
+    frozen_fp8 = None
+    if fp8 is not None:
+        frozen_fp8 = FrozenFp8(grad_dtype=fused_dtypes(fp8)[2], fast_accum_backward=fp8.fp8_fast_accum_backward)
     for p in model.parameters():
         p.requires_grad_(False)
     linears = [(fqn, m) for fqn, m in model.named_modules() if isinstance(m, nn.Linear)]
     for fqn, linear in linears:
         reason = skip_reason(linear, fqn, fp8) if fp8 is not None else "FP8 off"
-        target = _target_of(fqn) in targets
-        layer = FrozenLinear(
-            linear, fp8=reason is None, rank=ft.lora_rank if target else 0, scale=ft.scale, dropout=ft.lora_dropout
+        rank = ft.lora_rank if _target_of(fqn) in targets else 0
+        in_fp8 = frozen_fp8 if reason is None else None
+        fused_loss = in_fp8 is not None and rank == 0 and is_lm_head(linear, fqn)
+        layer = (FrozenFp8LMHead if fused_loss else FrozenLinear)(
+            linear, fp8=in_fp8, rank=rank, scale=ft.scale, dropout=ft.lora_dropout
         )
-        parent_name, _, child = fqn.rpartition(".")
-        setattr(model.get_submodule(parent_name) if parent_name else model, child, layer)
+        _set_child(model, fqn, layer)
+        report.fused_loss_head |= fused_loss
         if reason is None:
             report.fp8_layers.append(fqn)
         else:
             report.bf16_layers[fqn] = reason
-        if target:
+        if rank:
             report.adapter_layers.append(fqn)
     if not report.adapter_layers:
         raise ConfigError(f"--lora_targets {ft.lora_targets} matched no linear layer of this model.")
@@ -85,10 +108,33 @@ def apply_lora(model: nn.Module, ft: FinetuneConfig, fp8: FP8Config | None) -> L
             f"FP8 was asked for, but no frozen base linear passes the FP8 filters ({reasons}). Pass "
             "--no_fp8_shape_filter (or --fp8_lm_head) to run the base in FP8, or --no_use_fp8."
         )
+    if fp8 is not None:
+        _group_fp8_layers(model, fp8, report)
     seen = {id(p): p for p in model.parameters()}.values()  # tied weights once
     report.trainable = sum(p.numel() for p in seen if p.requires_grad)
     report.frozen = sum(p.numel() for p in seen if not p.requires_grad)
     return report
+
+
+def _group_fp8_layers(model: nn.Module, fp8: FP8Config, report: LoRAReport) -> None:
+    """FP8 SwiGLU blocks without adapters become FrozenFp8SwiGLU units; FP8 layers that read one input (a module's
+    SHARED_INPUT group) are run together by a FrozenSharedInput set as that group's attribute."""
+
+    def fp8_layers(module: nn.Module, names) -> list[FrozenLinear] | None:
+        layers = [getattr(module, name) for name in names]
+        return layers if all(isinstance(m, FrozenLinear) and m.fp8 for m in layers) else None
+
+    for fqn, module in list(model.named_modules()):
+        layers = fp8_layers(module, ("w1", "w2", "w3")) if isinstance(module, SwiGLU) else None
+        if fp8.fp8_fused_swiglu and layers and not any(m.rank for m in layers):
+            _set_child(model, fqn, FrozenFp8SwiGLU(*layers))
+            report.fp8_swiglu_blocks += 1
+            continue
+        for attr, names in getattr(module, "SHARED_INPUT", {}).items() if fp8.fp8_share_input_casts else ():
+            members = fp8_layers(module, names)
+            if members:
+                setattr(module, attr, FrozenSharedInput(tuple(members)))
+                report.shared_input_groups += 1
 
 
 def count_frozen_fp8_linears(model: nn.Module) -> int:

@@ -21,11 +21,6 @@ def check_finetune_request(config: RunConfig, world: World) -> None:
             f"the frozen FP8 base of a LoRA run scales tensorwise; --fp8_recipe {fp8.fp8_recipe} was asked for. Use "
             "--fp8_recipe tensorwise, or --no_use_fp8 for a BF16 base."
         )
-    if fp8.use_fp8 is not False and fp8.fp8_path == "fused":
-        raise ConfigError(
-            "--fp8_path fused converts trainable linears; a LoRA run's base is frozen and runs its own FP8 linears "
-            "(weights cast once, no weight-gradient GEMM), which no --fp8_path selects. Drop --fp8_path."
-        )
     if fp8.use_fp8 and fp8.fp8_emulate and config.train.device.startswith("cuda"):
         raise ConfigError(
             "--fp8_emulate: a LoRA run's frozen FP8 base always runs real FP8 casts and GEMMs (torch._scaled_mm), "

@@ -251,6 +251,13 @@ def _matches(name: str, patterns: Iterable[str]) -> bool:
     return any(p in lowered for p in patterns)
 
 
+def linear_gemm_calls(events: Iterable[Any]) -> list[tuple[tuple[int, int, int] | None, float]]:
+    """(problem key, kernel us) of every linear GEMM call (aten::mm / addmm / _scaled_mm) of a profile whose kernels
+    the profiler linked to their CPU op; the problem is None where no 2-D shapes were recorded."""
+    ops = [e for e in events if not _is_device_event(e) and e.name in LINEAR_GEMM_OPS]
+    return [(_gemm_problem(e), _kernel_us(e)) for e in ops]
+
+
 def breakdown_from_events(
     events: Iterable[Any],
     shapes: Iterable[GemmShape] = (),

@@ -12,10 +12,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from cs336_basics.benchmark.sweep import lora as sweep_lora
 from cs336_basics.benchmark.sweep import run as sweep_run
 from cs336_basics.benchmark.sweep.plan import (
     COMPILE_CHOICES,
     DEFAULTS,
+    LORA_DEFAULTS,
     PARALLEL_CHOICES,
     PRECISIONS,
     QUICK,
@@ -28,12 +30,13 @@ from cs336_basics.benchmark.sweep.plan import (
     parse_batch_sizes,
     parse_choices,
     parse_on_off,
+    parse_positive_ints,
     parse_world_sizes,
     plan_sweep,
 )
 from cs336_basics.benchmark.sweep.report import format_amdahl, write_outputs
 from cs336_basics.cli import add_config_arguments, load_config_file, overrides_from_args
-from cs336_basics.config import ATTENTION_BACKENDS, PRESETS
+from cs336_basics.config import ATTENTION_BACKENDS, PRESETS, lora_target_list
 from cs336_basics.errors import ConfigError, report_error
 from cs336_basics.results import environment
 from cs336_basics.training.trainer import WARMUP_STEPS_EXCLUDED
@@ -85,6 +88,15 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"from {', '.join(PARALLEL_CHOICES)}: the --parallel mode of each world size above 1 (default "
         f"{full('parallel')})",
     )
+    lora = parser.add_argument_group(
+        "LoRA mode: BF16 vs FP8 base fine-tuned with adapters, profiled, with three predictions (lora.json, lora.md)"
+    )
+    lora.add_argument("--lora_ranks", help="e.g. 8,16,32: LoRA mode with these adapter ranks")
+    lora.add_argument(
+        "--lora_targets",
+        help="e.g. attn,mlp,all (q+v for several layers in one configuration; default attn). The base is --init_from "
+        "if given, else a freshly initialised model of each preset",
+    )
     run = parser.add_argument_group("the run")
     run.add_argument("--steps", type=int, help=f"optimizer steps per configuration (default {DEFAULTS['steps']})")
     run.add_argument(
@@ -117,10 +129,18 @@ def parse_options(argv: Sequence[str] | None = None) -> SweepOptions:
     add_config_arguments(passthrough)
     train_args = passthrough.parse_args(rest)
     base = overrides_from_args(train_args)
-    check_pass_through(base)
+    check_pass_through(base, lora=args.lora_ranks is not None)
     from_file = load_config_file(train_args.config) if train_args.config else {}
 
-    defaults = QUICK if args.quick else DEFAULTS
+    lora_ranks = parse_positive_ints(args.lora_ranks, "--lora_ranks", "8,16") if args.lora_ranks else ()
+    if args.lora_targets and not lora_ranks:
+        raise ConfigError("--lora_targets sets LoRA mode's adapter targets: add --lora_ranks (e.g. 16).")
+    lora_targets = tuple(t.replace("+", ",") for t in (args.lora_targets or "attn").split(",") if t)
+    for targets in lora_targets:
+        lora_target_list(targets)  # a ConfigError naming the bad target
+    if lora_ranks:
+        check_lora_mode(args)
+    defaults = LORA_DEFAULTS if lora_ranks else QUICK if args.quick else DEFAULTS
     pick = lambda name, parse: parse(getattr(args, name)) if getattr(args, name) is not None else defaults[name]  # noqa: E731
     grid = Grid(
         presets=pick("presets", lambda s: parse_choices(s, tuple(PRESETS), "--presets")),
@@ -154,7 +174,23 @@ def parse_options(argv: Sequence[str] | None = None) -> SweepOptions:
         quick=args.quick,
         dry_run=args.dry_run,
         amdahl=args.amdahl or args.quick,
+        lora_ranks=lora_ranks,
+        lora_targets=lora_targets,
     )
+
+
+def check_lora_mode(args: argparse.Namespace) -> None:
+    """LoRA mode measures both bases of each configuration in one process, on one GPU, with one compile mode,
+    attention and checkpointing setting."""
+    if args.precisions or args.world_sizes or args.parallel or args.quick or args.amdahl:
+        raise ConfigError(
+            "LoRA mode (--lora_ranks) measures a BF16 and an FP8 base together on one GPU, profiled; drop "
+            "--precisions, --world_sizes, --parallel, --quick and --amdahl."
+        )
+    for flag in ("compile", "attention", "ac", "fp8_lm_head"):
+        value = getattr(args, flag)
+        if value is not None and "," in value:
+            raise ConfigError(f"LoRA mode takes one --{flag} value per sweep, got {value!r}; run the sweep per value.")
 
 
 def format_plan(plan: Sequence[Planned], options: SweepOptions, out_dir: Path) -> str:
@@ -177,6 +213,30 @@ def format_plan(plan: Sequence[Planned], options: SweepOptions, out_dir: Path) -
     return "\n".join(lines)
 
 
+def _lora_main(options: SweepOptions, out_dir: Path) -> int:
+    points = sweep_lora.lora_points(options)
+    print(f"LoRA sweep plan: {len(points)} configurations, each a BF16 and an FP8 base, {options.steps} steps each:")
+    for preset, batch, rank, targets in points:
+        print(f"  {preset} batch {batch}, rank {rank}, adapters on {targets}")
+    print(f"results: {out_dir}/{sweep_lora.LORA_JSON}, {sweep_lora.LORA_MD}")
+    if options.dry_run:
+        print("dry run: nothing was run.")
+        return 0
+    out_dir.mkdir(parents=True, exist_ok=True)
+    previous_handler = signal.signal(signal.SIGTERM, _terminate)
+    try:
+        records = sweep_lora.run_lora_sweep(options, out_dir, sweep_run.run_logged)
+    except KeyboardInterrupt:
+        finished = f"{out_dir}/{sweep_lora.LORA_JSON}"
+        print(f"\ninterrupted: {finished} holds the configurations that finished.", file=sys.stderr)
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous_handler)
+    print()
+    print((out_dir / sweep_lora.LORA_MD).read_text())
+    return 0 if len(records) >= 2 * len(points) else 1
+
+
 def _terminate(signum, frame):
     raise KeyboardInterrupt(f"signal {signum}")
 
@@ -184,11 +244,13 @@ def _terminate(signum, frame):
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         options = parse_options(argv)
-        plan = plan_sweep(options)
+        plan = [] if options.lora_ranks else plan_sweep(options)  # LoRA mode plans its own (sweep/lora.py)
     except ConfigError as exc:
         return report_error(exc)
     gpu = environment()["gpu"]
     out_dir = options.out_dir or default_out_dir(gpu)
+    if options.lora_ranks:
+        return _lora_main(options, out_dir)
     print(format_plan(plan, options, out_dir), flush=True)
     if options.dry_run:
         print("dry run: nothing was run.")

@@ -56,6 +56,12 @@ QUICK: dict[str, Any] = dict(
     timeout_s=200.0,
 )
 
+# LoRA mode (--lora_ranks): each configuration is a BF16 base and an FP8 base measured together, compiled, SDPA,
+# without activation checkpointing unless the flags say otherwise (one value each).
+LORA_DEFAULTS: dict[str, Any] = dict(
+    DEFAULTS, presets=("366m", "1.3b"), compile=("default",), attention=("sdpa",), ac=(False,), steps=12
+)
+
 # Settings the sweep itself sets for every configuration: as pass-through flags they would be silently
 # overridden, so they are refused with the sweep flag to use instead.
 SWEPT_SETTINGS = {
@@ -262,6 +268,8 @@ class SweepOptions:
     quick: bool
     dry_run: bool
     amdahl: bool = False
+    lora_ranks: tuple[int, ...] = ()  # LoRA mode when set (sweep/lora.py)
+    lora_targets: tuple[str, ...] = ("attn",)
 
 
 def plan_sweep(options: SweepOptions) -> list[Planned]:
@@ -278,10 +286,14 @@ def plan_sweep(options: SweepOptions) -> list[Planned]:
     return plan
 
 
-def check_pass_through(overrides: dict[str, Any]) -> None:
+def check_pass_through(overrides: dict[str, Any], lora: bool = False) -> None:
+    """Refuse pass-through flags the sweep sets itself. In LoRA mode --fp8_path passes (the frozen base runs its own
+    FP8 linears either way; `--fp8_path fused` unlocks the fused path's switches, e.g. --fp8_fast_accum_backward)."""
     if "preset" in overrides:
         raise ConfigError("--preset is set per configuration by the sweep; use --presets (comma-separated).")
     for (section, name), instead in SWEPT_SETTINGS.items():
+        if lora and (section, name) == ("fp8", "fp8_path"):
+            continue
         if name in overrides.get(section, {}):
             raise ConfigError(f"--{name} is set per configuration by the sweep; use {instead}.")
 

@@ -46,6 +46,22 @@ def logits_grad(
     return (probs - onehot.float()) * torch.where(valid, row_scale, 0.0).unsqueeze(1)
 
 
+def fp8_logits_grad(
+    logits: torch.Tensor,
+    lse: torch.Tensor,
+    targets: torch.Tensor,
+    valid: torch.Tensor,
+    count: torch.Tensor,
+    dloss: torch.Tensor,
+    dtype: torch.dtype,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The gradient of the mean loss with respect to the logits, written in FP8 `dtype` as it is computed, and its
+    scale. Every entry lies within |dloss| / count (module docstring): that bound is the amax, so no amax pass."""
+    row_scale = dloss.float() / count
+    g_scale = amax_to_scale(row_scale.abs(), dtype)
+    return cast_to_fp8(logits_grad(logits, lse, targets, valid, row_scale), g_scale, dtype), g_scale
+
+
 class _Fp8LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, targets, scaling: SiteScaling, record: bool, weight):
@@ -62,11 +78,7 @@ class _Fp8LinearCrossEntropy(torch.autograd.Function):
     def backward(ctx, dloss):
         logits, lse, targets, valid, count, x_fp8_t, x_scale, w_t, w_scale = ctx.saved_tensors
         scaling = ctx.scaling
-        dtype = scaling.dtypes[GRAD]
-        row_scale = dloss.float() / count
-        # Every entry of the gradient lies within |dloss| / count (module docstring): that bound is the amax.
-        g_scale = amax_to_scale(row_scale.abs(), dtype)
-        g_fp8 = cast_to_fp8(logits_grad(logits, lse, targets, valid, row_scale), g_scale, dtype)
+        g_fp8, g_scale = fp8_logits_grad(logits, lse, targets, valid, count, dloss, scaling.dtypes[GRAD])
         dx, dw = backward_gemms(
             g_fp8, g_fp8.t().contiguous(), g_scale, w_t, w_scale, x_fp8_t, x_scale, scaling.fast_accum_backward
         )

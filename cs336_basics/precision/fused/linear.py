@@ -71,11 +71,19 @@ def forward_gemm(
     w_fp8, w_scale = scaling.cast(weight, WEIGHT, record)
     # B = W^T, column-major as the FP8 GEMM wants it: the row-major W viewed transposed. Fast accumulation in the
     # forward GEMM, as TorchAO's recipes use.
-    y = torch._scaled_mm(
-        x_fp8, w_fp8.t(), scale_a=x_scale.reciprocal(), scale_b=w_scale.reciprocal(), out_dtype=torch.bfloat16,
-        use_fast_accum=True,
-    )  # fmt: skip
+    y = fp8_matmul(x_fp8, x_scale, w_fp8.t(), w_scale, fast_accum=True)
     return y, w_fp8.t().contiguous(), w_scale
+
+
+def fp8_matmul(
+    a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor, fast_accum: bool
+) -> torch.Tensor:
+    """a @ b in BF16 from FP8 operands cast with scales a_scale and b_scale (a row-major, b column-major, as cuBLAS's
+    FP8 GEMM takes them)."""
+    return torch._scaled_mm(
+        a, b, scale_a=a_scale.reciprocal(), scale_b=b_scale.reciprocal(), out_dtype=torch.bfloat16,
+        use_fast_accum=fast_accum,
+    )  # fmt: skip
 
 
 def backward_gemms(
@@ -90,15 +98,8 @@ def backward_gemms(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(dx, dW) = (dy W, dy^T x) in FP8, from the output gradient cast to FP8 (row-major and transposed) and the
     operands forward saved (W^T and x^T, row-major)."""
-    inv_g = g_scale.reciprocal()
-    dx = torch._scaled_mm(
-        g_fp8, w_fp8_t.t(), scale_a=inv_g, scale_b=w_scale.reciprocal(), out_dtype=torch.bfloat16,
-        use_fast_accum=fast_accum,
-    )  # fmt: skip
-    dw = torch._scaled_mm(
-        g_fp8_t, x_fp8_t.t(), scale_a=inv_g, scale_b=x_scale.reciprocal(), out_dtype=torch.bfloat16,
-        use_fast_accum=fast_accum,
-    )  # fmt: skip
+    dx = fp8_matmul(g_fp8, g_scale, w_fp8_t.t(), w_scale, fast_accum)
+    dw = fp8_matmul(g_fp8_t, g_scale, x_fp8_t.t(), x_scale, fast_accum)
     return dx, dw
 
 

@@ -3,11 +3,13 @@ implementation on CPU (FP8 emulation).
 
 Four operations, the same names and signatures in both modules:
 - `swiglu_amax(h1, h3)` -> amax of g = silu(h1) * h3, shape (1,): dynamic scaling's first pass;
-- `swiglu_cast(h1, h3, scale, dtype, record)` -> (g in FP8, its transpose in FP8, amax, saturated): g is never
-  written in BF16. `scale` has shape (1,). With `record` (delayed scaling) amax (1,) and the count of values that
+- `swiglu_cast(h1, h3, scale, dtype, record, transposed=True)` -> (g in FP8, its transpose in FP8, amax, saturated):
+  g is never written in BF16; without `transposed` (a frozen weight needs no weight gradient) the transpose is an
+  empty tensor. `scale` has shape (1,). With `record` (delayed scaling) amax (1,) and the count of values that
   saturated (1,) come back; without it both are empty;
 - `swiglu_grad_amax(dg, h1, h3)` -> amaxes (2,) of dh1 and dh3, the gradients of h1 and h3;
-- `swiglu_grad_cast(dg, h1, h3, scales, dtype, record)` -> (dh1, dh1^T, dh3, dh3^T in FP8, amax (2,), saturated (2,)).
+- `swiglu_grad_cast(dg, h1, h3, scales, dtype, record, transposed=True)` -> (dh1, dh1^T, dh3, dh3^T in FP8, amax (2,),
+  saturated (2,)); the transposes empty without `transposed`.
 
 Each value is first rounded to BF16 exactly where autograd of `F.silu(h1) * h3` in BF16 rounds it, so the FP8 tensors
 are the casts of the BF16 tensors the unfused path would have written. All tensors are 2-D and row-major; the
@@ -45,10 +47,16 @@ def swiglu_amax(h1: torch.Tensor, h3: torch.Tensor) -> torch.Tensor:
     return swiglu(h1, h3).abs().amax().float().reshape(1)
 
 
-def swiglu_cast(h1: torch.Tensor, h3: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype, record: bool):
+def _transpose(x: torch.Tensor, transposed: bool) -> torch.Tensor:
+    return x.t().contiguous() if transposed else x.new_empty(0)
+
+
+def swiglu_cast(
+    h1: torch.Tensor, h3: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype, record: bool, transposed: bool = True
+):
     g = swiglu(h1, h3)
     g_fp8 = cast_to_fp8(g, scale[0], dtype)
-    return (g_fp8, g_fp8.t().contiguous(), *_recorded([g], scale, dtype, record))
+    return (g_fp8, _transpose(g_fp8, transposed), *_recorded([g], scale, dtype, record))
 
 
 def swiglu_grad_amax(dg: torch.Tensor, h1: torch.Tensor, h3: torch.Tensor) -> torch.Tensor:
@@ -56,14 +64,20 @@ def swiglu_grad_amax(dg: torch.Tensor, h1: torch.Tensor, h3: torch.Tensor) -> to
 
 
 def swiglu_grad_cast(
-    dg: torch.Tensor, h1: torch.Tensor, h3: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype, record: bool
+    dg: torch.Tensor,
+    h1: torch.Tensor,
+    h3: torch.Tensor,
+    scales: torch.Tensor,
+    dtype: torch.dtype,
+    record: bool,
+    transposed: bool = True,
 ):
     dh1, dh3 = swiglu_grads(dg, h1, h3)
     dh1_fp8, dh3_fp8 = cast_to_fp8(dh1, scales[0], dtype), cast_to_fp8(dh3, scales[1], dtype)
     return (
         dh1_fp8,
-        dh1_fp8.t().contiguous(),
+        _transpose(dh1_fp8, transposed),
         dh3_fp8,
-        dh3_fp8.t().contiguous(),
+        _transpose(dh3_fp8, transposed),
         *_recorded([dh1, dh3], scales, dtype, record),
     )

@@ -50,17 +50,18 @@ def _tile(M, F, BLOCK_M: tl.constexpr, BLOCK_F: tl.constexpr):
 
 @triton.jit
 def _produce(value, k, scale_ptr, out_ptr, out_t_ptr, amax_ptr, sat_ptr, offs, offs_t, mask,
-             LIMIT: tl.constexpr, CAST: tl.constexpr, AMAX: tl.constexpr):  # fmt: skip
-    """Tensor k of a producer: cast with its scale and store it with its transpose (CAST); write its tile's amax
-    (AMAX) and, when both, the count of its values beyond the scale's range (they saturate at the FP8 max) to this
-    program's slot of row k."""
+             LIMIT: tl.constexpr, CAST: tl.constexpr, AMAX: tl.constexpr, TRANSPOSE: tl.constexpr):  # fmt: skip
+    """Tensor k of a producer: cast with its scale and store it, with its transpose if TRANSPOSE (CAST); write its
+    tile's amax (AMAX) and, when both, the count of its values beyond the scale's range (they saturate at the FP8
+    max) to this program's slot of row k."""
     magnitude = tl.abs(value)
     slot = k * tl.num_programs(0) * tl.num_programs(1) + tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)
     if CAST:
         scale = tl.load(scale_ptr + k)
         y = tl.minimum(tl.maximum(value * scale, -LIMIT), LIMIT).to(out_ptr.dtype.element_ty)
         tl.store(out_ptr + offs, y, mask=mask)
-        tl.store(out_t_ptr + offs_t, y, mask=mask)
+        if TRANSPOSE:
+            tl.store(out_t_ptr + offs_t, y, mask=mask)
         if AMAX:
             tl.store(sat_ptr + slot, tl.sum((magnitude * scale > LIMIT).to(tl.int32)))
     if AMAX:
@@ -70,20 +71,22 @@ def _produce(value, k, scale_ptr, out_ptr, out_t_ptr, amax_ptr, sat_ptr, offs, o
 @triton.jit
 def _swiglu_kernel(
     h1_ptr, h3_ptr, g_ptr, g_t_ptr, scale_ptr, amax_ptr, sat_ptr, M, F,
-    LIMIT: tl.constexpr, CAST: tl.constexpr, AMAX: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_F: tl.constexpr,
+    LIMIT: tl.constexpr, CAST: tl.constexpr, AMAX: tl.constexpr, TRANSPOSE: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_F: tl.constexpr,
 ):  # fmt: skip
     offs, offs_t, mask = _tile(M, F, BLOCK_M, BLOCK_F)
     a = tl.load(h1_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     b = tl.load(h3_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     # silu as torch computes it, each result rounded to BF16 where the BF16 module rounds it.
     g = _round_bf16(_round_bf16(a / (1.0 + tl.exp(-a))) * b)
-    _produce(g, 0, scale_ptr, g_ptr, g_t_ptr, amax_ptr, sat_ptr, offs, offs_t, mask, LIMIT, CAST, AMAX)
+    _produce(g, 0, scale_ptr, g_ptr, g_t_ptr, amax_ptr, sat_ptr, offs, offs_t, mask, LIMIT, CAST, AMAX, TRANSPOSE)
 
 
 @triton.jit
 def _swiglu_grad_kernel(
     dg_ptr, h1_ptr, h3_ptr, dh1_ptr, dh1_t_ptr, dh3_ptr, dh3_t_ptr, scale_ptr, amax_ptr, sat_ptr, M, F,
-    LIMIT: tl.constexpr, CAST: tl.constexpr, AMAX: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_F: tl.constexpr,
+    LIMIT: tl.constexpr, CAST: tl.constexpr, AMAX: tl.constexpr, TRANSPOSE: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_F: tl.constexpr,
 ):  # fmt: skip
     offs, offs_t, mask = _tile(M, F, BLOCK_M, BLOCK_F)
     dg = tl.load(dg_ptr + offs, mask=mask, other=0.0).to(tl.float32)
@@ -93,8 +96,8 @@ def _swiglu_grad_kernel(
     sig = 1.0 / (1.0 + tl.exp(-a))
     dh1 = _round_bf16(_round_bf16(dg * b) * sig * (1.0 + a * (1.0 - sig)))
     dh3 = _round_bf16(dg * _round_bf16(a * sig))
-    _produce(dh1, 0, scale_ptr, dh1_ptr, dh1_t_ptr, amax_ptr, sat_ptr, offs, offs_t, mask, LIMIT, CAST, AMAX)
-    _produce(dh3, 1, scale_ptr, dh3_ptr, dh3_t_ptr, amax_ptr, sat_ptr, offs, offs_t, mask, LIMIT, CAST, AMAX)
+    _produce(dh1, 0, scale_ptr, dh1_ptr, dh1_t_ptr, amax_ptr, sat_ptr, offs, offs_t, mask, LIMIT, CAST, AMAX, TRANSPOSE)
+    _produce(dh3, 1, scale_ptr, dh3_ptr, dh3_t_ptr, amax_ptr, sat_ptr, offs, offs_t, mask, LIMIT, CAST, AMAX, TRANSPOSE)
 
 
 def _check(*tensors: torch.Tensor) -> tuple[int, int]:
@@ -105,10 +108,10 @@ def _check(*tensors: torch.Tensor) -> tuple[int, int]:
     return shape
 
 
-def _launch(kernel, inputs, outputs, scales, n: int, dtype: torch.dtype, record: bool):
+def _launch(kernel, inputs, outputs, scales, n: int, dtype: torch.dtype, record: bool, transposed: bool = True):
     """Runs `kernel` over `inputs` ((M, F) tensors) for its n produced tensors: casting them into `outputs` (pairs of
-    (M, F) and (F, M) FP8 tensors) when given, recording when `record`. Returns (amax, saturated) of shape (n,), or
-    empty tensors when not recording."""
+    (M, F) and (F, M) FP8 tensors; the second is not written unless `transposed`) when given, recording when
+    `record`. Returns (amax, saturated) of shape (n,), or empty tensors when not recording."""
     m, f = _check(*inputs)
     grid = _grid(m, f)
     device = inputs[0].device
@@ -119,16 +122,19 @@ def _launch(kernel, inputs, outputs, scales, n: int, dtype: torch.dtype, record:
     unused = inputs[0]  # the pointer a launch passes for what it does not write
     wrap_triton(kernel)[grid](
         *inputs, *(outputs if cast else [unused] * 2 * n), scales if cast else unused, amax_slots, saturated_slots,
-        m, f, LIMIT=fp8_max(dtype), CAST=cast, AMAX=record, BLOCK_M=_BLOCK_M, BLOCK_F=_BLOCK_F, num_warps=_WARPS,
+        m, f, LIMIT=fp8_max(dtype), CAST=cast, AMAX=record, TRANSPOSE=transposed, BLOCK_M=_BLOCK_M, BLOCK_F=_BLOCK_F,
+        num_warps=_WARPS,
     )  # fmt: skip
     if not record:
         return amax_slots, saturated_slots
     return amax_slots.amax(dim=1), saturated_slots.sum(dim=1, dtype=torch.int32)
 
 
-def _fp8_pair(m: int, f: int, like: torch.Tensor, dtype: torch.dtype) -> list[torch.Tensor]:
-    """An (M, F) FP8 tensor and its (F, M) transpose, to be written."""
-    return [torch.empty(m, f, device=like.device, dtype=dtype), torch.empty(f, m, device=like.device, dtype=dtype)]
+def _fp8_pair(m: int, f: int, like: torch.Tensor, dtype: torch.dtype, transposed: bool) -> list[torch.Tensor]:
+    """An (M, F) FP8 tensor and its (F, M) transpose, to be written (an empty tensor in its place if not
+    `transposed`)."""
+    shape_t = (f, m) if transposed else (0,)
+    return [torch.empty(m, f, device=like.device, dtype=dtype), torch.empty(shape_t, device=like.device, dtype=dtype)]
 
 
 @triton_op("cs336_fp8::swiglu_amax", mutates_args={})
@@ -138,10 +144,10 @@ def swiglu_amax(h1: torch.Tensor, h3: torch.Tensor) -> torch.Tensor:
 
 @triton_op("cs336_fp8::swiglu_cast", mutates_args={})
 def swiglu_cast(
-    h1: torch.Tensor, h3: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype, record: bool
+    h1: torch.Tensor, h3: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype, record: bool, transposed: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    g = _fp8_pair(*h1.shape, h1, dtype)
-    return (*g, *_launch(_swiglu_kernel, (h1, h3), g, scale, 1, dtype, record))
+    g = _fp8_pair(*h1.shape, h1, dtype, transposed)
+    return (*g, *_launch(_swiglu_kernel, (h1, h3), g, scale, 1, dtype, record, transposed))
 
 
 @triton_op("cs336_fp8::swiglu_grad_amax", mutates_args={})
@@ -151,7 +157,13 @@ def swiglu_grad_amax(dg: torch.Tensor, h1: torch.Tensor, h3: torch.Tensor) -> to
 
 @triton_op("cs336_fp8::swiglu_grad_cast", mutates_args={})
 def swiglu_grad_cast(
-    dg: torch.Tensor, h1: torch.Tensor, h3: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype, record: bool
+    dg: torch.Tensor,
+    h1: torch.Tensor,
+    h3: torch.Tensor,
+    scales: torch.Tensor,
+    dtype: torch.dtype,
+    record: bool,
+    transposed: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    grads = _fp8_pair(*dg.shape, dg, dtype) + _fp8_pair(*dg.shape, dg, dtype)
-    return (*grads, *_launch(_swiglu_grad_kernel, (dg, h1, h3), grads, scales, 2, dtype, record))
+    grads = _fp8_pair(*dg.shape, dg, dtype, transposed) + _fp8_pair(*dg.shape, dg, dtype, transposed)
+    return (*grads, *_launch(_swiglu_grad_kernel, (dg, h1, h3), grads, scales, 2, dtype, record, transposed))

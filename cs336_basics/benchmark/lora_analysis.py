@@ -1,0 +1,274 @@
+"""Where a LoRA fine-tuning step's time goes on a BF16 base and on an FP8 base, and three predictions of the FP8
+base's speedup set beside the measured one.
+
+    python -m cs336_basics.benchmark.lora_analysis --preset 1.3b --init_from BASE.pt --lora_rank 16 \\
+        --lora_targets attn --json out.json
+
+Both bases are built from the same weights and trained in this process (compiled, `--steps` steps: tokens/s, MFU,
+peak memory, compile time and loss, as every sweep row), then one more step of each is profiled and split into:
+
+  adapter GEMMs  the LoRA matrices' GEMMs (one of their dimensions is the rank)
+  base GEMMs     the frozen linears' GEMMs: forward and input gradient (a frozen weight has no weight gradient)
+  casts          FP8's extra non-GEMM kernel time over the BF16 base's (amax passes, casts; FP8 profile only)
+  rest           the step's wall time minus those: attention, norms, RoPE, the loss, the optimizer, idle gaps
+
+The predictions of the FP8 base's speedup, each from the BF16 base's profile and measurements made apart from the
+FP8 step:
+
+  simple      the users' rule of thumb, 1 / ((1 - X) / 1.5 + X), X the adapter GEMMs' share of the step
+  base GEMMs  Amdahl's law over the base's two GEMMs per linear, with their weights cached in FP8 (no weight casts):
+              1 / ((1 - Xb) + Xb / s), Xb the share of the converted base GEMMs, s their FP8 speedup timed alone
+  ours        the base-GEMMs prediction plus the casts FP8 still needs each step (inputs and output gradients, at
+              their sizes), priced as memory traffic at this GPU's measured copy bandwidth
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+import tempfile
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from cs336_basics.benchmark.amdahl.law import linear_gemm_shapes
+from cs336_basics.benchmark.amdahl.measure import breakdown_from_events, linear_gemm_calls, time_matmuls
+from cs336_basics.config import RunConfig
+from cs336_basics.errors import ConfigError
+from cs336_basics.results import format_or_na, run_record
+from cs336_basics.timing import time_calls_ms
+
+RULE_OF_THUMB_SPEEDUP = 1.5  # what the users' formula assumes the non-adapter compute gains from FP8
+# Bytes moved per element by one dynamic cast of a BF16 tensor: the amax pass reads it (2), the cast pass reads it
+# again (2) and writes FP8 (1).
+CAST_BYTES = 5
+# The fused SwiGLU producers' extra bytes per element of the activation over the BF16 SwiGLU: forward reads h1 and h3
+# twice (amax pass, cast pass; 8) and writes FP8 (1) where BF16 reads them once (4) and writes BF16 (2); backward
+# reads dg, h1, h3 twice (12) and writes two FP8 gradients (2) where BF16 reads them once (6) and writes two (4).
+SWIGLU_FORWARD_EXTRA, SWIGLU_BACKWARD_EXTRA = 3, 4
+
+
+SPLIT_FIELDS = (
+    "adapter_gemm_ms", "base_gemm_ms", "base_converted_gemm_ms", "non_gemm_kernel_ms", "attention_ms", "cast_ms",
+    "rest_ms",
+)  # fmt: skip
+
+
+def simple_prediction(adapter_share: float) -> float:
+    return 1.0 / ((1.0 - adapter_share) / RULE_OF_THUMB_SPEEDUP + adapter_share)
+
+
+def base_gemm_prediction(base_share: float, gemm_speedup: float) -> float:
+    return 1.0 / ((1.0 - base_share) + base_share / gemm_speedup)
+
+
+def cast_bytes_per_token(model: torch.nn.Module) -> int:
+    """Bytes per token the FP8 base's casts move each training step (lora/layers.py's modules; see CAST_BYTES)."""
+    from cs336_basics.lora.layers import FrozenFp8LMHead, FrozenFp8SwiGLU, FrozenLinear, FrozenSharedInput
+
+    total, grouped = 0, set()
+    for module in model.modules():
+        if isinstance(module, FrozenFp8SwiGLU):
+            dim, ffn = module.w1.in_features, module.w1.out_features
+            total += 2 * CAST_BYTES * dim + (SWIGLU_FORWARD_EXTRA + SWIGLU_BACKWARD_EXTRA) * ffn
+            grouped |= {id(module.w1), id(module.w2), id(module.w3)}
+        elif isinstance(module, FrozenSharedInput):
+            total += CAST_BYTES * (module.linears[0].in_features + sum(m.out_features for m in module.linears))
+            grouped |= {id(m) for m in module.linears}
+    for module in model.modules():
+        if isinstance(module, FrozenLinear) and module.fp8 and id(module) not in grouped:
+            # The fused head writes the logits' gradient in FP8 (1 byte) instead of BF16 (2), with no amax pass.
+            grad = -1 if isinstance(module, FrozenFp8LMHead) else CAST_BYTES
+            total += CAST_BYTES * module.in_features + grad * module.out_features
+    return total
+
+
+def copy_bandwidth(device: torch.device, gib: float = 1.0) -> float:
+    """Bytes per second of a device-to-device copy (read + write counted), the price of a memory-bound pass."""
+    src = torch.empty(int(gib * 2**30), dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    ms = statistics.median(time_calls_ms(lambda: dst.copy_(src), 10, warmup=2))
+    return 2 * src.numel() / (ms / 1e3)
+
+
+def split_step(events: Iterable[Any], rank: int, converted: set[tuple[int, int, int]]) -> dict[str, float]:
+    """Kernel time (ms) of one profiled step's linear GEMMs: adapter GEMMs (a dimension is the rank), base GEMMs,
+    and of those the ones the FP8 base converts (`converted`: problem keys of the FP8 linears' GEMMs)."""
+    adapter = base = base_converted = 0.0
+    for problem, us in linear_gemm_calls(events):
+        if problem is not None and rank in problem:
+            adapter += us
+        else:
+            base += us
+            base_converted += us if problem in converted else 0.0
+    ms = {"adapter_gemm_ms": adapter, "base_gemm_ms": base, "base_converted_gemm_ms": base_converted}
+    return {name: us / 1e3 for name, us in ms.items()}
+
+
+def _profile_step(trainer) -> list[Any]:
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=activities, record_shapes=True) as prof:
+        trainer.train_step()
+        torch.cuda.synchronize()
+    return list(prof.events())
+
+
+def analyse_lora(
+    config: RunConfig, steps: int = 12, timing_steps: int = 10, log: Callable[[str], Any] = print
+) -> list[dict[str, Any]]:
+    """The BF16-base and FP8-base records of a LoRA configuration (sweep schema plus the step's split and, on the
+    FP8 record, the predictions), measured on this CUDA GPU."""
+    if not config.finetune.lora:
+        raise ConfigError("the LoRA analysis needs a LoRA configuration: --init_from BASE and --lora_rank R.")
+    if not torch.cuda.is_available():
+        raise ConfigError("the LoRA analysis needs a CUDA GPU with FP8 (sm_89+): it times and profiles real steps.")
+    from cs336_basics.build import build, plan
+    from cs336_basics.data import prepare_data
+    from cs336_basics.training.measure import release_memory, train_for_measurement
+
+    fp8_plan = plan(config.replace(train={"max_steps": steps, "log_every": steps}).with_fp8(True))
+    config, device = fp8_plan.config, fp8_plan.device
+    data = prepare_data(config.data, config.model.vocab_size)
+    train_tokens, val_tokens = np.asarray(data.train), np.asarray(data.val)
+    batch, rank = config.train.batch_size, config.finetune.lora_rank
+    shapes = [s for s in linear_gemm_shapes(config.model, batch, config.fp8) if s.kind != "grad_weight"]
+    converted = {s.problem for s in shapes if s.converted}
+    tokens = batch * config.model.context_length * config.train.gradient_accumulation_steps
+
+    records = []
+    for use_fp8 in (False, True):
+        name = "FP8" if use_fp8 else "BF16"
+        log(f"[lora] {name} base: {steps} steps, {timing_steps} timed, 1 profiled ...")
+        torch.cuda.reset_peak_memory_stats(device)
+        built = build(fp8_plan.with_fp8(use_fp8))
+        trainer, result = train_for_measurement(built.model, built.config, train_tokens, val_tokens, device, log)
+        step_ms = statistics.median(time_calls_ms(trainer.train_step, timing_steps))
+        events = _profile_step(trainer)
+        kernels = breakdown_from_events(events)
+        split = split_step(events, rank, converted)
+        gemm_ms = split["adapter_gemm_ms"] + split["base_gemm_ms"]
+        record = run_record(
+            built.config, tokens_per_sec=result.tokens_per_sec, mfu=result.mfu, compile_s=result.compile_s,
+            loss=result.loss, peak_mem_gib=torch.cuda.max_memory_allocated(device) / 2**30, steps=steps,
+            step_time_ms=1e3 * tokens / result.tokens_per_sec, profiled_step_ms=step_ms, **split,
+            non_gemm_kernel_ms=kernels.kernel_ms - gemm_ms, attention_ms=kernels.attention_ms,
+            cast_bytes_per_step=cast_bytes_per_token(built.model) * tokens if use_fp8 else 0,
+        )  # fmt: skip
+        records.append(record)
+        del trainer, built, events
+        release_memory()
+
+    bf16, fp8 = records
+    bf16["speedup_vs_bf16"] = 1.0
+    fp8["speedup_vs_bf16"] = fp8["tokens_per_sec"] / bf16["tokens_per_sec"]
+    if not all(r["adapter_gemm_ms"] + r["base_gemm_ms"] > 0 for r in records):
+        # CUDA graphs (compile mode reduce-overhead) replay kernels outside the ops that launched them.
+        note = "the profiler linked no GEMM kernel to its op (CUDA graphs?): no split, no predictions"
+        log(f"[lora] {note}")
+        for r in records:
+            r.update(dict.fromkeys(SPLIT_FIELDS), note=note)
+        return records
+    fp8["cast_ms"] = fp8["non_gemm_kernel_ms"] - bf16["non_gemm_kernel_ms"]
+    for r in records:
+        r.setdefault("cast_ms", 0.0)
+        r["rest_ms"] = r["profiled_step_ms"] - r["adapter_gemm_ms"] - r["base_gemm_ms"] - r["cast_ms"]
+    log("[lora] timing the converted base GEMMs alone (BF16 vs FP8) and the copy bandwidth ...")
+    gemm_speedup = time_matmuls(shapes, device, "tensorwise").speedup
+    bandwidth = copy_bandwidth(device)
+    t_bf16 = bf16["profiled_step_ms"]
+    base_share = bf16["base_converted_gemm_ms"] / t_bf16
+    predicted_cast_ms = 1e3 * fp8["cast_bytes_per_step"] / bandwidth
+    ours_ms = t_bf16 - bf16["base_converted_gemm_ms"] * (1 - 1 / gemm_speedup) + predicted_cast_ms
+    fp8.update(
+        adapter_share=bf16["adapter_gemm_ms"] / t_bf16,
+        base_gemm_share=base_share,
+        base_gemm_speedup=gemm_speedup,
+        in_situ_base_gemm_speedup=bf16["base_gemm_ms"] / fp8["base_gemm_ms"] if fp8["base_gemm_ms"] else math.nan,
+        copy_bandwidth_gbs=bandwidth / 1e9,
+        predicted_cast_ms=predicted_cast_ms,
+        predicted_speedup_simple=simple_prediction(bf16["adapter_gemm_ms"] / t_bf16),
+        predicted_speedup_base_gemms=base_gemm_prediction(base_share, gemm_speedup),
+        predicted_speedup_ours=t_bf16 / ours_ms,
+        profiled_speedup=t_bf16 / fp8["profiled_step_ms"],
+    )
+    return records
+
+
+def format_lora_table(records: Iterable[dict[str, Any]]) -> str:
+    """Markdown: per FP8-base record, the measured speedup, the three predictions and the step's split (ms)."""
+    header = (
+        "| preset | batch | rank | targets | BF16 base tok/s | FP8 base tok/s | measured | simple | base GEMMs | ours "
+        "| adapter GEMMs BF16 / FP8 | base GEMMs BF16 / FP8 | casts FP8 (predicted) | rest BF16 / FP8 "
+        "| memory BF16 / FP8 (GiB) |"
+    )
+    lines = [header, "|" + "---|" * (header.count("|") - 1)]
+    records = list(records)
+    same = lambda a, b: all(a.get(k) == b.get(k) for k in ("preset", "batch_size", "lora_rank", "lora_targets"))  # noqa: E731
+    for fp8 in (r for r in records if r.get("precision") != "bf16"):
+        bf16 = next(r for r in records if r.get("precision") == "bf16" and same(r, fp8))
+        pair = lambda key, bf16=bf16, fp8=fp8: f"{format_or_na(bf16[key], '.1f')} / {format_or_na(fp8[key], '.1f')}"  # noqa: E731
+        x = lambda key, spec=".2f", fp8=fp8: format_or_na(fp8.get(key), spec, "x")  # noqa: E731
+        casts = f"{format_or_na(fp8['cast_ms'], '.1f')} ({format_or_na(fp8.get('predicted_cast_ms'), '.1f')})"
+        lines.append(
+            f"| {fp8['preset']} | {fp8['batch_size']} | {fp8['lora_rank']} | {fp8['lora_targets']} "
+            f"| {bf16['tokens_per_sec']:,.0f} | {fp8['tokens_per_sec']:,.0f} | {x('speedup_vs_bf16', '.3f')} "
+            f"| {x('predicted_speedup_simple')} | {x('predicted_speedup_base_gemms')} "
+            f"| {x('predicted_speedup_ours', '.3f')} | {pair('adapter_gemm_ms')} | {pair('base_gemm_ms')} "
+            f"| {casts} | {pair('rest_ms')} | {pair('peak_mem_gib')} |"
+        )
+    return "\n".join(lines)
+
+
+def write_random_base(args: argparse.Namespace, path: Path) -> None:
+    """A freshly initialised model of the shape the flags give (their seed), saved as a course-layout BF16 state
+    dict: a base for speed measurements, where the weights' values do not matter."""
+    from cs336_basics.cli import config_from_args
+    from cs336_basics.model import TransformerLM
+
+    shape_only = argparse.Namespace(**{**vars(args), "finetune.lora_rank": None, "finetune.init_from": None})
+    config = config_from_args(shape_only)
+    torch.manual_seed(config.train.seed)
+    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
+        model = TransformerLM(config.model).to(torch.bfloat16)
+    torch.save(model.state_dict(), path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from cs336_basics.cli import config_from_args, config_parser
+    from cs336_basics.errors import report_error
+    from cs336_basics.results import append_runs
+
+    parser = config_parser(
+        "Where a LoRA step's time goes on a BF16 and an FP8 base, with three predictions of the FP8 speedup.",
+        prog="python -m cs336_basics.benchmark.lora_analysis",
+    )
+    parser.add_argument("--steps", type=int, default=12, help="training steps per base (compile included)")
+    parser.add_argument("--timing_steps", type=int, default=10, help="CUDA-event-timed steps for the split (median)")
+    parser.add_argument("--json", help="append both records to this results file")
+    parser.add_argument(
+        "--random_base",
+        action="store_true",
+        help="start from a freshly initialised model of the preset's shape instead of --init_from (speed only)",
+    )
+    args = parser.parse_args(argv)
+    try:
+        with tempfile.TemporaryDirectory(prefix="cs336-lora-base-") as tmp:
+            if args.random_base:
+                setattr(args, "finetune.init_from", str(Path(tmp) / "base.pt"))
+                write_random_base(args, Path(tmp) / "base.pt")
+            records = analyse_lora(config_from_args(args), steps=args.steps, timing_steps=args.timing_steps)
+    except ConfigError as exc:
+        return report_error(exc)
+    print(format_lora_table(records))
+    if args.json:
+        append_runs(args.json, records)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

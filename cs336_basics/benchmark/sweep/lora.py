@@ -1,0 +1,81 @@
+"""The sweep's LoRA mode (`--lora_ranks`, `--lora_targets`): for each preset, batch size, rank and targets, a BF16
+base and an FP8 base fine-tuned with those adapters, measured, profiled and predicted by
+cs336_basics.benchmark.lora_analysis in a fresh process; their records gathered in lora.json and the table in lora.md.
+
+The base is --init_from when given (every preset then has its shape), else a freshly initialised model of each preset
+(speed does not depend on what the weights have learned)."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from cs336_basics.benchmark.lora_analysis import format_lora_table
+from cs336_basics.benchmark.sweep.plan import SweepOptions, log_every_for, preset_batch_size
+from cs336_basics.benchmark.worker import last_line
+from cs336_basics.config import merge_layers
+
+LORA_JSON, LORA_MD = "lora.json", "lora.md"
+
+
+def lora_points(options: SweepOptions) -> list[tuple[str, int, int, str]]:
+    """(preset, batch size, rank, targets) of every LoRA configuration, in order."""
+    grid = options.grid
+    return [
+        (preset, batch, rank, targets)
+        for preset in grid.presets
+        for batch in grid.batch_sizes or (preset_batch_size(preset),)
+        for rank, targets in itertools.product(options.lora_ranks, options.lora_targets)
+    ]
+
+
+def lora_command(options: SweepOptions, point: tuple[str, int, int, str], config_path: Path, json_path: Path):
+    """The analysis process of one point: the sweep's settings in a config file, the LoRA flags on the command line."""
+    preset, batch, rank, targets = point
+    grid = options.grid
+    values = copy.deepcopy(options.base_overrides)
+    values["preset"] = preset
+    values.setdefault("model", {}).update(attention=grid.attention[0], gradient_checkpointing=grid.ac[0])
+    values.setdefault("train", {}).update(
+        batch_size=batch, compile_model=grid.compile[0] != "eager", log_every=log_every_for(options.steps),
+        **({"compile_mode": grid.compile[0]} if grid.compile[0] != "eager" else {}),
+    )  # fmt: skip
+    values.setdefault("fp8", {})["fp8_lm_head"] = grid.fp8_lm_head[0]
+    config_path.parent.mkdir(parents=True, exist_ok=True)
+    config_path.write_text(json.dumps(merge_layers(options.from_file, values), indent=2))
+    random_base = "init_from" not in merge_layers(options.from_file, values).get("finetune", {})
+    command = [sys.executable, "-m", "cs336_basics.benchmark.lora_analysis", "--config", str(config_path)]
+    command += ["--lora_rank", str(rank), "--lora_targets", targets, "--steps", str(options.steps)]
+    return command + ["--json", str(json_path)] + (["--random_base"] if random_base else [])
+
+
+def run_lora_sweep(
+    options: SweepOptions, out_dir: Path, run_logged: Callable[..., tuple[int, bool]], log=print
+) -> list[dict[str, Any]]:
+    """Run every LoRA point; returns the records of lora.json (this run's and any earlier ones)."""
+    json_path = out_dir / LORA_JSON
+    points = lora_points(options)
+    for i, point in enumerate(points, 1):
+        name = "lora-{}-bs{}-r{}-{}".format(*point).replace(",", "+")
+        log(f"[{i}/{len(points)}] {name}: BF16 base, then FP8 base ...")
+        log_path = out_dir / "logs" / f"{name}.log"
+        command = lora_command(options, point, out_dir / "logs" / f"{name}.config.json", json_path)
+        returncode, timed_out = run_logged(command, log_path, options.timeout_s)
+        if returncode or timed_out:
+            why = f"timeout after {options.timeout_s:g} s" if timed_out else last_line(log_path.read_text())
+            log(f"[{i}/{len(points)}] {name}: failed ({why}); its log: {log_path}")
+            continue
+        fp8 = json.loads(json_path.read_text())["runs"][-1]
+        log(
+            f"[{i}/{len(points)}] {name}: FP8 base {fp8['speedup_vs_bf16']:.3f}x over BF16 base "
+            f"({fp8['tokens_per_sec']:,.0f} tokens/s); predicted: simple {fp8['predicted_speedup_simple']:.2f}x, "
+            f"base GEMMs {fp8['predicted_speedup_base_gemms']:.2f}x, ours {fp8['predicted_speedup_ours']:.3f}x"
+        )
+    records = json.loads(json_path.read_text())["runs"] if json_path.exists() else []
+    (out_dir / LORA_MD).write_text(format_lora_table(records) + "\n")
+    return records

@@ -1,0 +1,113 @@
+"""The LoRA analysis's pure parts (the step's split, the predictions, the cast traffic) and the sweep's LoRA mode
+(its plan, its commands and its refusals). CPU; the measurement itself runs on a GPU (benchmarks/results/)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from test_amdahl import cpu_op, kernel
+from test_lora import FP8, tiny_lm
+from tiny import tiny_model
+
+from cs336_basics.benchmark import lora_analysis
+from cs336_basics.benchmark.lora_analysis import (
+    CAST_BYTES,
+    base_gemm_prediction,
+    cast_bytes_per_token,
+    format_lora_table,
+    simple_prediction,
+    split_step,
+)
+from cs336_basics.benchmark.sweep.cli import parse_options
+from cs336_basics.benchmark.sweep.lora import lora_command, lora_points
+from cs336_basics.config import FinetuneConfig
+from cs336_basics.errors import ConfigError
+from cs336_basics.lora import apply_lora
+
+
+def test_the_predictions_are_the_formulas_of_the_docstring():
+    assert simple_prediction(0.0) == pytest.approx(1.5) and simple_prediction(1.0) == pytest.approx(1.0)
+    assert simple_prediction(0.1) == pytest.approx(1 / (0.9 / 1.5 + 0.1))
+    assert base_gemm_prediction(0.6, 2.0) == pytest.approx(1 / (0.4 + 0.3))
+    assert base_gemm_prediction(0.0, 2.0) == 1.0
+
+
+def test_the_step_splits_gemms_by_whether_a_dimension_is_the_rank():
+    events = [
+        cpu_op("aten::mm", [(4096, 256), (256, 16)], [("gemm_a", 10.0)]),  # x A^T: adapter
+        cpu_op("aten::mm", [(4096, 16), (16, 256)], [("gemm_b", 20.0)]),  # (x A^T) B^T: adapter
+        cpu_op("aten::_scaled_mm", [(4096, 256), (256, 768)], [("nvjet_qqtst", 300.0)]),  # base, converted
+        cpu_op("aten::mm", [(4096, 256), (256, 512)], [("gemm_head", 100.0)]),  # base, not converted (the head)
+        cpu_op("aten::add", [(4096, 256)], [("add_kernel", 50.0)]),  # not a GEMM
+        kernel("gemm_a", 10.0),
+    ]
+    converted = {(256, 768, 4096)}
+    split = split_step(events, rank=16, converted=converted)
+    assert split == pytest.approx({"adapter_gemm_ms": 0.03, "base_gemm_ms": 0.4, "base_converted_gemm_ms": 0.3})
+
+
+def test_cast_traffic_counts_each_shared_input_once_and_the_fused_producers_extra():
+    cfg = tiny_model()
+    dim, ffn, vocab, layers = cfg.dim, cfg.intermediate_size, cfg.vocab_size, cfg.n_layers
+
+    def traffic(**fp8):
+        model = tiny_lm(dtype=torch.bfloat16)
+        config = dataclasses.replace(FP8, fp8_path="fused", fp8_lm_head=True, **fp8)
+        apply_lora(model, FinetuneConfig(init_from="x", lora_rank=4, lora_targets="attn"), config)
+        return cast_bytes_per_token(model)
+
+    # Unshared: every FP8 linear casts its input and its output gradient; the fused head writes its gradient in FP8.
+    per_block = CAST_BYTES * (4 * (dim + dim) + 2 * (dim + ffn) + (ffn + dim))  # q, k, v, o; w1, w3; w2
+    head = CAST_BYTES * dim - vocab
+    assert traffic(fp8_share_input_casts=False, fp8_fused_swiglu=False) == layers * per_block + head
+    shared = per_block - CAST_BYTES * (2 * dim + dim)  # q/k/v's input once, w1/w3's once
+    assert traffic(fp8_fused_swiglu=False) == layers * shared + head
+    swiglu = 2 * CAST_BYTES * dim + (lora_analysis.SWIGLU_FORWARD_EXTRA + lora_analysis.SWIGLU_BACKWARD_EXTRA) * ffn
+    attention = CAST_BYTES * (dim + 3 * dim) + CAST_BYTES * (dim + dim)
+    assert traffic() == layers * (attention + swiglu) + head
+
+
+def test_the_table_shows_measured_speedup_and_predictions_and_marks_what_was_not_split():
+    common = dict(preset="1.3b", batch_size=4, lora_rank=16, lora_targets="attn", peak_mem_gib=12.0)
+    split = dict(adapter_gemm_ms=7.0, base_gemm_ms=50.0, rest_ms=30.0, cast_ms=0.0)
+    bf16 = dict(common, precision="bf16", tokens_per_sec=1000.0, speedup_vs_bf16=1.0, **split)
+    fp8 = dict(common, precision="fp8-tensorwise", tokens_per_sec=1250.0, speedup_vs_bf16=1.25, **split)
+    fp8.update(predicted_speedup_simple=1.44, predicted_speedup_base_gemms=1.33, predicted_speedup_ours=1.26)
+    fp8.update(cast_ms=5.0, predicted_cast_ms=5.5)
+    table = format_lora_table([bf16, fp8])
+    assert "| 1.3b | 4 | 16 | attn | 1,000 | 1,250 | 1.250x | 1.44x | 1.33x | 1.260x | 7.0 / 7.0 |" in table
+    unsplit = {k: None for k in lora_analysis.SPLIT_FIELDS}
+    table = format_lora_table([{**bf16, **unsplit}, {**fp8, **unsplit, "predicted_speedup_ours": None}])
+    assert "| 1.250x | 1.44x | 1.33x | n/a | n/a / n/a |" in table
+
+
+def test_the_sweep_lora_mode_plans_every_rank_and_target_and_refuses_what_it_cannot_measure(tmp_path):
+    options = parse_options(["--presets", "366m", "--batch_sizes", "4,8", "--lora_ranks", "8,16"])
+    options = dataclasses.replace(options, lora_targets=("attn", "q,v"))
+    points = lora_points(options)
+    assert points[0] == ("366m", 4, 8, "attn") and len(points) == 2 * 2 * 2
+    command = lora_command(options, points[-1], tmp_path / "c.json", tmp_path / "lora.json")
+    assert command[command.index("--lora_targets") + 1] == "q,v" and "--random_base" in command
+    assert '"batch_size": 8' in (tmp_path / "c.json").read_text()
+    assert parse_options(["--lora_ranks", "16", "--lora_targets", "attn,q+v"]).lora_targets == ("attn", "q,v")
+    for argv, match in (
+        (["--lora_ranks", "16", "--precisions", "bf16"], "drop"),
+        (["--lora_ranks", "16", "--compile", "default,max-autotune"], "one --compile value"),
+        (["--lora_ranks", "0"], "positive integers"),
+        (["--lora_targets", "attn"], "add --lora_ranks"),
+        (["--lora_ranks", "16", "--lora_targets", "qkv"], "not a layer"),
+    ):
+        with pytest.raises(ConfigError, match=match):
+            parse_options(argv)
+
+
+def test_the_analysis_refuses_without_a_gpu_or_without_lora():
+    from cs336_basics.config import RunConfig
+
+    with pytest.raises(ConfigError, match="LoRA configuration"):
+        lora_analysis.analyse_lora(RunConfig())
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="CUDA GPU"):
+            lora_analysis.analyse_lora(RunConfig(finetune=FinetuneConfig(init_from="x", lora_rank=4)))
