@@ -20,7 +20,7 @@ from cs336_basics.lora.layers import FrozenFp8, FrozenFp8LMHead, FrozenFp8SwiGLU
 from cs336_basics.model.layers import SwiGLU
 from cs336_basics.precision import skip_reason
 from cs336_basics.precision.fp8 import is_lm_head
-from cs336_basics.precision.fused.convert import fused_dtypes
+from cs336_basics.precision.fused.convert import fused_dtypes, set_child
 
 
 @dataclass
@@ -65,11 +65,6 @@ def _target_of(fqn: str) -> str | None:
     return next((name for name, module in LORA_TARGET_MODULES.items() if module == last), None)
 
 
-def _set_child(model: nn.Module, fqn: str, module: nn.Module) -> None:
-    parent, _, name = fqn.rpartition(".")
-    setattr(model.get_submodule(parent) if parent else model, name, module)
-
-
 def apply_lora(model: nn.Module, ft: FinetuneConfig, fp8: FP8Config | None) -> LoRAReport:
     """Freeze `model` (built, on its device and dtype, base weights loaded, uncompiled) and replace each of its
     linear layers by a FrozenLinear: in FP8 if `fp8` is given and its filters take the layer, with adapters if the
@@ -92,7 +87,7 @@ def apply_lora(model: nn.Module, ft: FinetuneConfig, fp8: FP8Config | None) -> L
         layer = (FrozenFp8LMHead if fused_loss else FrozenLinear)(
             linear, fp8=in_fp8, rank=rank, scale=ft.scale, dropout=ft.lora_dropout
         )
-        _set_child(model, fqn, layer)
+        set_child(model, fqn, layer)
         report.fused_loss_head |= fused_loss
         if reason is None:
             report.fp8_layers.append(fqn)
@@ -127,7 +122,7 @@ def _group_fp8_layers(model: nn.Module, fp8: FP8Config, report: LoRAReport) -> N
     for fqn, module in list(model.named_modules()):
         layers = fp8_layers(module, ("w1", "w2", "w3")) if isinstance(module, SwiGLU) else None
         if fp8.fp8_fused_swiglu and layers and not any(m.rank for m in layers):
-            _set_child(model, fqn, FrozenFp8SwiGLU(*layers))
+            set_child(model, fqn, FrozenFp8SwiGLU(*layers))
             report.fp8_swiglu_blocks += 1
             continue
         for attr, names in getattr(module, "SHARED_INPUT", {}).items() if fp8.fp8_share_input_casts else ():

@@ -40,7 +40,8 @@ def count_fused_linears(model: nn.Module) -> int:
     )
 
 
-def _set_child(model: nn.Module, fqn: str, module: nn.Module) -> None:
+def set_child(model: nn.Module, fqn: str, module: nn.Module) -> None:
+    """Put `module` at `fqn` in `model` (its parent's attribute), in place of what was there."""
     parent, _, name = fqn.rpartition(".")
     setattr(model.get_submodule(parent) if parent else model, name, module)
 
@@ -84,7 +85,7 @@ def convert_model_to_fused_fp8(model: nn.Module, cfg: FP8Config) -> FP8Conversio
     in_block = {name for _, names in fused_blocks for name in names}
     for fqn, names in fused_blocks:
         block = model.get_submodule(fqn)
-        _set_child(model, fqn, Fp8SwiGLU(block.w1, block.w2, block.w3, tuple(scalings[n] for n in names)))
+        set_child(model, fqn, Fp8SwiGLU(block.w1, block.w2, block.w3, tuple(scalings[n] for n in names)))
 
     # Shared-input groups whose members all convert: (owner fqn, attribute, member fqns).
     groups = []
@@ -96,7 +97,7 @@ def convert_model_to_fused_fp8(model: nn.Module, cfg: FP8Config) -> FP8Conversio
                     groups.append((fqn, attr, names))
     for owner, attr, names in groups:
         linears = tuple(model.get_submodule(name) for name in names)
-        _set_child(
+        set_child(
             model,
             f"{owner}.{attr}" if owner else attr,
             Fp8SharedInputLinears(linears, tuple(scalings[n] for n in names)),
@@ -106,7 +107,7 @@ def convert_model_to_fused_fp8(model: nn.Module, cfg: FP8Config) -> FP8Conversio
         if name not in grouped:
             linear = model.get_submodule(name)
             head = is_lm_head(linear, name)
-            _set_child(model, name, (Fp8LMHead if head else Fp8Linear)(linear, scalings[name]))
+            set_child(model, name, (Fp8LMHead if head else Fp8Linear)(linear, scalings[name]))
             report.fused_loss_head |= head
     if delayed:
         sites = [scalings[name] for name in report.converted]
