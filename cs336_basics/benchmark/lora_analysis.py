@@ -37,7 +37,12 @@ import numpy as np
 import torch
 
 from cs336_basics.benchmark.amdahl.law import linear_gemm_shapes
-from cs336_basics.benchmark.amdahl.measure import breakdown_from_events, linear_gemm_calls, time_matmuls
+from cs336_basics.benchmark.amdahl.measure import (
+    breakdown_from_events,
+    linear_gemm_calls,
+    profiled_steps,
+    time_matmuls,
+)
 from cs336_basics.config import RunConfig
 from cs336_basics.errors import ConfigError
 from cs336_basics.results import format_or_na, run_record
@@ -110,14 +115,6 @@ def split_step(events: Iterable[Any], rank: int, converted: set[tuple[int, int, 
     return {name: us / 1e3 for name, us in ms.items()}
 
 
-def _profile_step(trainer) -> list[Any]:
-    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
-    with torch.profiler.profile(activities=activities, record_shapes=True) as prof:
-        trainer.train_step()
-        torch.cuda.synchronize()
-    return list(prof.events())
-
-
 def analyse_lora(
     config: RunConfig, steps: int = 12, timing_steps: int = 10, log: Callable[[str], Any] = print
 ) -> list[dict[str, Any]]:
@@ -148,7 +145,7 @@ def analyse_lora(
         built = build(fp8_plan.with_fp8(use_fp8))
         trainer, result = train_for_measurement(built.model, built.config, train_tokens, val_tokens, device, log)
         step_ms = statistics.median(time_calls_ms(trainer.train_step, timing_steps))
-        events = _profile_step(trainer)
+        events = profiled_steps(trainer)
         kernels = breakdown_from_events(events)
         split = split_step(events, rank, converted)
         gemm_ms = split["adapter_gemm_ms"] + split["base_gemm_ms"]

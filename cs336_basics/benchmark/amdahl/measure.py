@@ -384,13 +384,18 @@ def profile_step_breakdown(
             else []
         )
     samples = time_calls_ms(trainer.train_step, max(1, timing_steps))
+    events = profiled_steps(trainer, profile_steps)
+    return breakdown_from_events(events, shapes, steps=profile_steps, step_ms_samples=samples)
 
+
+def profiled_steps(trainer: Any, steps: int = 1) -> list[Any]:
+    """The profiler's events (CPU ops with their shapes, CUDA kernels) of `steps` more warm training steps."""
     activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
     with torch.profiler.profile(activities=activities, record_shapes=True) as prof:
-        for _ in range(max(1, profile_steps)):
+        for _ in range(max(1, steps)):
             trainer.train_step()
-        torch.cuda.synchronize(device)
-    return breakdown_from_events(prof.events(), shapes, steps=profile_steps, step_ms_samples=samples)
+        torch.cuda.synchronize(torch.device(trainer.device))
+    return list(prof.events())
 
 
 def analyse(

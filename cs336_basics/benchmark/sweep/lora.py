@@ -46,9 +46,10 @@ def lora_command(options: SweepOptions, point: tuple[str, int, int, str], config
         **({"compile_mode": grid.compile[0]} if grid.compile[0] != "eager" else {}),
     )  # fmt: skip
     values.setdefault("fp8", {})["fp8_lm_head"] = grid.fp8_lm_head[0]
+    settings = merge_layers(options.from_file, values)
     config_path.parent.mkdir(parents=True, exist_ok=True)
-    config_path.write_text(json.dumps(merge_layers(options.from_file, values), indent=2))
-    random_base = "init_from" not in merge_layers(options.from_file, values).get("finetune", {})
+    config_path.write_text(json.dumps(settings, indent=2))
+    random_base = "init_from" not in settings.get("finetune", {})
     command = [sys.executable, "-m", "cs336_basics.benchmark.lora_analysis", "--config", str(config_path)]
     command += ["--lora_rank", str(rank), "--lora_targets", targets, "--steps", str(options.steps)]
     return command + ["--json", str(json_path)] + (["--random_base"] if random_base else [])
