@@ -166,12 +166,12 @@ def cpu_op(name, shapes=(), kernels=()):
     )
 
 
-def kernel(name, us, is_user_annotation=False):
+def kernel(name, us, is_user_annotation=False, start=0.0):
     return SimpleNamespace(
         name=name,
         device_type=DeviceType.CUDA,
         kernels=[],
-        time_range=SimpleNamespace(start=0.0, end=float(us)),
+        time_range=SimpleNamespace(start=float(start), end=float(start + us)),
         is_user_annotation=is_user_annotation,
     )
 

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,6 +14,7 @@ from test_lora import FP8, tiny_lm
 from tiny import tiny_model
 
 from cs336_basics.benchmark import lora_analysis
+from cs336_basics.benchmark.amdahl.measure import gpu_timeline
 from cs336_basics.benchmark.lora_analysis import (
     CAST_BYTES,
     base_gemm_prediction,
@@ -21,10 +24,11 @@ from cs336_basics.benchmark.lora_analysis import (
     split_step,
 )
 from cs336_basics.benchmark.sweep.cli import parse_options
-from cs336_basics.benchmark.sweep.lora import lora_command, lora_points
+from cs336_basics.benchmark.sweep.lora import lora_command, lora_points, run_lora_sweep
 from cs336_basics.config import FinetuneConfig
 from cs336_basics.errors import ConfigError
 from cs336_basics.lora import apply_lora
+from cs336_basics.results import append_runs
 
 
 def test_the_predictions_are_the_formulas_of_the_docstring():
@@ -101,6 +105,38 @@ def test_the_sweep_lora_mode_plans_every_rank_and_target_and_refuses_what_it_can
     ):
         with pytest.raises(ConfigError, match=match):
             parse_options(argv)
+
+
+def test_the_sweep_logs_and_tables_points_that_were_not_split(tmp_path):
+    """Under CUDA graphs the analysis records speeds without split or predictions: the sweep logs them as n/a and goes
+    on to the next point."""
+    options = parse_options(["--presets", "1.3b", "--batch_sizes", "4,8", "--lora_ranks", "16"])
+    unsplit = {k: None for k in lora_analysis.SPLIT_FIELDS}
+    shape = {"preset": "1.3b", "lora_rank": 16, "lora_targets": "attn", "peak_mem_gib": 12.0}
+
+    def run_logged(command, log_path, timeout_s):  # stands in for the analysis process: appends its two records
+        batch = json.loads(Path(command[command.index("--config") + 1]).read_text())["train"]["batch_size"]
+        records = [
+            {**shape, **unsplit, "batch_size": batch, "precision": p, "tokens_per_sec": t, "speedup_vs_bf16": t / 100}
+            for p, t in (("bf16", 100.0), ("fp8-tensorwise", 124.0))
+        ]
+        append_runs(command[command.index("--json") + 1], records)
+        return 0, False
+
+    lines = []
+    records = run_lora_sweep(options, tmp_path, run_logged, log=lines.append)
+    assert len(records) == 4 and sum("1.240x over BF16 base" in line for line in lines) == 2
+    assert any("predicted: simple n/a, base GEMMs n/a, ours n/a" in line for line in lines)
+    assert "| 1.3b | 8 | 16 | attn | 100 | 124 | 1.240x | n/a |" in (tmp_path / "lora.md").read_text()
+    assert (tmp_path / "lora.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_the_gpu_timeline_merges_overlapping_kernels_and_ranks_the_gaps():
+    events = [kernel("a", 100), kernel("b", 100, start=50), kernel("c", 100, start=400), kernel("d", 100, start=1500)]
+    timeline = gpu_timeline([*events, cpu_op("aten::mm", [], [])])
+    assert timeline.busy_ms == pytest.approx(0.35)  # 0-150, 400-500, 1500-1600 (us)
+    assert timeline.gaps == [(1.0, "c", "d"), (0.25, "b", "c")]
+    assert timeline.idle_ms(2.0) == pytest.approx(1.65) and timeline.idle_ms(0.1) == 0.0
 
 
 def test_the_analysis_refuses_without_a_gpu_or_without_lora():

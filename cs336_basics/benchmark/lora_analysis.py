@@ -10,7 +10,8 @@ peak memory, compile time and loss, as every sweep row), then one more step of e
   adapter GEMMs  the LoRA matrices' GEMMs (one of their dimensions is the rank)
   base GEMMs     the frozen linears' GEMMs: forward and input gradient (a frozen weight has no weight gradient)
   casts          FP8's extra non-GEMM kernel time over the BF16 base's (amax passes, casts; FP8 profile only)
-  rest           the step's wall time minus those: attention, norms, RoPE, the loss, the optimizer, idle gaps
+  rest           the step's wall time minus those: attention, norms, RoPE, the loss, the optimizer, and the GPU's
+                 idle time (reported on its own too: the step's wall time minus its kernels' busy time)
 
 The predictions of the FP8 base's speedup, each from the BF16 base's profile and measurements made apart from the
 FP8 step:
@@ -39,6 +40,7 @@ import torch
 from cs336_basics.benchmark.amdahl.law import linear_gemm_shapes
 from cs336_basics.benchmark.amdahl.measure import (
     breakdown_from_events,
+    gpu_timeline,
     linear_gemm_calls,
     profiled_steps,
     time_matmuls,
@@ -148,12 +150,16 @@ def analyse_lora(
         events = profiled_steps(trainer)
         kernels = breakdown_from_events(events)
         split = split_step(events, rank, converted)
+        timeline = gpu_timeline(events)
+        gaps = ", ".join(f"{ms:.2f} ms after {before} before {after}" for ms, before, after in timeline.gaps[:5])
+        log(f"[lora] {name} base: GPU idle {timeline.idle_ms(step_ms):.1f} of {step_ms:.1f} ms; longest gaps: {gaps}")
         gemm_ms = split["adapter_gemm_ms"] + split["base_gemm_ms"]
         record = run_record(
             built.config, tokens_per_sec=result.tokens_per_sec, mfu=result.mfu, compile_s=result.compile_s,
             loss=result.loss, peak_mem_gib=torch.cuda.max_memory_allocated(device) / 2**30, steps=steps,
             step_time_ms=1e3 * tokens / result.tokens_per_sec, profiled_step_ms=step_ms, **split,
             non_gemm_kernel_ms=kernels.kernel_ms - gemm_ms, attention_ms=kernels.attention_ms,
+            gpu_idle_ms=timeline.idle_ms(step_ms),
             cast_bytes_per_step=cast_bytes_per_token(built.model) * tokens if use_fp8 else 0,
         )  # fmt: skip
         records.append(record)
@@ -219,6 +225,45 @@ def format_lora_table(records: Iterable[dict[str, Any]]) -> str:
             f"| {casts} | {pair('rest_ms')} | {pair('peak_mem_gib')} |"
         )
     return "\n".join(lines)
+
+
+PREDICTIONS = (("predicted_speedup_simple", "simple rule"), ("predicted_speedup_base_gemms", "base-GEMM Amdahl"),
+               ("predicted_speedup_ours", "ours"))  # fmt: skip
+
+
+def write_lora_plot(path: Path, records: Iterable[dict[str, Any]]) -> Path:
+    """The FP8 base's measured speedup against the adapter rank, one line per preset, batch and targets, with the
+    three predictions beside it (triangles, squares, crosses; absent where the step was not split)."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # headless
+    import matplotlib.pyplot as plt
+
+    fp8 = sorted((r for r in records if r.get("precision") != "bf16"), key=lambda r: r["lora_rank"])
+    series = list(dict.fromkeys((r["preset"], r["batch_size"], r["lora_targets"]) for r in fp8))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    fig, ax = plt.subplots(figsize=(11, 5))
+    for i, key in enumerate(series):
+        rows = [r for r in fp8 if (r["preset"], r["batch_size"], r["lora_targets"]) == key]
+        ranks = [r["lora_rank"] for r in rows]
+        color = colors[i % len(colors)]
+        label = "{} batch {} {}".format(*key)
+        ax.plot(ranks, [r["speedup_vs_bf16"] for r in rows], "o-", color=color, label=f"{label}: measured")
+        for (field, name), style in zip(PREDICTIONS, ("^--", "s:", "x-."), strict=True):
+            points = [(k, r[field]) for k, r in zip(ranks, rows, strict=True) if r.get(field) is not None]
+            if points:
+                ax.plot(*zip(*points, strict=True), style, color=color, alpha=0.6, label=f"{label}: {name}")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sorted({r["lora_rank"] for r in fp8}), labels=[str(k) for k in sorted({r["lora_rank"] for r in fp8})])
+    ax.axhline(1.0, color="gray", linewidth=0.8)
+    ax.set_xlabel("LoRA rank")
+    ax.set_ylabel("FP8 base tokens/s over BF16 base")
+    ax.set_title("LoRA on a frozen FP8 base: measured speedup and three predictions")
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
 
 
 def write_random_base(args: argparse.Namespace, path: Path) -> None:

@@ -258,6 +258,36 @@ def linear_gemm_calls(events: Iterable[Any]) -> list[tuple[tuple[int, int, int] 
     return [(_gemm_problem(e), _kernel_us(e)) for e in ops]
 
 
+@dataclass(frozen=True)
+class GpuTimeline:
+    """When a profile's kernels kept the GPU busy: busy_ms is the union of their intervals (overlapping kernels
+    counted once), gaps the idle stretches between them, longest first, as (ms, kernel before, kernel after)."""
+
+    busy_ms: float
+    gaps: list[tuple[float, str, str]]
+
+    def idle_ms(self, step_ms: float) -> float:
+        """The GPU's idle time in a step of wall time `step_ms` (its kernels' busy time taken from this profile)."""
+        return max(step_ms - self.busy_ms, 0.0)
+
+
+def gpu_timeline(events: Iterable[Any], steps: int = 1) -> GpuTimeline:
+    """Busy time and idle gaps (per step) of a profile's device events. Pure, like breakdown_from_events."""
+    kernels = sorted((e.time_range.start, e.time_range.end, e.name) for e in events if _is_device_event(e))
+    busy_us, gaps = 0.0, []
+    if kernels:
+        start, end, name = kernels[0]
+        for k_start, k_end, k_name in kernels[1:]:
+            if k_start > end:
+                busy_us += end - start
+                gaps.append(((k_start - end) / 1e3, name[:60], k_name[:60]))
+                start = k_start
+            if k_end >= end:
+                end, name = k_end, k_name
+        busy_us += end - start
+    return GpuTimeline(busy_ms=busy_us / 1e3 / max(1, steps), gaps=sorted(gaps, reverse=True))
+
+
 def breakdown_from_events(
     events: Iterable[Any],
     shapes: Iterable[GemmShape] = (),

@@ -1,6 +1,7 @@
 """The sweep's LoRA mode (`--lora_ranks`, `--lora_targets`): for each preset, batch size, rank and targets, a BF16
 base and an FP8 base fine-tuned with those adapters, measured, profiled and predicted by
-cs336_basics.benchmark.lora_analysis in a fresh process; their records gathered in lora.json and the table in lora.md.
+cs336_basics.benchmark.lora_analysis in a fresh process; their records gathered in lora.json, the table in lora.md and
+the plot in lora.png.
 
 The base is --init_from when given (every preset then has its shape), else a freshly initialised model of each preset
 (speed does not depend on what the weights have learned)."""
@@ -15,12 +16,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from cs336_basics.benchmark.lora_analysis import format_lora_table
+from cs336_basics.benchmark.lora_analysis import format_lora_table, write_lora_plot
 from cs336_basics.benchmark.sweep.plan import SweepOptions, log_every_for, preset_batch_size
 from cs336_basics.benchmark.worker import last_line
 from cs336_basics.config import merge_layers
+from cs336_basics.results import format_or_na
 
-LORA_JSON, LORA_MD = "lora.json", "lora.md"
+LORA_JSON, LORA_MD, LORA_PNG = "lora.json", "lora.md", "lora.png"
 
 
 def lora_points(options: SweepOptions) -> list[tuple[str, int, int, str]]:
@@ -72,11 +74,16 @@ def run_lora_sweep(
             log(f"[{i}/{len(points)}] {name}: failed ({why}); its log: {log_path}")
             continue
         fp8 = json.loads(json_path.read_text())["runs"][-1]
+        simple, base, ours = (
+            format_or_na(fp8.get(f"predicted_speedup_{kind}"), spec, "x")
+            for kind, spec in (("simple", ".2f"), ("base_gemms", ".2f"), ("ours", ".3f"))
+        )  # n/a under CUDA graphs, where the profiler cannot split the step
         log(
             f"[{i}/{len(points)}] {name}: FP8 base {fp8['speedup_vs_bf16']:.3f}x over BF16 base "
-            f"({fp8['tokens_per_sec']:,.0f} tokens/s); predicted: simple {fp8['predicted_speedup_simple']:.2f}x, "
-            f"base GEMMs {fp8['predicted_speedup_base_gemms']:.2f}x, ours {fp8['predicted_speedup_ours']:.3f}x"
+            f"({fp8['tokens_per_sec']:,.0f} tokens/s); predicted: simple {simple}, base GEMMs {base}, ours {ours}"
         )
     records = json.loads(json_path.read_text())["runs"] if json_path.exists() else []
     (out_dir / LORA_MD).write_text(format_lora_table(records) + "\n")
+    if records:
+        write_lora_plot(out_dir / LORA_PNG, records)
     return records
