@@ -3,8 +3,17 @@ no graph breaks, FP8 loss close to BF16, and FP8 + compile vs BF16 + compile tok
 
     uv run verify_fp8_compilation.py                   # the 366M shape on a GPU; a small emulated check on CPU
     uv run verify_fp8_compilation.py --json out.json   # also write the checks and both runs as JSON
+    uv run verify_fp8_compilation.py --init_from runs/default --lora_rank 16 --lora_targets attn   # a LoRA fine-tune
 
-Takes the same model/data/FP8 flags as train_h100.py. Exits 1 if any check FAILs, 2 on a configuration error.
+For a LoRA fine-tune the FP8 base is frozen (weights cast once, no weight-gradient GEMM), and the checks say so: the
+frozen FP8 linears against the LoRA report (whose summary is printed first), the FP8 GEMMs of one eager step (1 to 2
+per FP8 linear, none for a weight gradient) and, on a GPU, as many in the compiled step; gradients on the adapters
+alone (no_base_weight_gradients); every FP8 base weight cast once (base_fp8_weights_cast_once); then graph breaks,
+loss and speed against the same fine-tune on a BF16 base. On CPU the base runs torch._scaled_mm's CPU kernels, not
+emulation, but pass --fp8_emulate there all the same, as for train_h100.py: the FP8 gate asks for it.
+
+Takes the same model/data/FP8/fine-tuning flags as train_h100.py. Exits 1 if any check FAILs, 2 on a configuration
+error.
 """
 
 from __future__ import annotations

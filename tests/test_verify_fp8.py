@@ -1,11 +1,15 @@
-"""verify_fp8_compilation.py: the CPU (emulated) mode end to end, and the GPU mode on a tiny model."""
+"""verify_fp8_compilation.py: the CPU (emulated) mode end to end, a LoRA fine-tune's checks on CPU (its frozen FP8
+base runs torch._scaled_mm's CPU kernel), and the GPU mode on a tiny model."""
 
 import json
 
 import pytest
-from tiny import tiny_flags
+from tiny import TINY_FLAGS, tiny_flags
 
+import train_h100
 import verify_fp8_compilation
+from cs336_basics.lora.layers import FrozenLinear
+from cs336_basics.precision import verify
 
 STEPS = ["--steps", "6"]
 
@@ -46,6 +50,89 @@ def test_a_failing_check_makes_the_exit_code_nonzero(tmp_path, token_files, caps
     assert "SOME CHECKS FAILED" in capsys.readouterr().out
 
 
+# ---- a LoRA fine-tune: frozen FP8 base, adapters ----
+
+LORA_CHECKS = [
+    "fp8_linears",
+    "fp8_gemms_launched",
+    "no_base_weight_gradients",
+    "base_fp8_weights_cast_once",
+    "no_graph_breaks",
+    "loss_matches_bf16",
+    "fp8_speedup",
+]
+
+
+@pytest.fixture
+def lora_flags(tmp_path, token_files, capsys):
+    """A tiny base pretrained for a few steps (as in test_lora.py), and the flags of an FP8-base LoRA on it. On CPU
+    the FP8 gate wants --fp8_emulate, which the frozen base ignores (it runs real torch._scaled_mm CPU kernels)."""
+    base = tmp_path / "base"
+    assert train_h100.main([*TINY_FLAGS, *token_files, "--max_steps", "2", "--out_dir", str(base)]) == 0
+    capsys.readouterr()
+    lora = ["--init_from", str(base), "--lora_rank", "4", "--lora_targets", "attn", "--fp8_emulate"]
+    return [*tiny_flags(), "--steps", "4", *token_files, *lora]
+
+
+def test_cpu_mode_verifies_a_lora_fine_tune_on_an_fp8_base(lora_flags, tmp_path, capsys):
+    out = tmp_path / "verify.json"
+    code = verify_fp8_compilation.main([*lora_flags, "--json", str(out)])
+    stdout = capsys.readouterr().out
+    assert code == 0, stdout
+    payload, checks = checks_by_name(out)
+    assert [c["name"] for c in payload["checks"]] == LORA_CHECKS
+    assert [c["status"] for c in payload["checks"]] == ["PASS"] * 6 + ["SKIP"]
+    linears = checks["fp8_linears"]["evidence"]
+    assert linears["counted"] == linears["expected"] == 14 and list(linears["bf16_layers"]) == ["lm_head"]
+    assert len(linears["adapter_layers"]) == 8 and linears["trainable"] == 2 * 8 * 4 * 32
+    # 2 GEMMs per FP8 linear but for the first block's q/k/v, whose input (the frozen embedding) needs no gradient.
+    assert checks["fp8_gemms_launched"]["evidence"]["eager_scaled_mm"] == 2 * 14 - 3
+    assert checks["base_fp8_weights_cast_once"]["evidence"] == {"layers": 14, "recast": {}}
+    # The LoRA report's summary comes before the checks: FP8 and BF16 base layers, adapters, no weight gradient.
+    summary = stdout.split("training FP8")[0]
+    assert "14 frozen linears in FP8 (weights cast once), 1 in BF16" in summary
+    assert "adapters on q+k+v+o: 8 layers" in summary and "no weight-gradient GEMM" in summary
+    assert "2,048 trainable" in summary and "not emulation" in summary
+    assert [r["fp8_path"] for r in payload["runs"]] == [None, "lora-frozen"]
+    assert "ALL CHECKS PASSED" in stdout
+
+
+def _recast_a_base_weight(model):
+    layer = next(m for m in model.modules() if isinstance(m, FrozenLinear) and m.fp8)
+    layer.refresh_fp8_weight()  # as if a step had cast it again
+
+
+def _train_the_base_head(model):
+    model.lm_head.weight.requires_grad_(True)  # the BF16 head (lm_head is not FP8 without --fp8_lm_head)
+
+
+@pytest.mark.parametrize(
+    ("tamper", "failing"),
+    [(_recast_a_base_weight, "base_fp8_weights_cast_once"), (_train_the_base_head, "no_base_weight_gradients")],
+)
+def test_a_lora_check_fails_when_the_frozen_base_breaks_its_promise(
+    lora_flags, tmp_path, capsys, monkeypatch, tamper, failing
+):
+    original = verify.build
+
+    def tampered_build(plan):
+        built = original(plan)
+        if built.config.fp8.use_fp8:
+            tamper(built.model)
+        return built
+
+    monkeypatch.setattr(verify, "build", tampered_build)
+    out = tmp_path / "verify.json"
+    code = verify_fp8_compilation.main([*lora_flags, "--json", str(out)])
+    assert code == 1 and "SOME CHECKS FAILED" in capsys.readouterr().out
+    _, checks = checks_by_name(out)
+    assert [name for name, c in checks.items() if c["status"] == "FAIL"] == [failing]
+    if failing == "no_base_weight_gradients":
+        assert checks[failing]["evidence"]["base_with_gradients"] == ["lm_head.weight"]
+    else:
+        assert list(checks[failing]["evidence"]["recast"].values()) == [2]
+
+
 @pytest.mark.gpu
 def test_gpu_mode_sees_real_fp8_gemms(tmp_path, token_files, capsys):
     out = tmp_path / "verify.json"
@@ -65,3 +152,19 @@ def test_gpu_mode_sees_real_fp8_gemms(tmp_path, token_files, capsys):
     payload, checks = checks_by_name(out)
     assert checks["fp8_gemms_launched"]["evidence"]["scaled_mm"] >= 3 * 14
     assert checks["fp8_speedup"]["status"] == "PASS" and checks["fp8_speedup"]["evidence"]["speedup"] > 0
+
+
+@pytest.mark.gpu
+def test_gpu_mode_verifies_a_lora_fine_tune_compiled(tmp_path, token_files, capsys):
+    base = tmp_path / "base"
+    assert train_h100.main([*TINY_FLAGS, *token_files, "--max_steps", "2", "--out_dir", str(base)]) == 0
+    out = tmp_path / "verify.json"
+    lora = ["--init_from", str(base), "--lora_rank", "4", "--lora_targets", "attn", "--fp8_lm_head"]
+    argv = [*tiny_flags("cuda"), *STEPS, *token_files, *lora, "--min_speedup", "0", "--no_fp8_shape_filter"]
+    code = verify_fp8_compilation.main([*argv, "--json", str(out)])
+    stdout = capsys.readouterr().out
+    assert code == 0, stdout
+    payload, checks = checks_by_name(out)
+    assert [c["name"] for c in payload["checks"]] == LORA_CHECKS
+    gemms = checks["fp8_gemms_launched"]["evidence"]
+    assert gemms["scaled_mm"] == gemms["eager_scaled_mm"] == 2 * 15 - 3  # the head in FP8 too

@@ -9,10 +9,23 @@ Five checks, each PASS / FAIL / SKIP with the evidence:
   3. no_graph_breaks     dynamo traces the FP8 model's forward (and loss) as one graph.
   4. loss_matches_bf16   after the same steps from the same seed and data, FP8 loss is within a tolerance of BF16.
   5. fp8_speedup         FP8 + compile tokens/s over BF16 + compile tokens/s, measured in this process (GPU only).
+
+A LoRA fine-tune (--init_from BASE --lora_rank R) is not converted: its frozen base runs this package's FP8 linears
+(lora/layers.py), whose promise is different (weights cast once; per linear a forward and an input-gradient GEMM,
+never a weight-gradient one). Its checks 1 and 2 test that promise, with two more beside check 2:
+  1. fp8_linears               frozen FP8 base linears in the model, as many as the LoRA report lists.
+  2. fp8_gemms_launched        aten::_scaled_mm calls in one eager step, counted by a dispatch mode (on the CPU too,
+                               where the base runs torch._scaled_mm's CPU kernel): 1 to 2 per FP8 linear, so no
+                               third (weight-gradient) GEMM; on a GPU the profiled compiled step runs exactly as many.
+     no_base_weight_gradients  after a step's backward the adapters (lora_a, lora_b), and only they, hold gradients.
+     base_fp8_weights_cast_once  every FP8 base weight was cast once, when its layer was built, never in a step.
+  Checks 3-5 as above, against the same LoRA fine-tune on a BF16 base. On CPU a LoRA base is never emulated, but
+  the FP8 gate (as for train_h100.py) still wants --fp8_emulate there, which the frozen base ignores.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,7 +34,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from cs336_basics.build import build, plan, resolve_device
+from cs336_basics.build import Built, build, plan, resolve_device
 from cs336_basics.config import RunConfig
 from cs336_basics.data import get_batch, prepare_data, require_windows
 from cs336_basics.precision.fp8 import grad_weight_in_fp8
@@ -30,6 +43,7 @@ from cs336_basics.training.measure import release_memory, train_for_measurement
 from cs336_basics.training.trainer import Trainer
 
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+ADAPTER_NAMES = ("lora_a", "lora_b")  # the last part of an adapter parameter's name (lora/layers.py)
 
 
 @dataclass
@@ -61,18 +75,27 @@ def _check(name: str, ok: bool, detail: str, **evidence: Any) -> Check:
     return Check(name, "PASS" if ok else "FAIL", detail, evidence)
 
 
-class _Float8CastCounter(TorchDispatchMode):
-    """Counts ATen ops that produce FP8 tensors: under emulation these casts are where FP8 numerics happen."""
+class _OpCounter(TorchDispatchMode):
+    """Counts the ATen calls `counts(func, out)` accepts; it sees the ops of autograd's backward as well."""
 
-    def __init__(self):
+    def __init__(self, counts: Callable[[Any, Any], bool]):
         super().__init__()
+        self.counts = counts
         self.count = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        if any(isinstance(t, torch.Tensor) and t.dtype in FP8_DTYPES for t in tree_leaves(out)):
-            self.count += 1
+        self.count += bool(self.counts(func, out))
         return out
+
+
+def _makes_fp8(func, out) -> bool:
+    """An op producing an FP8 tensor: under emulation these casts are where FP8 numerics happen."""
+    return any(isinstance(t, torch.Tensor) and t.dtype in FP8_DTYPES for t in tree_leaves(out))
+
+
+def _is_scaled_mm(func, out) -> bool:
+    return func is torch.ops.aten._scaled_mm.default
 
 
 def _gemms_per_linear(recipe: str) -> int:
@@ -98,31 +121,171 @@ def count_graph_breaks(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.
     return explanation.graph_break_count, explanation.graph_count
 
 
+# ---- pretraining FP8: a converted model ----
+
+
+def _converted_linears_check(built: Built) -> Check:
+    """Check 1: the build stage converted, then counted the FP8 linears itself."""
+    report = built.conversion
+    return _check(
+        "fp8_linears",
+        built.fp8_linears == report.n_converted > 0,
+        f"{built.fp8_linears} FP8 linears counted, {report.n_converted} expected ({report.summary_line()})",
+        counted=built.fp8_linears,
+        expected=report.n_converted,
+        skipped=report.skipped,
+    )
+
+
+def _converted_gemms_check(built: Built, trainer: Trainer, on_gpu: bool) -> Check:
+    """Check 2 in one more step of the (now warm) trainer: FP8 GEMMs on a GPU, FP8 casts under emulation."""
+    n, per_linear = built.conversion.n_converted, _gemms_per_linear(built.config.fp8.fp8_recipe)
+    if on_gpu:
+        scaled_mm, kernels = count_fp8_gemms(trainer)
+        return _check(
+            "fp8_gemms_launched",
+            scaled_mm >= n * per_linear,
+            f"{scaled_mm} aten::_scaled_mm calls in one compiled step, >= {n * per_linear} expected "
+            f"({n} linears x {per_linear} GEMMs); kernels: {', '.join(kernels) or 'not attributed by the profiler'}",
+            scaled_mm=scaled_mm,
+            kernels=kernels,
+            expected=n * per_linear,
+        )
+    counter = _OpCounter(_makes_fp8)
+    with counter:
+        trainer.train_step()
+    return _check(
+        "fp8_gemms_launched",
+        counter.count >= 2 * n,  # at least input and weight per linear per forward
+        f"emulated: {counter.count} FP8 casts in one eager step, >= {2 * n} expected (real FP8 GEMMs need a GPU)",
+        fp8_casts=counter.count,
+        expected=2 * n,
+    )
+
+
+# ---- LoRA: a frozen FP8 base with adapters ----
+
+
+def _lora_linears_check(built: Built) -> Check:
+    """Check 1: frozen FP8 linears counted in the model (the build stage counts them too) against the LoRA report."""
+    report = built.lora
+    expected = len(report.fp8_layers)
+    return _check(
+        "fp8_linears",
+        built.fp8_linears == expected > 0,
+        f"{built.fp8_linears} frozen FP8 base linears counted, {expected} expected; {len(report.bf16_layers)} in "
+        f"BF16, {len(report.adapter_layers)} with adapters; {report.trainable:,} trainable, {report.frozen:,} frozen",
+        counted=built.fp8_linears,
+        expected=expected,
+        bf16_layers=report.bf16_layers,
+        adapter_layers=report.adapter_layers,
+        trainable=report.trainable,
+        frozen=report.frozen,
+    )
+
+
+def _eager_step(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[int, set[str]]:
+    """One forward and backward of the uncompiled model: its aten._scaled_mm calls and the names of the parameters
+    that got a gradient. The gradients are dropped again (no update): the trainer clears them after its steps, so
+    they are read here, before anyone does."""
+    x, y = batch
+    counter = _OpCounter(_is_scaled_mm)
+    with counter:
+        model(x, targets=y).backward()
+    with_grads = {name for name, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    return counter.count, with_grads
+
+
+def _lora_gemms_check(n: int, eager: int, trainer: Trainer, on_gpu: bool) -> Check:
+    """Check 2. Autograd runs no input-gradient GEMM for a linear whose input needs no gradient (the first block's
+    q/k/v read the frozen embedding), so the exact count is measured in the eager step rather than derived. Each FP8
+    linear runs its forward (>= n) and at most its input gradient (<= 2n): a weight-gradient GEMM would be a third.
+    The compiled step must run exactly the eager step's GEMMs."""
+    bounds = f"between {n} (every forward) and {2 * n} (+ input gradients; no weight gradients) for {n} FP8 linears"
+    evidence = dict(eager_scaled_mm=eager, fp8_linears=n, at_most=2 * n)
+    eager_ok = n <= eager <= 2 * n
+    if not on_gpu:
+        detail = f"{eager} aten::_scaled_mm calls in one eager step (torch._scaled_mm's CPU kernel), {bounds}"
+        return _check("fp8_gemms_launched", eager_ok, detail, **evidence)
+    compiled, kernels = count_fp8_gemms(trainer)
+    return _check(
+        "fp8_gemms_launched",
+        eager_ok and compiled == eager,
+        f"{compiled} aten::_scaled_mm calls in one compiled step, {eager} in one eager step (equal expected), "
+        f"{bounds}; kernels: {', '.join(kernels) or 'not attributed by the profiler'}",
+        scaled_mm=compiled,
+        kernels=kernels,
+        **evidence,
+    )
+
+
+def _base_gradients_check(model: torch.nn.Module, with_grads: set[str]) -> Check:
+    """A base weight with a gradient would mean a weight-gradient GEMM (and its memory) after all; an adapter without
+    one, an adapter cut off from the loss."""
+    adapters = {name for name, _ in model.named_parameters() if name.endswith(ADAPTER_NAMES)}
+    base_with_grads = sorted(with_grads - adapters)
+    adapters_without = sorted(adapters - with_grads)
+    return _check(
+        "no_base_weight_gradients",
+        not base_with_grads and not adapters_without,
+        f"{len(with_grads & adapters)} of {len(adapters)} adapter parameters got gradients, "
+        f"{len(base_with_grads)} base parameters did" + (f" ({', '.join(base_with_grads)})" if base_with_grads else ""),
+        base_with_gradients=base_with_grads,
+        adapters_without_gradients=adapters_without,
+    )
+
+
+def _weight_casts_check(model: torch.nn.Module) -> Check:
+    """Every FP8 base layer counts the casts of its weight (weight_casts): one, when built, however many steps ran."""
+    casts = {name: m.weight_casts for name, m in model.named_modules() if hasattr(m, "weight_casts")}
+    recast = {name: n for name, n in casts.items() if n != 1}
+    return _check(
+        "base_fp8_weights_cast_once",
+        bool(casts) and not recast,
+        f"{len(casts) - len(recast)} of {len(casts)} FP8 base weights cast once, after all the steps"
+        + (f"; cast again: {', '.join(f'{k} ({v}x)' for k, v in recast.items())}" if recast else ""),
+        layers=len(casts),
+        recast=recast,
+    )
+
+
+def _lora_step_checks(built: Built, trainer: Trainer, batch, on_gpu: bool) -> list[Check]:
+    """Check 2 and the two beside it, after training: the frozen base's GEMMs, gradients and weight casts."""
+    eager, with_grads = _eager_step(built.model, batch)
+    return [
+        _lora_gemms_check(built.fp8_linears, eager, trainer, on_gpu),
+        _base_gradients_check(built.model, with_grads),
+        _weight_casts_check(built.model),
+    ]
+
+
+# ---- both ----
+
+
 def verify_fp8(config: RunConfig, loss_tolerance: float = 0.02, min_speedup: float = 1.0, log=print) -> Verification:
-    """Run the five checks for `config`'s model and batch. On CPU FP8 is emulated and checks 1-4 run."""
+    """Run the checks for `config`'s model and batch (a LoRA fine-tune's for one). On CPU checks 1-4 run: pretraining
+    FP8 emulated, a LoRA fine-tune's frozen FP8 base on torch._scaled_mm's CPU kernels."""
     on_gpu = resolve_device(config.train.device).type == "cuda"
-    if not on_gpu:  # torchao's emulation: FP8 numerics without FP8 hardware; compile would only add minutes here
-        config = config.replace(fp8={"fp8_emulate": True}, train={"compile_model": False, "dtype": "bfloat16"})
+    lora = config.finetune.lora
+    if not on_gpu:
+        # Compile would only add minutes here. Pretraining FP8 needs torchao's emulation (FP8 numerics without FP8
+        # hardware); a LoRA base runs real FP8 GEMMs on the CPU, so its settings stay as asked.
+        emulate = {} if lora else {"fp8_emulate": True}
+        config = config.replace(fp8=emulate, train={"compile_model": False, "dtype": "bfloat16"})
     fp8_plan = plan(config.with_fp8(True))  # the same checks as train_h100.py: FP8 support, batch shape, attention
     config, device = fp8_plan.config, fp8_plan.device
     log(fp8_plan.fp8_support.format())
     data = prepare_data(config.data, config.model.vocab_size)
     require_windows(len(data.train), config.model.context_length, "the training data")
-    checks: list[Check] = []
 
-    # 1. conversion really happened (the build stage converts, then counts the FP8 linears itself)
+    # 1. FP8 really is in the model (the build stage converts or builds the frozen base, then counts the FP8 linears)
     built = build(fp8_plan)
-    model, report = built.model, built.conversion
-    checks.append(
-        _check(
-            "fp8_linears",
-            built.fp8_linears == report.n_converted > 0,
-            f"{built.fp8_linears} FP8 linears counted, {report.n_converted} expected ({report.summary_line()})",
-            counted=built.fp8_linears,
-            expected=report.n_converted,
-            skipped=report.skipped,
-        )
-    )
+    model = built.model
+    if lora:  # whose FP8 (on CPU: real kernels, not emulation), which base layers are FP8, which carry adapters
+        for label, text in [("FP8", built.fp8_line), *built.lora.summary_lines()]:
+            log(f"{label}: {text}")
+    checks = [_lora_linears_check(built) if lora else _converted_linears_check(built)]
 
     # 3. one graph, no breaks (before training so a break is reported even if compile would then fail)
     rng = np.random.default_rng(config.train.seed)
@@ -138,48 +301,20 @@ def verify_fp8(config: RunConfig, loss_tolerance: float = 0.02, min_speedup: flo
     log("training FP8 ...")
     fp8_trainer, fp8_result = train_for_measurement(model, config, data.train, data.val, device, log)
 
-    # 2. FP8 GEMMs in a (now warm) compiled training step
-    expected_gemms = report.n_converted * _gemms_per_linear(config.fp8.fp8_recipe)
-    if on_gpu:
-        scaled_mm, kernels = count_fp8_gemms(fp8_trainer)
-        checks.insert(
-            1,
-            _check(
-                "fp8_gemms_launched",
-                scaled_mm >= expected_gemms,
-                f"{scaled_mm} aten::_scaled_mm calls in one compiled step, >= {expected_gemms} expected "
-                f"({report.n_converted} linears x {_gemms_per_linear(config.fp8.fp8_recipe)} GEMMs); "
-                f"kernels: {', '.join(kernels) or 'not attributed by the profiler'}",
-                scaled_mm=scaled_mm,
-                kernels=kernels,
-                expected=expected_gemms,
-            ),
-        )
+    # 2. FP8 GEMMs in a (now warm) training step, after the training (a LoRA base's weight casts counted across it)
+    if lora:
+        checks[1:1] = _lora_step_checks(built, fp8_trainer, batch, on_gpu)
     else:
-        counter = _Float8CastCounter()
-        with counter:
-            fp8_trainer.train_step()
-        expected_casts = 2 * report.n_converted  # at least input and weight per linear per forward
-        checks.insert(
-            1,
-            _check(
-                "fp8_gemms_launched",
-                counter.count >= expected_casts,
-                f"emulated: {counter.count} FP8 casts in one eager step, >= {expected_casts} expected "
-                "(real FP8 GEMMs need a GPU)",
-                fp8_casts=counter.count,
-                expected=expected_casts,
-            ),
-        )
+        checks.insert(1, _converted_gemms_check(built, fp8_trainer, on_gpu))
     # Free the FP8 run before the BF16 one so BF16's peak memory is its own.
-    del fp8_trainer, model
+    del fp8_trainer, model, built
     release_memory()
 
     log("training BF16 ...")
-    bf16 = build(fp8_plan.with_fp8(False))  # the twin: same seed, same initial weights
+    bf16 = build(fp8_plan.with_fp8(False))  # the twin: same seed, same initial weights (a LoRA base: in BF16)
     bf16_config, bf16_model = bf16.config, bf16.model
     bf16_trainer, bf16_result = train_for_measurement(bf16_model, bf16_config, data.train, data.val, device, log)
-    del bf16_trainer, bf16_model
+    del bf16_trainer, bf16_model, bf16
     release_memory()
 
     gap = abs(fp8_result.loss - bf16_result.loss) / bf16_result.loss
@@ -207,7 +342,7 @@ def verify_fp8(config: RunConfig, loss_tolerance: float = 0.02, min_speedup: flo
             )
         )
     else:
-        checks.append(Check("fp8_speedup", "SKIP", "needs a GPU: emulated FP8 on CPU says nothing about speed"))
+        checks.append(Check("fp8_speedup", "SKIP", "needs a GPU: FP8 on CPU says nothing about speed"))
 
     runs = [result_record(c, r) for c, r in ((bf16_config, bf16_result), (config, fp8_result))]
     return Verification(checks=checks, runs=runs, support=fp8_plan.fp8_support.format())
