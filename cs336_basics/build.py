@@ -171,7 +171,9 @@ class Built:
         ft = self.config.finetune
         if ft.init_from is None:
             return []
-        rows = [("init from", f"{ft.init_from}" + ("" if ft.lora else " (full fine-tuning: every weight trains)"))]
+        base = f" (weights SHA-256 {ft.base_sha256[:12]}...)" if ft.base_sha256 else ""
+        whole = "" if ft.lora else " (full fine-tuning: every weight trains)"
+        rows = [("init from", f"{ft.init_from}{base}{whole}")]
         return rows + (self.lora.summary_lines() if self.lora is not None else [])
 
 
@@ -198,7 +200,10 @@ def build(config_or_plan: RunConfig | Plan) -> Built:
     parallel = resolve_parallel(config, p.world, p.device, model.num_parameters())
     report, counted, lora = None, 0, None
     if config.finetune.init_from is not None:
-        load_base(model, config.finetune.init_from)
+        ft = config.finetune
+        _, sha256 = load_base(model, ft.init_from, ft.base_sha256 if ft.lora else None)
+        if ft.lora:  # adapters belong to these weights: saved with the run, checked on resume and merge
+            config = config.replace(finetune={"base_sha256": sha256})
     if config.finetune.lora:  # the frozen base takes FP8 its own way: weights cast once, no weight-gradient GEMM
         lora = apply_lora(model, config.finetune, config.fp8 if use_fp8 else None)
         counted = count_frozen_fp8_linears(model)

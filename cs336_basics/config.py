@@ -363,6 +363,11 @@ class FinetuneConfig:
         "attn", f"layers that get adapters: any of {', '.join(LORA_TARGETS)}, or attn, mlp, all (all linears but "
         "lm_head), comma-separated", check=not_empty,
     )  # fmt: skip
+    base_sha256: str | None = setting(
+        None, "SHA-256 of the base's weights that a LoRA run's adapters belong to: set when the run starts and saved "
+        "with it, so that a resume or a merge stops if --init_from has changed since (pass it to pin a base)",
+        check=lambda v: None if len(v) == 64 and all(c in "0123456789abcdef" for c in v) else "must be 64 hex digits",
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         validate_fields(self)

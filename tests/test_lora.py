@@ -286,6 +286,25 @@ def test_merge_writes_a_plain_state_dict_with_the_fine_tuned_outputs(base_run, t
     torch.testing.assert_close(plain.eval()(x), tuned(x), rtol=1e-5, atol=1e-5)
 
 
+def test_a_resume_or_merge_on_a_changed_base_stops(base_run, tmp_path, token_files, capsys):
+    """The adapters belong to the base's weights: its SHA-256 is saved with the run and checked when the base is read
+    again, so a base trained further (here: one weight nudged) is refused rather than silently combined."""
+    out = tmp_path / "lora"
+    argv = [*COMMON, *token_files, "--init_from", base_run, "--lora_rank", "2", "--max_steps", "2", "--out_dir", out]
+    code, stdout, err = run(argv, capsys)
+    assert code == 0, err
+    sha256 = read_checkpoint(out / "checkpoint.pt")["config"]["finetune"]["base_sha256"]
+    assert len(sha256) == 64 and f"(weights SHA-256 {sha256[:12]}...)" in stdout
+    lora_model(out)  # the same base: fine
+    base = read_checkpoint(base_run / "checkpoint.pt")
+    base["model"]["lm_head.weight"][0, 0] += 1
+    torch.save(base, base_run / "checkpoint.pt")
+    code, _, err = run(["--resume", "--out_dir", out, "--max_steps", "4"], capsys)
+    assert code == 2 and "not the base this LoRA run was started on" in err
+    with pytest.raises(ConfigError, match="changed or replaced"):
+        lora_model(out)
+
+
 def test_the_shape_comes_from_the_base_and_a_clashing_flag_is_an_error(base_run, tmp_path, token_files, capsys):
     config = build_config({"finetune": {"init_from": str(base_run)}})  # the cpu-small preset's shape is larger
     assert config.model.dim == 32 and config.model.n_layers == 2

@@ -11,6 +11,7 @@ shape flag given on the command line that disagrees with the base is an error, n
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -131,10 +132,30 @@ def model_settings_from_base(base: Base, model: dict[str, Any], explicit: dict[s
     return merged
 
 
-def load_base(model: torch.nn.Module, init_from: str) -> Base:
-    """Load --init_from's weights into `model` (built with the base's shape), strictly: every key, every shape."""
+def weights_sha256(state: dict[str, torch.Tensor]) -> str:
+    """SHA-256 over a state dict's names, dtypes, shapes and bytes: which base a LoRA run's adapters belong to (a base
+    trained further, or another file at the same path, has another)."""
+    digest = hashlib.sha256()
+    for name in sorted(state):
+        tensor = state[name].detach().cpu().contiguous()
+        digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)};".encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy())
+    return digest.hexdigest()
+
+
+def load_base(model: torch.nn.Module, init_from: str, expected_sha256: str | None = None) -> tuple[Base, str]:
+    """Load --init_from's weights into `model` (built with the base's shape), strictly: every key, every shape.
+    Returns the base and its weights' SHA-256; ConfigError if `expected_sha256` is given and differs (the adapters
+    were trained on other weights)."""
     from cs336_basics.training.checkpoint import load_model_state
 
     base = read_base(init_from).whole()
+    sha256 = weights_sha256(base.state)
+    if expected_sha256 is not None and sha256 != expected_sha256:
+        raise ConfigError(
+            f"--init_from {base.path}: these weights (SHA-256 {sha256[:12]}...) are not the base this LoRA run was "
+            f"started on ({expected_sha256[:12]}...); the base was changed or replaced since. Point --init_from at "
+            "the original base, or start a new fine-tune on this one."
+        )
     load_model_state(model, base.state, str(base.path))
-    return base
+    return base, sha256

@@ -34,7 +34,7 @@ def lora_model(run_checkpoint: str | Path) -> tuple[TransformerLM, RunConfig]:
     if not config.finetune.lora:
         raise ConfigError(f"{path} is not a LoRA run's checkpoint (no --lora_rank): it holds the whole model already.")
     model = TransformerLM(config.model)
-    load_base(model, config.finetune.init_from)
+    load_base(model, config.finetune.init_from, config.finetune.base_sha256)
     apply_lora(model, config.finetune, fp8=None)
     load_model_state(model, ckpt["model"], ckpt["path"])
     return model.eval(), config
