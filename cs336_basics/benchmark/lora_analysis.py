@@ -254,7 +254,8 @@ def write_lora_plot(path: Path, records: Iterable[dict[str, Any]]) -> Path:
             if points:
                 ax.plot(*zip(*points, strict=True), style, color=color, alpha=0.6, label=f"{label}: {name}")
     ax.set_xscale("log", base=2)
-    ax.set_xticks(sorted({r["lora_rank"] for r in fp8}), labels=[str(k) for k in sorted({r["lora_rank"] for r in fp8})])
+    ranks = sorted({r["lora_rank"] for r in fp8})
+    ax.set_xticks(ranks, labels=[str(k) for k in ranks])
     ax.axhline(1.0, color="gray", linewidth=0.8)
     ax.set_xlabel("LoRA rank")
     ax.set_ylabel("FP8 base tokens/s over BF16 base")
