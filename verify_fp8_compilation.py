@@ -10,7 +10,7 @@ frozen FP8 linears against the LoRA report (whose summary is printed first), the
 per FP8 linear, none for a weight gradient) and, on a GPU, as many in the compiled step; gradients on the adapters
 alone (no_base_weight_gradients); every FP8 base weight cast once (base_fp8_weights_cast_once); then graph breaks,
 loss and speed against the same fine-tune on a BF16 base. On CPU the base runs torch._scaled_mm's CPU kernels, not
-emulation, but pass --fp8_emulate there all the same, as for train_h100.py: the FP8 gate asks for it.
+emulation (--fp8_emulate is refused for a LoRA run).
 
 Takes the same model/data/FP8/fine-tuning flags as train_h100.py. Exits 1 if any check FAILs, 2 on a configuration
 error.

@@ -23,7 +23,7 @@ from cs336_basics.model import TransformerLM
 from cs336_basics.training.checkpoint import read_checkpoint
 from cs336_basics.training.metrics import read_metrics
 
-FP8 = FP8Config(use_fp8=True, fp8_emulate=True)
+FP8 = FP8Config(use_fp8=True)  # the frozen base runs real _scaled_mm on the CPU too: no emulation
 
 
 def tiny_lm(seed: int = 0, dtype=torch.float32) -> TransformerLM:
@@ -218,12 +218,13 @@ def test_fp8_settings_the_frozen_base_cannot_honour_are_refused():
     from cs336_basics.parallel.world import World
 
     lora = RunConfig(finetune=FinetuneConfig(init_from="x", lora_rank=2), train=TrainConfig(device="cuda"))
-    for fp8, match in (
-        ({"use_fp8": True, "fp8_emulate": True}, "Drop --fp8_emulate"),
-        ({"use_fp8": True, "fp8_recipe": "rowwise"}, "tensorwise"),
+    for fp8, device, match in (
+        ({"use_fp8": True, "fp8_emulate": True}, "cuda", "Drop --fp8_emulate"),
+        ({"use_fp8": True, "fp8_emulate": True}, "cpu", "Drop --fp8_emulate"),
+        ({"use_fp8": True, "fp8_recipe": "rowwise"}, "cuda", "tensorwise"),
     ):
         with pytest.raises(ConfigError, match=match):
-            check_finetune_request(lora.replace(fp8=fp8), World())
+            check_finetune_request(lora.replace(fp8=fp8, train={"device": device}), World())
     with pytest.raises(ConfigError, match="one GPU only"):
         check_finetune_request(lora, World(world_size=2, launched=True))
     check_finetune_request(lora.replace(fp8={"use_fp8": True}), World())  # the plain request passes
@@ -257,7 +258,7 @@ COMMON = ["--device", "cpu", "--batch_size", "4", "--warmup_steps", "2", "--log_
 def test_lora_fine_tune_resumes_exactly_and_saves_adapters_alone(base_run, tmp_path, token_files, capsys):
     lora = [*COMMON, *token_files, "--init_from", base_run, "--lora_rank", "4", "--lora_targets", "attn,w2"]
     lora += ["--lr", "1e-2", "--lr_decay_steps", "8", "--lora_dropout", "0.1"]
-    lora += ["--dtype", "bfloat16", "--use_fp8", "--fp8_emulate"]
+    lora += ["--dtype", "bfloat16", "--use_fp8"]  # on the CPU too: torch's _scaled_mm CPU kernel
     whole, split = tmp_path / "whole", tmp_path / "split"
     code, stdout, err = run([*lora, "--max_steps", "8", "--out_dir", whole], capsys)
     assert code == 0, err
@@ -330,7 +331,7 @@ def test_gpu_compiled_fp8_base_trains_its_adapters_like_the_bf16_base_and_never_
     losses and adapter gradients of the FP8 base follow the BF16 base's, and its weight copies stay the first ones."""
     shape = tiny_model(dim=256, intermediate_size=512, n_heads=4, context_length=64, vocab_size=512)
     tokens = torch.randint(0, 512, (4, 65), generator=torch.Generator().manual_seed(0)).cuda()
-    fp8 = dataclasses.replace(FP8, fp8_emulate=False, fp8_lm_head=True)
+    fp8 = dataclasses.replace(FP8, fp8_lm_head=True)
     runs = {}
     for name, precision in (("bf16", None), ("fp8", fp8)):
         torch.manual_seed(0)

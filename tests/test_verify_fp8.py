@@ -65,12 +65,12 @@ LORA_CHECKS = [
 
 @pytest.fixture
 def lora_flags(tmp_path, token_files, capsys):
-    """A tiny base pretrained for a few steps (as in test_lora.py), and the flags of an FP8-base LoRA on it. On CPU
-    the FP8 gate wants --fp8_emulate, which the frozen base ignores (it runs real torch._scaled_mm CPU kernels)."""
+    """A tiny base pretrained for a few steps (as in test_lora.py), and the flags of an FP8-base LoRA on it (on CPU the
+    frozen base runs real torch._scaled_mm CPU kernels: no emulation)."""
     base = tmp_path / "base"
     assert train_h100.main([*TINY_FLAGS, *token_files, "--max_steps", "2", "--out_dir", str(base)]) == 0
     capsys.readouterr()
-    lora = ["--init_from", str(base), "--lora_rank", "4", "--lora_targets", "attn", "--fp8_emulate"]
+    lora = ["--init_from", str(base), "--lora_rank", "4", "--lora_targets", "attn", "--use_fp8"]
     return [*tiny_flags(), "--steps", "4", *token_files, *lora]
 
 
@@ -94,6 +94,7 @@ def test_cpu_mode_verifies_a_lora_fine_tune_on_an_fp8_base(lora_flags, tmp_path,
     assert "adapters on q+k+v+o: 8 layers" in summary and "no weight-gradient GEMM" in summary
     assert "2,048 trainable" in summary and "not emulation" in summary
     assert [r["fp8_path"] for r in payload["runs"]] == [None, "lora-frozen"]
+    assert [r["precision"] for r in payload["runs"]] == ["bf16", "fp8-tensorwise"]  # real FP8, not "-emulated"
     assert "ALL CHECKS PASSED" in stdout
 
 

@@ -21,10 +21,10 @@ def check_finetune_request(config: RunConfig, world: World) -> None:
             f"the frozen FP8 base of a LoRA run scales tensorwise; --fp8_recipe {fp8.fp8_recipe} was asked for. Use "
             "--fp8_recipe tensorwise, or --no_use_fp8 for a BF16 base."
         )
-    if fp8.use_fp8 and fp8.fp8_emulate and config.train.device.startswith("cuda"):
+    if fp8.use_fp8 and fp8.fp8_emulate:
         raise ConfigError(
-            "--fp8_emulate: a LoRA run's frozen FP8 base always runs real FP8 casts and GEMMs (torch._scaled_mm), "
-            "never high-precision emulation. Drop --fp8_emulate on the GPU."
+            "--fp8_emulate: a LoRA run's frozen FP8 base always runs real FP8 casts and GEMMs (torch._scaled_mm, "
+            "on an FP8 GPU or with torch's CPU kernel on the CPU), never high-precision emulation. Drop --fp8_emulate."
         )
     if fp8.use_fp8 is not False and fp8.fp8_scaling != "dynamic":
         raise ConfigError(

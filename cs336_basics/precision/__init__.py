@@ -15,7 +15,7 @@ from cs336_basics.precision.fp8 import (
     skip_reason,
     torchao_float8_config,
 )
-from cs336_basics.precision.support import FP8Support, check_fp8_support, require_fp8
+from cs336_basics.precision.support import FP8Support, check_fp8_support, require_fp8, require_fp8_gpu
 
 
 def convert_for_fp8(model, cfg, fsdp_float8_all_gather: bool = False) -> FP8ConversionReport:
@@ -53,6 +53,7 @@ __all__ = [
     "grad_weight_in_fp8",
     "module_filter",
     "require_fp8",
+    "require_fp8_gpu",
     "skip_reason",
     "torchao_float8_config",
 ]

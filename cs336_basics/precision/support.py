@@ -226,6 +226,11 @@ def require_fp8(cfg: FP8Config, support: FP8Support) -> FP8Support:
             "FP8 needs an H100-class GPU (sm_89+); on CPU use --fp8_emulate for numerics tests only, it is slow. "
             "Or run without --use_fp8."
         )
+    return require_fp8_gpu(support)
+
+
+def require_fp8_gpu(support: FP8Support) -> FP8Support:
+    """Check that the CUDA device `support` was probed on runs FP8 matmuls (torch._scaled_mm); raise if not."""
     if support.capability is None:
         raise NotSupportedHere(
             "--use_fp8 was asked for on CUDA, but torch sees no CUDA GPU; check the driver and that this torch "

@@ -19,8 +19,8 @@ never a weight-gradient one). Its checks 1 and 2 test that promise, with two mor
                                third (weight-gradient) GEMM; on a GPU the profiled compiled step runs exactly as many.
      no_base_weight_gradients  after a step's backward the adapters (lora_a, lora_b), and only they, hold gradients.
      base_fp8_weights_cast_once  every FP8 base weight was cast once, when its layer was built, never in a step.
-  Checks 3-5 as above, against the same LoRA fine-tune on a BF16 base. On CPU a LoRA base is never emulated, but
-  the FP8 gate (as for train_h100.py) still wants --fp8_emulate there, which the frozen base ignores.
+  Checks 3-5 as above, against the same LoRA fine-tune on a BF16 base. On CPU a LoRA base is never emulated: it runs
+  torch._scaled_mm's CPU kernel (and refuses --fp8_emulate).
 """
 
 from __future__ import annotations
