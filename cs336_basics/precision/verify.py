@@ -282,8 +282,8 @@ def verify_fp8(config: RunConfig, loss_tolerance: float = 0.02, min_speedup: flo
     # 1. FP8 really is in the model (the build stage converts or builds the frozen base, then counts the FP8 linears)
     built = build(fp8_plan)
     model = built.model
-    if lora:  # whose FP8 (on CPU: real kernels, not emulation), which base layers are FP8, which carry adapters
-        for label, text in [("FP8", built.fp8_line), *built.lora.summary_lines()]:
+    if lora:  # the summary's rows: whose FP8, the base (and its hash), which layers are FP8, which carry adapters
+        for label, text in [("FP8", built.fp8_line), *built.finetune_rows]:
             log(f"{label}: {text}")
     checks = [_lora_linears_check(built) if lora else _converted_linears_check(built)]
 
