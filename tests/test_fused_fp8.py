@@ -163,6 +163,19 @@ def test_amax_is_max_accumulated_within_a_step():
     assert sites[1].amax.tolist() == [0.0, 0.0, 0.0]  # reset for the next step
 
 
+@pytest.mark.parametrize("rows", [48, 5])
+def test_recorded_amax_and_saturation_count_are_exact_for_any_row_count(rows):
+    # The cast records per row, then per bin of rows (16 bins when the rows split evenly, fewer otherwise).
+    sites, state = delayed_sites()
+    record(sites[0], INPUT, 1.0)
+    state.update()  # scale 448
+    x = torch.randn(rows, 24) * 2
+    x[rows - 1, 3] = 9.0
+    sites[0].cast(x, INPUT, record=True)
+    assert sites[0].amax[INPUT].item() == 9.0
+    assert state.take_saturated() == int((x.abs() * 448.0 > 448.0).sum())
+
+
 def test_overflow_saturates_and_is_counted():
     sites, state = delayed_sites()
     record(sites[0], INPUT, 1.0)

@@ -14,7 +14,10 @@ the weight and the output gradient.
 
 from __future__ import annotations
 
+import math
+
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 E4M3 = torch.float8_e4m3fn
@@ -66,16 +69,32 @@ def record_produced(
     if not (record and scalings[0].delayed):
         return
     for i, site in enumerate(scalings):
-        site.amax[role] = torch.maximum(site.amax[role], amax[i])
-        site.saturated[role] += saturated[i]
+        site.accumulate(role, amax[i].reshape(1), saturated[i].reshape(1))
+
+
+# Delayed scaling records a tensor's amax and saturation count per bin of rows. Reducing a tensor row by row runs
+# in the same loop as its cast (and as a producer that reduces rows, such as RMSNorm), so inductor computes both in
+# the kernel that writes the FP8 tensor; a reduction of the whole tensor to one number would cost a second pass over
+# it or a chain of small kernels per cast. The row results are folded into a few bins (one small kernel) and the
+# bins into one amax per role once per step, in DelayedScalingState.update.
+BINS = 16
+
+
+def _binned(per_row: torch.Tensor, reduce) -> torch.Tensor:
+    """`per_row` (rows,) reduced to BINS values, zero-padded (zero is neutral for an amax and for a count)."""
+    bins = math.gcd(per_row.numel(), BINS)
+    binned = reduce(per_row.reshape(bins, -1), dim=-1)
+    return F.pad(binned, (0, BINS - bins))
 
 
 class SiteScaling(nn.Module):
     """How one FP8 linear scales its three casts (input, weight, output gradient): dynamically, or, with delayed
-    scaling, from its own `scale` buffer while max-accumulating this step's amaxes into its own `amax` buffer.
+    scaling, from its own `scale` buffer while max-accumulating this step's amaxes into its own buffers.
 
-    Each linear owns its small buffers: a compiled graph that updates one buffer shared by every linear compiles in
-    time that grows much faster than the number of linears. The buffers are not in the model's state dict.
+    Each linear owns its small buffers, one per role and statistic, so that a compiled step updates each in place
+    in the kernel that computes it (an update of one shared buffer becomes a copy of that buffer per cast, and a
+    graph that updates one buffer for every linear compiles in time that grows much faster than the number of
+    linears). The buffers are not in the model's state dict.
     """
 
     def __init__(self, dtypes: tuple[torch.dtype, torch.dtype, torch.dtype], fast_accum_backward: bool = False,
@@ -85,10 +104,35 @@ class SiteScaling(nn.Module):
         self.fast_accum_backward = fast_accum_backward
         self.delayed = delayed
         if delayed:
-            self.register_buffer("amax", torch.zeros(3, device=device), persistent=False)
-            self.register_buffer("saturated", torch.zeros(3, device=device, dtype=torch.int64), persistent=False)
+            for role in ROLES:
+                self.register_buffer(f"amax_{role}", torch.zeros(BINS, device=device), persistent=False)
+                self.register_buffer(f"saturated_{role}", torch.zeros(BINS, device=device, dtype=torch.int64),
+                                     persistent=False)  # fmt: skip
             # Before any history, scale 1: the first step casts unscaled (and warm-up starts at lr 0 anyway).
             self.register_buffer("scale", torch.ones(3, device=device), persistent=False)
+
+    def amax_buffers(self) -> list[torch.Tensor]:
+        return [getattr(self, f"amax_{role}") for role in ROLES]
+
+    def saturated_buffers(self) -> list[torch.Tensor]:
+        return [getattr(self, f"saturated_{role}") for role in ROLES]
+
+    @property
+    def amax(self) -> torch.Tensor:
+        """This step's amax per role so far, shape (3,)."""
+        return torch.stack(self.amax_buffers()).amax(dim=-1)
+
+    @property
+    def saturated(self) -> torch.Tensor:
+        """Values saturated per role since the counts were last taken, shape (3,)."""
+        return torch.stack(self.saturated_buffers()).sum(dim=-1)
+
+    def accumulate(self, role: int, amax: torch.Tensor, saturated: torch.Tensor) -> None:
+        """Max-accumulate per-bin (or one) amaxes and add saturation counts into the role's buffers, in place."""
+        amax_buffer = getattr(self, f"amax_{ROLES[role]}")
+        saturated_buffer = getattr(self, f"saturated_{ROLES[role]}")
+        amax_buffer.copy_(torch.maximum(amax_buffer, amax.float()))
+        saturated_buffer.add_(F.pad(saturated, (0, BINS - saturated.numel())))
 
     def cast(self, x: torch.Tensor, role: int, record: bool) -> tuple[torch.Tensor, torch.Tensor]:
         """(FP8 tensor, its float32 scale). With delayed scaling and `record`, also max-accumulates x's amax (so
@@ -99,9 +143,9 @@ class SiteScaling(nn.Module):
             return dynamic_cast(x, dtype)
         scale = self.scale[role]
         if record:
-            magnitude = x.abs()
-            self.amax[role] = torch.maximum(self.amax[role], magnitude.amax().float())
-            self.saturated[role] += (magnitude.float() * scale > fp8_max(dtype)).sum()
+            magnitude = x.reshape(-1, x.shape[-1]).abs()
+            saturated = (magnitude.float() * scale > fp8_max(dtype)).sum(dim=-1)
+            self.accumulate(role, _binned(magnitude.amax(dim=-1), torch.amax), _binned(saturated, torch.sum))
         return cast_to_fp8(x, scale, dtype), scale
 
     def extra_repr(self) -> str:
@@ -136,8 +180,8 @@ class DelayedScalingState(nn.Module):
     def update(self) -> None:
         """File this step's amaxes into the history and compute the next step's scales (a few kernels for the whole
         model; no host synchronisation)."""
-        amaxes = [site.amax for site in self.sites]
-        self.history[:, :, self.cursor] = torch.stack(amaxes)
+        bins = [buffer for site in self.sites for buffer in site.amax_buffers()]
+        self.history[:, :, self.cursor] = torch.stack(bins).amax(dim=-1).view(len(self.sites), 3)
         recent = self.cursor
         self.cursor = (self.cursor + 1) % self.history_len
         amax = self.history.amax(dim=-1) if self.algo == "max" else self.history[:, :, recent]
@@ -145,11 +189,11 @@ class DelayedScalingState(nn.Module):
         # A role with no amax recorded yet (all-zero history) keeps its scale.
         new = torch.where(amax > 0, self.limits / (amax * 2.0**self.margin), old)
         torch._foreach_copy_([site.scale for site in self.sites], list(new.unbind(0)))
-        torch._foreach_zero_(amaxes)
+        torch._foreach_zero_(bins)
 
     def take_saturated(self) -> int:
         """Values cast since the last call that were beyond the scale's range (clamped to the FP8 max); resets."""
-        counts = [site.saturated for site in self.sites]
+        counts = [buffer for site in self.sites for buffer in site.saturated_buffers()]
         total = int(torch.stack(counts).sum().item())
         torch._foreach_zero_(counts)
         return total
@@ -167,5 +211,5 @@ class DelayedScalingState(nn.Module):
             )
         self.history.copy_(state["history"])
         torch._foreach_copy_([site.scale for site in self.sites], list(state["scale"].to(self.history).unbind(0)))
-        torch._foreach_zero_([site.amax for site in self.sites])
+        torch._foreach_zero_([buffer for site in self.sites for buffer in site.amax_buffers()])
         self.cursor = int(state["cursor"])
