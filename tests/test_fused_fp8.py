@@ -143,6 +143,8 @@ def test_delayed_scales_start_at_one_and_follow_the_history_max():
     assert sites[0].scale[INPUT].item() == pytest.approx(448.0 / 4.0)
     # Roles never recorded keep their scale, and the other site is untouched.
     assert sites[0].scale[WEIGHT].item() == 1.0 and sites[1].scale.tolist() == [1.0, 1.0, 1.0]
+    # The GEMMs take the inverse scales, which the update writes beside the scales.
+    assert torch.equal(torch.stack(sites[0].scale_inv_buffers()), sites[0].scale.reciprocal())
 
 
 def test_most_recent_algo_and_margin():
@@ -163,10 +165,13 @@ def test_amax_is_max_accumulated_within_a_step():
     assert sites[1].amax.tolist() == [0.0, 0.0, 0.0]  # reset for the next step
 
 
-@pytest.mark.parametrize("rows", [48, 5])
-def test_recorded_amax_and_saturation_count_are_exact_for_any_row_count(rows):
-    # The cast records per row, then per bin of rows (16 bins when the rows split evenly, fewer otherwise).
+@pytest.mark.parametrize(("rows", "sized_for"), [(48, None), (5, None), (48, 48), (7, 48)])
+def test_recorded_amax_and_saturation_count_are_exact_for_any_row_count(rows, sized_for):
+    # The cast records per row: straight into buffers sized for its rows, else folded into bins of rows first.
     sites, state = delayed_sites()
+    if sized_for is not None:
+        state.size_row_buffers(sized_for)
+        assert sites[0].amax_input.shape == (sized_for,) and sites[0].saturated_grad.shape == (sized_for,)
     record(sites[0], INPUT, 1.0)
     state.update()  # scale 448
     x = torch.randn(rows, 24) * 2
@@ -181,7 +186,7 @@ def test_overflow_saturates_and_is_counted():
     record(sites[0], INPUT, 1.0)
     state.update()  # scale 448: a value of 2 now exceeds the range
     x = torch.tensor([[0.5, 2.0, -3.0, 1.0]])
-    out, scale = sites[0].cast(x, INPUT, record=True)
+    out, _ = sites[0].cast(x, INPUT, record=True)
     assert out.float().tolist()[0][1:3] == [448.0, -448.0]
     assert state.take_saturated() == 2 and state.take_saturated() == 0
     sites[0].cast(x, INPUT, record=False)  # evaluation records nothing
@@ -198,6 +203,7 @@ def test_scaling_state_round_trips_for_resume():
     fresh.load_scaling_state(saved)
     assert fresh.cursor == state.cursor and torch.equal(fresh.history, state.history)
     assert torch.equal(fresh_sites[0].scale, sites[0].scale)
+    assert torch.equal(torch.stack(fresh_sites[0].scale_inv_buffers()), torch.stack(sites[0].scale_inv_buffers()))
     with pytest.raises(ValueError, match="does not fit"):
         delayed_sites(history_len=8)[1].load_scaling_state(saved)
 
@@ -252,6 +258,30 @@ def test_delayed_conversion_gives_each_linear_its_scaling_and_the_model_one_stat
     convert_model_to_fused_fp8(model, DELAYED)
     assert isinstance(model.fp8_scaling, DelayedScalingState) and len(model.fp8_scaling.sites) == 14
     assert not any("fp8_scaling" in k or "scaling." in k for k in model.state_dict())
+    # A weight's amax is recorded per row, one buffer entry per output feature.
+    proj = model.layers[0].attn.output_proj
+    assert proj.scaling.amax_weight.shape == (proj.out_features,)
+
+
+def test_the_trainer_sizes_the_recordings_for_its_micro_batches(tmp_path):
+    import numpy as np
+
+    from cs336_basics.training.trainer import Trainer
+
+    model = tiny_lm()
+    convert_model_to_fused_fp8(model, DELAYED)
+    train = dict(batch_size=3, max_steps=1, eval_every=0, out_dir=str(tmp_path), device="cpu", compile_model=False)
+    config = build_config({"model": tiny_model().__dict__, "train": train, "fp8": vars(DELAYED)})
+    data = np.random.default_rng(0).integers(0, 64, size=2000, dtype=np.uint16)
+    trainer = Trainer(model, config, data, data, torch.device("cpu"))
+    site = model.layers[0].attn.output_proj.scaling
+    tokens = 3 * config.model.context_length
+    assert site.amax_input.shape == site.saturated_grad.shape == (tokens,)
+    trainer.train_step()
+    recorded = trainer.fp8_scaling.history[:, :, 0]
+    # Every site's weight and gradient were recorded. Inputs: by the site that casts them, so in each of the two
+    # blocks k, v (sharing q's cast) and w3 (sharing w1's) record none.
+    assert recorded[:, WEIGHT:].min() > 0 and (recorded[:, INPUT] > 0).sum() == 2 * (7 - 3)
 
 
 def test_converted_model_trains_close_to_bf16():
@@ -372,6 +402,19 @@ def test_gpu_fused_linear_matches_bf16():
     weight = torch.randn(768, 512, device="cuda", dtype=torch.bfloat16) * 0.05
     (y,) = fp8_linears(x, (weight,), (SiteScaling(DTYPES),), record=False)
     assert sqnr_db(x.double() @ weight.double().t(), y) > 25
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [E4M3, E5M2])
+def test_gpu_transpose_kernel_equals_torchs_transpose_compiled_or_not(dtype):
+    from cs336_basics.precision.fused.transpose_triton import transpose
+
+    x = (torch.randn(300, 200, device="cuda") * 50).to(dtype)  # neither side a multiple of the tile
+    expected = x.view(torch.uint8).t().contiguous()
+    assert torch.equal(transpose(x).view(torch.uint8), expected)
+    assert torch.equal(torch.compile(transpose, fullgraph=True)(x).view(torch.uint8), expected)
+    assert SiteScaling(DTYPES, delayed=True, device="cuda")._separate_transpose is transpose
+    assert SiteScaling(DTYPES, device="cuda")._separate_transpose is None  # dynamic: inductor writes it well
 
 
 def test_fused_modules_are_not_nn_linear():

@@ -48,17 +48,17 @@ def _triples(operands: tuple[torch.Tensor, ...]) -> list[tuple[torch.Tensor, ...
 
 
 class _FrozenFp8Linears(torch.autograd.Function):
-    """x W_i^T for frozen weights that share the input x, given as cached FP8 operands (W_i, W_i^T, scale) in FP8:
+    """x W_i^T for frozen weights that share the input x, given as cached FP8 operands (W_i, W_i^T, inverse scale):
     x cast once; forward one FP8 GEMM per weight, backward one (dx only) per weight."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, fp8: FrozenFp8, *operands: torch.Tensor):
         x2 = x.reshape(-1, x.shape[-1])
-        x_fp8, x_scale = dynamic_cast(x2, E4M3)
+        x_fp8, x_scale_inv = dynamic_cast(x2, E4M3)
         outputs = []
-        for w_fp8, _, w_scale in _triples(operands):
+        for w_fp8, _, w_scale_inv in _triples(operands):
             # B = W^T column-major, as the FP8 GEMM wants it: the row-major W viewed transposed.
-            y = fp8_matmul(x_fp8, x_scale, w_fp8.t(), w_scale, fast_accum=True)
+            y = fp8_matmul(x_fp8, x_scale_inv, w_fp8.t(), w_scale_inv, fast_accum=True)
             outputs.append(y.reshape(*x.shape[:-1], w_fp8.shape[0]))
         ctx.save_for_backward(*[t for _, w_t, scale in _triples(operands) for t in (w_t, scale)])  # not x
         ctx.fp8, ctx.n_operands = fp8, len(operands)
@@ -69,9 +69,9 @@ class _FrozenFp8Linears(torch.autograd.Function):
         saved = ctx.saved_tensors
         dx = None
         for i, dy in enumerate(grads):
-            w_t, w_scale = saved[2 * i], saved[2 * i + 1]
-            g_fp8, g_scale = dynamic_cast(dy.reshape(-1, dy.shape[-1]), ctx.fp8.grad_dtype)
-            part = fp8_matmul(g_fp8, g_scale, w_t.t(), w_scale, ctx.fp8.fast_accum_backward)
+            w_t, w_scale_inv = saved[2 * i], saved[2 * i + 1]
+            g_fp8, g_scale_inv = dynamic_cast(dy.reshape(-1, dy.shape[-1]), ctx.fp8.grad_dtype)
+            part = fp8_matmul(g_fp8, g_scale_inv, w_t.t(), w_scale_inv, ctx.fp8.fast_accum_backward)
             dx = part if dx is None else dx + part
         return dx.reshape(*grads[0].shape[:-1], dx.shape[-1]), None, *([None] * ctx.n_operands)
 
@@ -105,15 +105,15 @@ class FrozenLinear(nn.Module):
     def refresh_fp8_weight(self) -> None:
         """Make the FP8 copies of the weight (non-persistent buffers: the BF16 weight stays the saved one). Needed
         again only if the base weight is changed in place, e.g. by loading other base weights."""
-        w_fp8, w_scale = dynamic_cast(self.weight, E4M3)
+        w_fp8, w_scale_inv = dynamic_cast(self.weight, E4M3)
         self.register_buffer("weight_fp8", w_fp8, persistent=False)
         self.register_buffer("weight_fp8_t", w_fp8.t().contiguous(), persistent=False)
-        self.register_buffer("weight_scale", w_scale, persistent=False)
+        self.register_buffer("weight_scale_inv", w_scale_inv, persistent=False)
         self.weight_casts += 1
 
     @property
     def fp8_operands(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return self.weight_fp8, self.weight_fp8_t, self.weight_scale
+        return self.weight_fp8, self.weight_fp8_t, self.weight_scale_inv
 
     def with_adapter(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """The base output y of input x, plus the adapters' contribution if this layer has adapters."""
@@ -168,12 +168,12 @@ class _FrozenFp8SwiGLU(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, ops, fp8: FrozenFp8, w1, w1_t, s1, w3, w3_t, s3, w2, w2_t, s2):
         x2 = x.reshape(-1, x.shape[-1])
-        x_fp8, x_scale = dynamic_cast(x2, E4M3)
-        h1 = fp8_matmul(x_fp8, x_scale, w1.t(), s1, fast_accum=True)
-        h3 = fp8_matmul(x_fp8, x_scale, w3.t(), s3, fast_accum=True)
+        x_fp8, x_scale_inv = dynamic_cast(x2, E4M3)
+        h1 = fp8_matmul(x_fp8, x_scale_inv, w1.t(), s1, fast_accum=True)
+        h3 = fp8_matmul(x_fp8, x_scale_inv, w3.t(), s3, fast_accum=True)
         g_scale = amax_to_scale(ops.swiglu_amax(h1, h3), E4M3)
         g_fp8 = ops.swiglu_cast(h1, h3, g_scale, E4M3, False, False)[0]
-        y = fp8_matmul(g_fp8, g_scale[0], w2.t(), s2, fast_accum=True)
+        y = fp8_matmul(g_fp8, g_scale[0].reciprocal(), w2.t(), s2, fast_accum=True)
         ctx.save_for_backward(h1, h3, w1_t, s1, w3_t, s3, w2_t, s2)
         ctx.ops, ctx.fp8 = ops, fp8
         return y.reshape(*x.shape[:-1], y.shape[-1])
@@ -182,11 +182,12 @@ class _FrozenFp8SwiGLU(torch.autograd.Function):
     def backward(ctx, dy):
         h1, h3, w1_t, s1, w3_t, s3, w2_t, s2 = ctx.saved_tensors
         ops, dtype, fast = ctx.ops, ctx.fp8.grad_dtype, ctx.fp8.fast_accum_backward
-        dy_fp8, dy_scale = dynamic_cast(dy.reshape(-1, dy.shape[-1]), dtype)
-        dg = fp8_matmul(dy_fp8, dy_scale, w2_t.t(), s2, fast)
+        dy_fp8, dy_scale_inv = dynamic_cast(dy.reshape(-1, dy.shape[-1]), dtype)
+        dg = fp8_matmul(dy_fp8, dy_scale_inv, w2_t.t(), s2, fast)
         scales = amax_to_scale(ops.swiglu_grad_amax(dg, h1, h3), dtype)
         dh1, _, dh3, _, _, _ = ops.swiglu_grad_cast(dg, h1, h3, scales, dtype, False, False)
-        dx = fp8_matmul(dh1, scales[0], w1_t.t(), s1, fast) + fp8_matmul(dh3, scales[1], w3_t.t(), s3, fast)
+        dx1 = fp8_matmul(dh1, scales[0].reciprocal(), w1_t.t(), s1, fast)
+        dx = dx1 + fp8_matmul(dh3, scales[1].reciprocal(), w3_t.t(), s3, fast)
         return dx.reshape(*dy.shape[:-1], dx.shape[-1]), *([None] * 11)
 
 
@@ -212,19 +213,19 @@ class _FrozenFp8LinearCrossEntropy(torch.autograd.Function):
     (precision/fused/head.py says why no amax pass is needed), one backward GEMM (dx)."""
 
     @staticmethod
-    def forward(ctx, x, targets, fp8: FrozenFp8, w_fp8, w_t, w_scale):
-        x_fp8, x_scale = dynamic_cast(x.reshape(-1, x.shape[-1]), E4M3)
-        logits = fp8_matmul(x_fp8, x_scale, w_fp8.t(), w_scale, fast_accum=True)
+    def forward(ctx, x, targets, fp8: FrozenFp8, w_fp8, w_t, w_scale_inv):
+        x_fp8, x_scale_inv = dynamic_cast(x.reshape(-1, x.shape[-1]), E4M3)
+        logits = fp8_matmul(x_fp8, x_scale_inv, w_fp8.t(), w_scale_inv, fast_accum=True)
         loss, lse, valid, count = cross_entropy_from_logits(logits, targets.reshape(-1))
-        ctx.save_for_backward(logits, lse, targets.reshape(-1), valid, count, w_t, w_scale)
+        ctx.save_for_backward(logits, lse, targets.reshape(-1), valid, count, w_t, w_scale_inv)
         ctx.fp8, ctx.x_shape = fp8, x.shape
         return loss
 
     @staticmethod
     def backward(ctx, dloss):
-        logits, lse, targets, valid, count, w_t, w_scale = ctx.saved_tensors
-        g_fp8, g_scale = fp8_logits_grad(logits, lse, targets, valid, count, dloss, ctx.fp8.grad_dtype)
-        dx = fp8_matmul(g_fp8, g_scale, w_t.t(), w_scale, ctx.fp8.fast_accum_backward)
+        logits, lse, targets, valid, count, w_t, w_scale_inv = ctx.saved_tensors
+        g_fp8, g_scale_inv = fp8_logits_grad(logits, lse, targets, valid, count, dloss, ctx.fp8.grad_dtype)
+        dx = fp8_matmul(g_fp8, g_scale_inv, w_t.t(), w_scale_inv, ctx.fp8.fast_accum_backward)
         return dx.reshape(ctx.x_shape), None, None, None, None, None
 
 

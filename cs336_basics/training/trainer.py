@@ -142,6 +142,8 @@ class Trainer:
         )  # fmt: skip
         # Delayed FP8 scaling (--fp8_path fused --fp8_scaling delayed): amax histories that advance once per step.
         self.fp8_scaling: DelayedScalingState | None = getattr(model, "fp8_scaling", None)
+        if self.fp8_scaling is not None:  # before the first (compiled) step: its graph keeps these sizes
+            self.fp8_scaling.size_row_buffers(t.batch_size * m.context_length)
         self.step = 0
         self.saved_step: int | None = None  # the step of the checkpoint on disk that this run knows is good
         self.flops_per_token = flops_per_token(

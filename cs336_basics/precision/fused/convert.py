@@ -72,7 +72,12 @@ def convert_model_to_fused_fp8(model: nn.Module, cfg: FP8Config) -> FP8Conversio
     converted = set(report.converted)
     device = next(model.parameters()).device
     delayed = cfg.fp8_scaling == "delayed"
-    scalings = {name: SiteScaling(dtypes, cfg.fp8_fast_accum_backward, delayed, device) for name in report.converted}
+    scalings = {
+        name: SiteScaling(
+            dtypes, cfg.fp8_fast_accum_backward, delayed, device, weight_rows=model.get_submodule(name).out_features
+        )
+        for name in report.converted
+    }
     keys_before = list(model.state_dict().keys())
 
     # SwiGLU blocks whose three linears all convert run as one FP8 unit.

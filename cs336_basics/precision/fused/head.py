@@ -55,11 +55,12 @@ def fp8_logits_grad(
     dloss: torch.Tensor,
     dtype: torch.dtype,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The gradient of the mean loss with respect to the logits, written in FP8 `dtype` as it is computed, and its
-    scale. Every entry lies within |dloss| / count (module docstring): that bound is the amax, so no amax pass."""
+    """The gradient of the mean loss with respect to the logits, written in FP8 `dtype` as it is computed, and the
+    inverse of its scale. Every entry lies within |dloss| / count (module docstring): that bound is the amax, so no
+    amax pass."""
     row_scale = dloss.float() / count
     g_scale = amax_to_scale(row_scale.abs(), dtype)
-    return cast_to_fp8(logits_grad(logits, lse, targets, valid, row_scale), g_scale, dtype), g_scale
+    return cast_to_fp8(logits_grad(logits, lse, targets, valid, row_scale), g_scale, dtype), g_scale.reciprocal()
 
 
 class _Fp8LinearCrossEntropy(torch.autograd.Function):
@@ -67,21 +68,22 @@ class _Fp8LinearCrossEntropy(torch.autograd.Function):
     def forward(ctx, x, targets, scaling: SiteScaling, record: bool, weight):
         x2 = x.reshape(-1, x.shape[-1])
         targets = targets.reshape(-1)
-        x_fp8, x_scale = scaling.cast(x2, INPUT, record)
-        logits, w_t, w_scale = forward_gemm(x_fp8, x_scale, weight, scaling, record)
+        x_fp8, x_scale_inv = scaling.cast(x2, INPUT, record)
+        logits, w_t, w_scale_inv = forward_gemm(x_fp8, x_scale_inv, weight, scaling, record)
         loss, lse, valid, count = cross_entropy_from_logits(logits, targets)
-        ctx.save_for_backward(logits, lse, targets, valid, count, x_fp8.t().contiguous(), x_scale, w_t, w_scale)
+        ctx.save_for_backward(
+            logits, lse, targets, valid, count, scaling.transposed(x_fp8), x_scale_inv, w_t, w_scale_inv
+        )
         ctx.scaling, ctx.x_shape = scaling, x.shape
         return loss
 
     @staticmethod
     def backward(ctx, dloss):
-        logits, lse, targets, valid, count, x_fp8_t, x_scale, w_t, w_scale = ctx.saved_tensors
+        logits, lse, targets, valid, count, x_fp8_t, x_scale_inv, w_t, w_scale_inv = ctx.saved_tensors
         scaling = ctx.scaling
-        g_fp8, g_scale = fp8_logits_grad(logits, lse, targets, valid, count, dloss, scaling.dtypes[GRAD])
-        dx, dw = backward_gemms(
-            g_fp8, g_fp8.t().contiguous(), g_scale, w_t, w_scale, x_fp8_t, x_scale, scaling.fast_accum_backward
-        )
+        g_fp8, g_scale_inv = fp8_logits_grad(logits, lse, targets, valid, count, dloss, scaling.dtypes[GRAD])
+        g_fp8_t, fast = g_fp8.t().contiguous(), scaling.fast_accum_backward
+        dx, dw = backward_gemms(g_fp8, g_fp8_t, g_scale_inv, w_t, w_scale_inv, x_fp8_t, x_scale_inv, fast)
         return dx.reshape(ctx.x_shape), None, None, None, dw
 
 

@@ -14,7 +14,8 @@ happens around them:
   that produces the tensor (scaling.py).
 
 Everything here is plain torch code inside one autograd.Function: torch.compile traces it (fullgraph) and inductor
-fuses the casts, transposes and amax reductions into the surrounding kernels.
+fuses the casts, transposes and amax reductions into the surrounding kernels (except, with delayed scaling on CUDA,
+the transposes: SiteScaling.transposed says why).
 """
 
 from __future__ import annotations
@@ -35,71 +36,70 @@ class _Fp8Linears(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, scalings: tuple[SiteScaling, ...], record: bool, *weights: torch.Tensor):
         x2 = x.reshape(-1, x.shape[-1])
-        x_fp8, x_scale = scalings[0].cast(x2, INPUT, record)
-        outputs, saved_weights, weight_scales = [], [], []
+        x_fp8, x_scale_inv = scalings[0].cast(x2, INPUT, record)
+        outputs, saved_weights, weight_scale_invs = [], [], []
         for weight, scaling in zip(weights, scalings, strict=True):
-            y, w_fp8_t, w_scale = forward_gemm(x_fp8, x_scale, weight, scaling, record)
+            y, w_fp8_t, w_scale_inv = forward_gemm(x_fp8, x_scale_inv, weight, scaling, record)
             outputs.append(y.reshape(*x.shape[:-1], weight.shape[0]))
             saved_weights.append(w_fp8_t)
-            weight_scales.append(w_scale)
+            weight_scale_invs.append(w_scale_inv)
         # grad_weight wants x column-major as its B, i.e. x^T row-major: one copy, shared by every weight.
-        ctx.save_for_backward(x_fp8.t().contiguous(), x_scale, *saved_weights, *weight_scales)
+        ctx.save_for_backward(scalings[0].transposed(x_fp8), x_scale_inv, *saved_weights, *weight_scale_invs)
         ctx.scalings, ctx.record = scalings, record
         return tuple(outputs)
 
     @staticmethod
     def backward(ctx, *grads: torch.Tensor):
-        x_fp8_t, x_scale, *rest = ctx.saved_tensors
+        x_fp8_t, x_scale_inv, *rest = ctx.saved_tensors
         n = len(grads)
-        weights_t, weight_scales = rest[:n], rest[n:]
+        weights_t, weight_scale_invs = rest[:n], rest[n:]
         dx, dws = None, []
-        for dy, scaling, w_t, w_scale in zip(grads, ctx.scalings, weights_t, weight_scales, strict=True):
-            g_fp8, g_scale = scaling.cast(dy.reshape(-1, dy.shape[-1]), GRAD, ctx.record)
-            part, dw = backward_gemms(
-                g_fp8, g_fp8.t().contiguous(), g_scale, w_t, w_scale, x_fp8_t, x_scale, scaling.fast_accum_backward
-            )
+        for dy, scaling, w_t, w_scale_inv in zip(grads, ctx.scalings, weights_t, weight_scale_invs, strict=True):
+            g_fp8, g_scale_inv = scaling.cast(dy.reshape(-1, dy.shape[-1]), GRAD, ctx.record)
+            g_fp8_t = scaling.transposed(g_fp8)
+            fast = scaling.fast_accum_backward
+            part, dw = backward_gemms(g_fp8, g_fp8_t, g_scale_inv, w_t, w_scale_inv, x_fp8_t, x_scale_inv, fast)
             dx = part if dx is None else dx + part
             dws.append(dw)
         return dx.reshape(*grads[0].shape[:-1], dx.shape[-1]), None, None, *dws
 
 
 def forward_gemm(
-    x_fp8: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tensor, scaling: SiteScaling, record: bool
+    x_fp8: torch.Tensor, x_scale_inv: torch.Tensor, weight: torch.Tensor, scaling: SiteScaling, record: bool
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """y = x W^T in FP8 (x already cast, 2-D). Returns y and what backward needs of the weight: W^T in FP8, row-major
-    (grad_input's B operand, column-major W), and its scale."""
-    w_fp8, w_scale = scaling.cast(weight, WEIGHT, record)
+    (grad_input's B operand, column-major W), and its inverse scale."""
+    w_fp8, w_scale_inv = scaling.cast(weight, WEIGHT, record)
     # B = W^T, column-major as the FP8 GEMM wants it: the row-major W viewed transposed. Fast accumulation in the
     # forward GEMM, as TorchAO's recipes use.
-    y = fp8_matmul(x_fp8, x_scale, w_fp8.t(), w_scale, fast_accum=True)
-    return y, w_fp8.t().contiguous(), w_scale
+    y = fp8_matmul(x_fp8, x_scale_inv, w_fp8.t(), w_scale_inv, fast_accum=True)
+    return y, scaling.transposed(w_fp8), w_scale_inv
 
 
 def fp8_matmul(
-    a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor, fast_accum: bool
+    a: torch.Tensor, a_scale_inv: torch.Tensor, b: torch.Tensor, b_scale_inv: torch.Tensor, fast_accum: bool
 ) -> torch.Tensor:
-    """a @ b in BF16 from FP8 operands cast with scales a_scale and b_scale (a row-major, b column-major, as cuBLAS's
-    FP8 GEMM takes them)."""
+    """a @ b in BF16 from FP8 operands and the inverses of the scales they were cast with (a row-major, b
+    column-major, as cuBLAS's FP8 GEMM takes them)."""
     return torch._scaled_mm(
-        a, b, scale_a=a_scale.reciprocal(), scale_b=b_scale.reciprocal(), out_dtype=torch.bfloat16,
-        use_fast_accum=fast_accum,
-    )  # fmt: skip
+        a, b, scale_a=a_scale_inv, scale_b=b_scale_inv, out_dtype=torch.bfloat16, use_fast_accum=fast_accum
+    )
 
 
 def backward_gemms(
     g_fp8: torch.Tensor,
     g_fp8_t: torch.Tensor,
-    g_scale: torch.Tensor,
+    g_scale_inv: torch.Tensor,
     w_fp8_t: torch.Tensor,
-    w_scale: torch.Tensor,
+    w_scale_inv: torch.Tensor,
     x_fp8_t: torch.Tensor,
-    x_scale: torch.Tensor,
+    x_scale_inv: torch.Tensor,
     fast_accum: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(dx, dW) = (dy W, dy^T x) in FP8, from the output gradient cast to FP8 (row-major and transposed) and the
     operands forward saved (W^T and x^T, row-major)."""
-    dx = fp8_matmul(g_fp8, g_scale, w_fp8_t.t(), w_scale, fast_accum)
-    dw = fp8_matmul(g_fp8_t, g_scale, x_fp8_t.t(), x_scale, fast_accum)
+    dx = fp8_matmul(g_fp8, g_scale_inv, w_fp8_t.t(), w_scale_inv, fast_accum)
+    dw = fp8_matmul(g_fp8_t, g_scale_inv, x_fp8_t.t(), x_scale_inv, fast_accum)
     return dx, dw
 
 

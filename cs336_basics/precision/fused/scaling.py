@@ -1,8 +1,8 @@
 """FP8 casts and their scales: dynamic (from the tensor's own amax) and delayed (from earlier steps' amaxes).
 
 A tensorwise FP8 cast is `fp8(clamp(x * scale, -max, max))` with one float32 `scale` per tensor; the GEMM multiplies
-its output by 1/scale of each operand. Every GEMM site has three operands that are cast, its *roles*: the input,
-the weight and the output gradient.
+its output by each operand's inverse scale, 1/scale, so a cast hands the GEMM that inverse with the FP8 tensor.
+Every GEMM site has three operands that are cast, its *roles*: the input, the weight and the output gradient.
 
 - Dynamic scaling takes scale = FP8 max / amax(x), computed from x itself, so the cast must wait for a full pass
   over x (TorchAO's tensorwise recipe; the same formula and float64 arithmetic, so the numerics match).
@@ -47,18 +47,22 @@ def amax_to_scale(amax: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 def dynamic_cast(x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """x cast to FP8 with dynamic tensorwise scaling (the scale from x's own amax, as torchao's tensorwise recipe),
-    and that scale."""
+    and the inverse of that scale (what the GEMM takes)."""
     scale = amax_to_scale(x.abs().amax(), dtype)
-    return cast_to_fp8(x, scale, dtype), scale
+    return cast_to_fp8(x, scale, dtype), scale.reciprocal()
 
 
-def produce_scales(scalings: tuple[SiteScaling, ...], role: int, amax_fn) -> torch.Tensor:
+def produce_scales(
+    scalings: tuple[SiteScaling, ...], role: int, amax_fn
+) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
     """The scales, shape (n,), with which a producer kernel casts the n tensors it writes (one per site, each in
-    `role`): with delayed scaling each site's current scale; with dynamic scaling the scales of the amaxes that
-    `amax_fn()` returns (the producer's first pass)."""
+    `role`), and their inverses for the GEMMs, one tensor each (SiteScaling says why not a view of one): with
+    delayed scaling each site's current ones; with dynamic scaling those of the amaxes that `amax_fn()` returns (the
+    producer's first pass)."""
     if scalings[0].delayed:
-        return torch.stack([site.scale[role] for site in scalings])
-    return amax_to_scale(amax_fn(), scalings[0].dtypes[role])
+        return torch.stack([site.scale[role] for site in scalings]), tuple(site.scale_inv(role) for site in scalings)
+    scales = amax_to_scale(amax_fn(), scalings[0].dtypes[role])
+    return scales, tuple(scale.reciprocal() for scale in scales.unbind())
 
 
 def record_produced(
@@ -72,24 +76,28 @@ def record_produced(
         site.accumulate(role, amax[i].reshape(1), saturated[i].reshape(1))
 
 
-# Delayed scaling records a tensor's amax and saturation count per bin of rows. Reducing a tensor row by row runs
-# in the same loop as its cast (and as a producer that reduces rows, such as RMSNorm), so inductor computes both in
-# the kernel that writes the FP8 tensor; a reduction of the whole tensor to one number would cost a second pass over
-# it or a chain of small kernels per cast. The row results are folded into a few bins (one small kernel) and the
-# bins into one amax per role once per step, in DelayedScalingState.update.
+# Delayed scaling records a tensor's amax and saturation count row by row. Reducing a tensor row by row runs in the
+# same loop as its cast (and as a producer that reduces rows, such as RMSNorm), so inductor computes both in the
+# kernel that writes the FP8 tensor; a reduction of the whole tensor to one number would cost a second pass over it
+# or a chain of small kernels per cast. Each site keeps one buffer per role and statistic with one entry per row:
+# max-accumulating a cast's row results into it is then a pointwise epilogue of that same kernel, with no kernel of
+# its own. The entries become one amax per role once per step, in DelayedScalingState.update. A weight has its
+# out_features rows; an input or an output gradient has the micro-batch's tokens (`size_row_buffers`), and until
+# those are known, or for results of another length, the results are first folded into bins (a small kernel).
 BINS = 16
 
 
-def _binned(per_row: torch.Tensor, reduce) -> torch.Tensor:
-    """`per_row` (rows,) reduced to BINS values, zero-padded (zero is neutral for an amax and for a count)."""
-    bins = math.gcd(per_row.numel(), BINS)
-    binned = reduce(per_row.reshape(bins, -1), dim=-1)
-    return F.pad(binned, (0, BINS - bins))
+def _fold(values: torch.Tensor, length: int, reduce) -> torch.Tensor:
+    """`values` (n,) reduced to gcd(n, length) bins and zero-padded to `length` (zero is neutral for an amax and a
+    count)."""
+    bins = math.gcd(values.numel(), length)
+    return F.pad(reduce(values.reshape(bins, -1), dim=-1), (0, length - bins))
 
 
 class SiteScaling(nn.Module):
     """How one FP8 linear scales its three casts (input, weight, output gradient): dynamically, or, with delayed
-    scaling, from its own `scale` buffer while max-accumulating this step's amaxes into its own buffers.
+    scaling, from its own `scale` buffer (and the inverses the GEMMs take, `scale_inv_<role>`) while max-accumulating
+    this step's amaxes into its own buffers.
 
     Each linear owns its small buffers, one per role and statistic, so that a compiled step updates each in place
     in the kernel that computes it (an update of one shared buffer becomes a copy of that buffer per cast, and a
@@ -98,18 +106,46 @@ class SiteScaling(nn.Module):
     """
 
     def __init__(self, dtypes: tuple[torch.dtype, torch.dtype, torch.dtype], fast_accum_backward: bool = False,
-                 delayed: bool = False, device: torch.device | str | None = None):  # fmt: skip
+                 delayed: bool = False, device: torch.device | str | None = None, weight_rows: int = BINS):  # fmt: skip
         super().__init__()
         self.dtypes = dtypes
         self.fast_accum_backward = fast_accum_backward
         self.delayed = delayed
-        if delayed:
-            for role in ROLES:
-                self.register_buffer(f"amax_{role}", torch.zeros(BINS, device=device), persistent=False)
-                self.register_buffer(f"saturated_{role}", torch.zeros(BINS, device=device, dtype=torch.int64),
-                                     persistent=False)  # fmt: skip
-            # Before any history, scale 1: the first step casts unscaled (and warm-up starts at lr 0 anyway).
-            self.register_buffer("scale", torch.ones(3, device=device), persistent=False)
+        self._separate_transpose = None  # see transposed()
+        if not delayed:
+            return
+        if torch.device(device or "cpu").type == "cuda":
+            from cs336_basics.precision.fused.transpose_triton import transpose  # imports triton
+
+            self._separate_transpose = transpose
+        for role in ROLES:
+            self._register_row_buffers(role, weight_rows if role == "weight" else BINS, device)
+        # Before any history, scale 1: the first step casts unscaled (and warm-up starts at lr 0 anyway). The inverses
+        # are kept beside it, written by the same update, so no GEMM launches a kernel to invert one; one buffer per
+        # role, as a GEMM's scale must not be a view into a larger tensor (inductor's lowering of _scaled_mm fails on
+        # one in torch 2.11).
+        self.register_buffer("scale", torch.ones(3, device=device), persistent=False)
+        for role in ROLES:
+            self.register_buffer(f"scale_inv_{role}", torch.ones((), device=device), persistent=False)
+
+    def _register_row_buffers(self, role: str, rows: int, device) -> None:
+        # Counts of one row stay far below 2^31 between two take_saturated() calls (at most the row's length per cast).
+        self.register_buffer(f"amax_{role}", torch.zeros(rows, device=device), persistent=False)
+        self.register_buffer(f"saturated_{role}", torch.zeros(rows, device=device, dtype=torch.int32), persistent=False)
+
+    def size_row_buffers(self, tokens: int) -> None:
+        """One entry per token for the input and gradient recordings (each micro-batch's rows), so that recording
+        rides in the casting kernel. Call before the first compiled step: a compiled graph is traced for the sizes
+        it first sees."""
+        device = self.scale.device
+        for role in ("input", "grad"):
+            self._register_row_buffers(role, tokens, device)
+
+    def scale_inv(self, role: int) -> torch.Tensor:
+        return getattr(self, f"scale_inv_{ROLES[role]}")
+
+    def scale_inv_buffers(self) -> list[torch.Tensor]:
+        return [self.scale_inv(role) for role in range(len(ROLES))]
 
     def amax_buffers(self) -> list[torch.Tensor]:
         return [getattr(self, f"amax_{role}") for role in ROLES]
@@ -120,24 +156,28 @@ class SiteScaling(nn.Module):
     @property
     def amax(self) -> torch.Tensor:
         """This step's amax per role so far, shape (3,)."""
-        return torch.stack(self.amax_buffers()).amax(dim=-1)
+        return torch.stack([buffer.amax() for buffer in self.amax_buffers()])
 
     @property
     def saturated(self) -> torch.Tensor:
         """Values saturated per role since the counts were last taken, shape (3,)."""
-        return torch.stack(self.saturated_buffers()).sum(dim=-1)
+        return torch.stack([buffer.sum(dtype=torch.int64) for buffer in self.saturated_buffers()])
 
     def accumulate(self, role: int, amax: torch.Tensor, saturated: torch.Tensor) -> None:
-        """Max-accumulate per-bin (or one) amaxes and add saturation counts into the role's buffers, in place."""
+        """Max-accumulate amaxes and add saturation counts (per row, or any number of them) into the role's
+        buffers, in place."""
         amax_buffer = getattr(self, f"amax_{ROLES[role]}")
         saturated_buffer = getattr(self, f"saturated_{ROLES[role]}")
+        rows = amax_buffer.numel()
+        if amax.numel() != rows:
+            amax, saturated = _fold(amax, rows, torch.amax), _fold(saturated, rows, torch.sum)
         amax_buffer.copy_(torch.maximum(amax_buffer, amax.float()))
-        saturated_buffer.add_(F.pad(saturated, (0, BINS - saturated.numel())))
+        saturated_buffer.add_(saturated.to(saturated_buffer.dtype))
 
     def cast(self, x: torch.Tensor, role: int, record: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        """(FP8 tensor, its float32 scale). With delayed scaling and `record`, also max-accumulates x's amax (so
-        recomputation under activation checkpointing, or several micro-batches, never record a wrong one) and
-        counts the values that saturate."""
+        """(FP8 tensor, the inverse of its float32 scale). With delayed scaling and `record`, also max-accumulates
+        x's amax (so recomputation under activation checkpointing, or several micro-batches, never record a wrong
+        one) and counts the values that saturate."""
         dtype = self.dtypes[role]
         if not self.delayed:
             return dynamic_cast(x, dtype)
@@ -145,8 +185,16 @@ class SiteScaling(nn.Module):
         if record:
             magnitude = x.reshape(-1, x.shape[-1]).abs()
             saturated = (magnitude.float() * scale > fp8_max(dtype)).sum(dim=-1)
-            self.accumulate(role, _binned(magnitude.amax(dim=-1), torch.amax), _binned(saturated, torch.sum))
-        return cast_to_fp8(x, scale, dtype), scale
+            self.accumulate(role, magnitude.amax(dim=-1), saturated)
+        return cast_to_fp8(x, scale, dtype), self.scale_inv(role)
+
+    def transposed(self, x_fp8: torch.Tensor) -> torch.Tensor:
+        """x_fp8 (2-D) transposed, row-major, as a backward GEMM takes it. With delayed scaling on CUDA, a kernel of
+        its own: inductor would fold it into the kernel that casts and records x by rows, where it writes badly
+        (transpose_triton.py). Dynamic scaling's casts are plain pointwise kernels that write it well themselves."""
+        if self._separate_transpose is not None and x_fp8.is_cuda:
+            return self._separate_transpose(x_fp8)
+        return x_fp8.t().contiguous()
 
     def extra_repr(self) -> str:
         return "delayed" if self.delayed else "dynamic"
@@ -176,25 +224,36 @@ class DelayedScalingState(nn.Module):
         limits = torch.tensor([fp8_max(d) for d in sites[0].dtypes], device=device)
         self.register_buffer("limits", limits, persistent=False)
 
+    def size_row_buffers(self, tokens: int) -> None:
+        """Size every site's input and gradient recordings for micro-batches of `tokens` rows (SiteScaling's)."""
+        for site in self.sites:
+            site.size_row_buffers(tokens)
+
     @torch.no_grad()
     def update(self) -> None:
         """File this step's amaxes into the history and compute the next step's scales (a few kernels for the whole
         model; no host synchronisation)."""
-        bins = [buffer for site in self.sites for buffer in site.amax_buffers()]
-        self.history[:, :, self.cursor] = torch.stack(bins).amax(dim=-1).view(len(self.sites), 3)
+        rows = [buffer for site in self.sites for buffer in site.amax_buffers()]
+        self.history[:, :, self.cursor] = torch.stack(torch._foreach_max(rows)).view(len(self.sites), 3)
         recent = self.cursor
         self.cursor = (self.cursor + 1) % self.history_len
         amax = self.history.amax(dim=-1) if self.algo == "max" else self.history[:, :, recent]
         old = torch.stack([site.scale for site in self.sites])
         # A role with no amax recorded yet (all-zero history) keeps its scale.
         new = torch.where(amax > 0, self.limits / (amax * 2.0**self.margin), old)
-        torch._foreach_copy_([site.scale for site in self.sites], list(new.unbind(0)))
-        torch._foreach_zero_(bins)
+        self._set_scales(new)
+        torch._foreach_zero_(rows)
+
+    def _set_scales(self, scales: torch.Tensor) -> None:
+        """Every site's scales from `scales` (sites, 3), and their inverses."""
+        torch._foreach_copy_([site.scale for site in self.sites], list(scales.unbind(0)))
+        inverses = [buffer for site in self.sites for buffer in site.scale_inv_buffers()]
+        torch._foreach_copy_(inverses, list(scales.reciprocal().flatten().unbind()))
 
     def take_saturated(self) -> int:
         """Values cast since the last call that were beyond the scale's range (clamped to the FP8 max); resets."""
         counts = [buffer for site in self.sites for buffer in site.saturated_buffers()]
-        total = int(torch.stack(counts).sum().item())
+        total = int(torch.cat(counts).sum(dtype=torch.int64).item())
         torch._foreach_zero_(counts)
         return total
 
@@ -210,6 +269,6 @@ class DelayedScalingState(nn.Module):
                 f"{tuple(self.history.shape)} (another model, FP8 filter or --fp8_amax_history_len)."
             )
         self.history.copy_(state["history"])
-        torch._foreach_copy_([site.scale for site in self.sites], list(state["scale"].to(self.history).unbind(0)))
+        self._set_scales(state["scale"].to(self.history))
         torch._foreach_zero_([buffer for site in self.sites for buffer in site.amax_buffers()])
         self.cursor = int(state["cursor"])

@@ -25,11 +25,11 @@ from cs336_basics.precision.fused.scaling import E4M3, E5M2, fp8_max
 # One program per tile of BLOCK_M rows x BLOCK_F columns; 128 rows give 128-byte runs in the transposed FP8 stores.
 # Each program writes its tile's amax (and saturation count) to its own slot; torch reduces the slots. Atomics on
 # one address from every program serialise and cost more than the pass itself.
-_BLOCK_M, _BLOCK_F, _WARPS = 128, 64, 8
+BLOCK_M, BLOCK_F, WARPS = 128, 64, 8
 
 
-def _grid(m: int, f: int) -> tuple[int, int]:
-    return triton.cdiv(m, _BLOCK_M), triton.cdiv(f, _BLOCK_F)
+def tile_grid(m: int, f: int) -> tuple[int, int]:
+    return triton.cdiv(m, BLOCK_M), triton.cdiv(f, BLOCK_F)
 
 
 @triton.jit
@@ -38,7 +38,7 @@ def _round_bf16(x):
 
 
 @triton.jit
-def _tile(M, F, BLOCK_M: tl.constexpr, BLOCK_F: tl.constexpr):
+def tile_offsets(M, F, BLOCK_M: tl.constexpr, BLOCK_F: tl.constexpr):
     """This program's tile: offsets into the row-major (M, F) tensors and their (F, M) transposes, and the mask."""
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
@@ -74,7 +74,7 @@ def _swiglu_kernel(
     LIMIT: tl.constexpr, CAST: tl.constexpr, AMAX: tl.constexpr, TRANSPOSE: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_F: tl.constexpr,
 ):  # fmt: skip
-    offs, offs_t, mask = _tile(M, F, BLOCK_M, BLOCK_F)
+    offs, offs_t, mask = tile_offsets(M, F, BLOCK_M, BLOCK_F)
     a = tl.load(h1_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     b = tl.load(h3_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     # silu as torch computes it, each result rounded to BF16 where the BF16 module rounds it.
@@ -88,7 +88,7 @@ def _swiglu_grad_kernel(
     LIMIT: tl.constexpr, CAST: tl.constexpr, AMAX: tl.constexpr, TRANSPOSE: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_F: tl.constexpr,
 ):  # fmt: skip
-    offs, offs_t, mask = _tile(M, F, BLOCK_M, BLOCK_F)
+    offs, offs_t, mask = tile_offsets(M, F, BLOCK_M, BLOCK_F)
     dg = tl.load(dg_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     a = tl.load(h1_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     b = tl.load(h3_ptr + offs, mask=mask, other=0.0).to(tl.float32)
@@ -113,7 +113,7 @@ def _launch(kernel, inputs, outputs, scales, n: int, dtype: torch.dtype, record:
     (M, F) and (F, M) FP8 tensors; the second is not written unless `transposed`) when given, recording when
     `record`. Returns (amax, saturated) of shape (n,), or empty tensors when not recording."""
     m, f = _check(*inputs)
-    grid = _grid(m, f)
+    grid = tile_grid(m, f)
     device = inputs[0].device
     slots = (n, grid[0] * grid[1]) if record else (0,)
     amax_slots = torch.empty(slots, device=device, dtype=torch.float32)
@@ -122,8 +122,8 @@ def _launch(kernel, inputs, outputs, scales, n: int, dtype: torch.dtype, record:
     unused = inputs[0]  # the pointer a launch passes for what it does not write
     wrap_triton(kernel)[grid](
         *inputs, *(outputs if cast else [unused] * 2 * n), scales if cast else unused, amax_slots, saturated_slots,
-        m, f, LIMIT=fp8_max(dtype), CAST=cast, AMAX=record, TRANSPOSE=transposed, BLOCK_M=_BLOCK_M, BLOCK_F=_BLOCK_F,
-        num_warps=_WARPS,
+        m, f, LIMIT=fp8_max(dtype), CAST=cast, AMAX=record, TRANSPOSE=transposed, BLOCK_M=BLOCK_M, BLOCK_F=BLOCK_F,
+        num_warps=WARPS,
     )  # fmt: skip
     if not record:
         return amax_slots, saturated_slots
