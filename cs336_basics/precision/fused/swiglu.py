@@ -33,15 +33,16 @@ class _Fp8SwiGLU(torch.autograd.Function):
     def forward(ctx, x, ops: ModuleType, scalings: tuple[SiteScaling, ...], record: bool, w1, w3, w2):
         s1, s3, s2 = scalings
         x2 = x.reshape(-1, x.shape[-1])
-        x_fp8, x_scale_inv = s1.cast(x2, INPUT, record)
-        h1, w1_t, w1_scale_inv = forward_gemm(x_fp8, x_scale_inv, w1, s1, record)
-        h3, w3_t, w3_scale_inv = forward_gemm(x_fp8, x_scale_inv, w3, s3, record)
-        g_scale, g_scale_inv = produce_scales((s2,), INPUT, lambda: ops.swiglu_amax(h1, h3))
+        # *_inv: the inverse scales the GEMMs take.
+        x_fp8, x_inv = s1.cast(x2, INPUT, record)
+        h1, w1_t, w1_inv = forward_gemm(x_fp8, x_inv, w1, s1, record)
+        h3, w3_t, w3_inv = forward_gemm(x_fp8, x_inv, w3, s3, record)
+        g_scale, (g_inv,) = produce_scales((s2,), INPUT, lambda: ops.swiglu_amax(h1, h3))
         g_fp8, g_fp8_t, amax, saturated = ops.swiglu_cast(h1, h3, g_scale, s2.dtypes[INPUT], record and s2.delayed)
         record_produced((s2,), INPUT, amax, saturated, record)
-        y, w2_t, w2_scale_inv = forward_gemm(g_fp8, g_scale_inv[0], w2, s2, record)
-        ctx.save_for_backward(s1.transposed(x_fp8), x_scale_inv, h1, h3, g_fp8_t, g_scale_inv[0], w1_t, w1_scale_inv,
-                              w3_t, w3_scale_inv, w2_t, w2_scale_inv)  # fmt: skip
+        y, w2_t, w2_inv = forward_gemm(g_fp8, g_inv, w2, s2, record)
+        ctx.save_for_backward(s1.transposed(x_fp8), x_inv, h1, h3, g_fp8_t, g_inv, w1_t, w1_inv, w3_t, w3_inv, w2_t,
+                              w2_inv)  # fmt: skip
         ctx.ops, ctx.scalings, ctx.record = ops, scalings, record
         return y.reshape(*x.shape[:-1], y.shape[-1])
 
@@ -52,13 +53,13 @@ class _Fp8SwiGLU(torch.autograd.Function):
         fast = s2.fast_accum_backward
         dy_fp8, dy_inv = s2.cast(dy.reshape(-1, dy.shape[-1]), GRAD, record)
         dg, dw2 = backward_gemms(dy_fp8, s2.transposed(dy_fp8), dy_inv, w2_t, w2_inv, g_fp8_t, g_inv, fast)
-        scales, invs = produce_scales((s1, s3), GRAD, lambda: ops.swiglu_grad_amax(dg, h1, h3))
+        scales, (dh1_inv, dh3_inv) = produce_scales((s1, s3), GRAD, lambda: ops.swiglu_grad_amax(dg, h1, h3))
         dh1, dh1_t, dh3, dh3_t, amax, saturated = ops.swiglu_grad_cast(
             dg, h1, h3, scales, s1.dtypes[GRAD], record and s1.delayed
         )
         record_produced((s1, s3), GRAD, amax, saturated, record)
-        dx1, dw1 = backward_gemms(dh1, dh1_t, invs[0], w1_t, w1_inv, x_fp8_t, x_inv, fast)
-        dx3, dw3 = backward_gemms(dh3, dh3_t, invs[1], w3_t, w3_inv, x_fp8_t, x_inv, fast)
+        dx1, dw1 = backward_gemms(dh1, dh1_t, dh1_inv, w1_t, w1_inv, x_fp8_t, x_inv, fast)
+        dx3, dw3 = backward_gemms(dh3, dh3_t, dh3_inv, w3_t, w3_inv, x_fp8_t, x_inv, fast)
         return (dx1 + dx3).reshape(*dy.shape[:-1], dx1.shape[-1]), None, None, None, dw1, dw3, dw2
 
 
