@@ -30,7 +30,7 @@ from torch import nn
 
 from cs336_basics.precision.fused.head import cross_entropy_from_logits, fp8_logits_grad
 from cs336_basics.precision.fused.linear import fp8_matmul
-from cs336_basics.precision.fused.scaling import E4M3, E5M2, amax_to_scale, dynamic_cast
+from cs336_basics.precision.fused.scaling import E4M3, E5M2, dynamic_cast, producer_scales
 from cs336_basics.precision.fused.swiglu import swiglu_ops
 
 
@@ -171,9 +171,9 @@ class _FrozenFp8SwiGLU(torch.autograd.Function):
         x_fp8, x_scale_inv = dynamic_cast(x2, E4M3)
         h1 = fp8_matmul(x_fp8, x_scale_inv, w1.t(), s1, fast_accum=True)
         h3 = fp8_matmul(x_fp8, x_scale_inv, w3.t(), s3, fast_accum=True)
-        g_scale = amax_to_scale(ops.swiglu_amax(h1, h3), E4M3)
+        g_scale, (g_inv,) = producer_scales(ops.swiglu_amax(h1, h3), E4M3)
         g_fp8 = ops.swiglu_cast(h1, h3, g_scale, E4M3, False, False)[0]
-        y = fp8_matmul(g_fp8, g_scale[0].reciprocal(), w2.t(), s2, fast_accum=True)
+        y = fp8_matmul(g_fp8, g_inv, w2.t(), s2, fast_accum=True)
         ctx.save_for_backward(h1, h3, w1_t, s1, w3_t, s3, w2_t, s2)
         ctx.ops, ctx.fp8 = ops, fp8
         return y.reshape(*x.shape[:-1], y.shape[-1])
@@ -184,10 +184,9 @@ class _FrozenFp8SwiGLU(torch.autograd.Function):
         ops, dtype, fast = ctx.ops, ctx.fp8.grad_dtype, ctx.fp8.fast_accum_backward
         dy_fp8, dy_scale_inv = dynamic_cast(dy.reshape(-1, dy.shape[-1]), dtype)
         dg = fp8_matmul(dy_fp8, dy_scale_inv, w2_t.t(), s2, fast)
-        scales = amax_to_scale(ops.swiglu_grad_amax(dg, h1, h3), dtype)
+        scales, (dh1_inv, dh3_inv) = producer_scales(ops.swiglu_grad_amax(dg, h1, h3), dtype)
         dh1, _, dh3, _, _, _ = ops.swiglu_grad_cast(dg, h1, h3, scales, dtype, False, False)
-        dx1 = fp8_matmul(dh1, scales[0].reciprocal(), w1_t.t(), s1, fast)
-        dx = dx1 + fp8_matmul(dh3, scales[1].reciprocal(), w3_t.t(), s3, fast)
+        dx = fp8_matmul(dh1, dh1_inv, w1_t.t(), s1, fast) + fp8_matmul(dh3, dh3_inv, w3_t.t(), s3, fast)
         return dx.reshape(*dy.shape[:-1], dx.shape[-1]), *([None] * 11)
 
 

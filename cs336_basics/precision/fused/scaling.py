@@ -52,17 +52,23 @@ def dynamic_cast(x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, tor
     return cast_to_fp8(x, scale, dtype), scale.reciprocal()
 
 
+def producer_scales(amax: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+    """Dynamic scaling for a producer kernel that writes n tensors: their scales, shape (n,), from their amaxes, and
+    the inverses for the GEMMs, one tensor each (a GEMM's scale must not be a view into a larger tensor; SiteScaling
+    says why)."""
+    scales = amax_to_scale(amax, dtype)
+    return scales, tuple(scale.reciprocal() for scale in scales.unbind())
+
+
 def produce_scales(
     scalings: tuple[SiteScaling, ...], role: int, amax_fn
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
     """The scales, shape (n,), with which a producer kernel casts the n tensors it writes (one per site, each in
-    `role`), and their inverses for the GEMMs, one tensor each (SiteScaling says why not a view of one): with
-    delayed scaling each site's current ones; with dynamic scaling those of the amaxes that `amax_fn()` returns (the
-    producer's first pass)."""
+    `role`), and their inverses for the GEMMs, one tensor each: with delayed scaling each site's current ones; with
+    dynamic scaling those of the amaxes that `amax_fn()` returns (the producer's first pass)."""
     if scalings[0].delayed:
         return torch.stack([site.scale[role] for site in scalings]), tuple(site.scale_inv(role) for site in scalings)
-    scales = amax_to_scale(amax_fn(), scalings[0].dtypes[role])
-    return scales, tuple(scale.reciprocal() for scale in scales.unbind())
+    return producer_scales(amax_fn(), scalings[0].dtypes[role])
 
 
 def record_produced(
