@@ -89,7 +89,7 @@ def _check_fp8_request(config: RunConfig, support: FP8Support) -> None:
     if not config.finetune.lora:
         require_fp8(config.fp8, support)
     elif support.device_type == "cuda":  # a frozen LoRA base runs torch._scaled_mm itself: no torchao, no emulation
-        require_fp8_gpu(support)  # (and on the CPU, torch's CPU kernel: slow, for tests)
+        require_fp8_gpu(support, emulation=False)  # (and on the CPU, torch's CPU kernel: slow, for tests)
     if config.train.dtype != "bfloat16":
         raise ConfigError(
             f"FP8 training converts a BF16 model; --dtype {config.train.dtype} was asked for. "

@@ -230,6 +230,23 @@ def test_fp8_settings_the_frozen_base_cannot_honour_are_refused():
     check_finetune_request(lora.replace(fp8={"use_fp8": True}), World())  # the plain request passes
 
 
+def test_a_gpu_without_fp8_tells_a_lora_run_what_it_can_do_instead():
+    """The frozen base refuses --fp8_emulate, so the error on a GPU without FP8 points a LoRA run elsewhere."""
+    from cs336_basics.build import _check_fp8_request
+    from cs336_basics.config import RunConfig
+    from cs336_basics.errors import NotSupportedHere
+    from cs336_basics.precision.support import FP8Support
+
+    old_gpu = FP8Support("A100", "cuda", (8, 0), torch.__version__, None, False, False, False)
+    lora = RunConfig(finetune=FinetuneConfig(init_from="x", lora_rank=2)).replace(fp8={"use_fp8": True})
+    with pytest.raises(NotSupportedHere, match="8.0. Run without --use_fp8") as refused:
+        _check_fp8_request(lora, old_gpu)
+    assert "--device cpu" in str(refused.value) and "--fp8_emulate" not in str(refused.value)
+    pretraining = RunConfig().replace(fp8={"use_fp8": True, "fp8_path": "fused"})
+    with pytest.raises(NotSupportedHere, match="--fp8_emulate"):
+        _check_fp8_request(pretraining, dataclasses.replace(old_gpu, torchao_version="0.18.0", torchao_ok=True))
+
+
 def test_fp8_with_no_layer_to_convert_is_an_error():
     model = tiny_lm(dtype=torch.bfloat16)
     with pytest.raises(ConfigError, match="no frozen base linear passes the FP8 filters"):

@@ -229,19 +229,23 @@ def require_fp8(cfg: FP8Config, support: FP8Support) -> FP8Support:
     return require_fp8_gpu(support)
 
 
-def require_fp8_gpu(support: FP8Support) -> FP8Support:
-    """Check that the CUDA device `support` was probed on runs FP8 matmuls (torch._scaled_mm); raise if not."""
+def require_fp8_gpu(support: FP8Support, emulation: bool = True) -> FP8Support:
+    """Check that the CUDA device `support` was probed on runs FP8 matmuls (torch._scaled_mm); raise if not.
+    `emulation`: whether the run could use --fp8_emulate instead (a LoRA run's frozen FP8 base cannot)."""
+    if emulation:
+        elsewhere = "run on CPU with --fp8_emulate (numerics only)"
+    else:
+        elsewhere = "run on the CPU with --device cpu (torch's CPU FP8 kernel: slow, for tests)"
     if support.capability is None:
         raise NotSupportedHere(
             "--use_fp8 was asked for on CUDA, but torch sees no CUDA GPU; check the driver and that this torch "
-            "build has CUDA, or run on CPU with --fp8_emulate (numerics only)."
+            f"build has CUDA, or {elsewhere}."
         )
     if not support.capability_ok:
         major, minor = support.capability
         raise NotSupportedHere(
             f"FP8 training needs compute capability >= 8.9 (Ada / Hopper / Blackwell), but {support.device} is "
-            f"{major}.{minor}. Run without --use_fp8 (BF16 is the fast path on this GPU), or use --fp8_emulate to "
-            "check FP8 numerics (slow)."
+            f"{major}.{minor}. Run without --use_fp8 (BF16 is the fast path on this GPU), or {elsewhere}."
         )
     if not support.scaled_mm_ok:
         raise NotSupportedHere(
