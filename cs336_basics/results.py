@@ -65,8 +65,12 @@ def precision_label(config: RunConfig) -> str:
     for a run on CPU."""
     fp8 = config.fp8
     if fp8.use_fp8:
-        torchao = fp8.fp8_path == "torchao" or config.finetune.lora  # a LoRA base: dynamic tensorwise, either path
-        name = f"fp8-{fp8.fp8_recipe}" if torchao else f"fp8-fused-{fp8.fp8_scaling}"
+        if config.finetune.lora:  # a LoRA base runs its own tensorwise linears (lora/layers.py), either path
+            name = "fp8-tensorwise" + ("-delayed" if fp8.fp8_scaling == "delayed" else "")
+        elif fp8.fp8_path == "torchao":
+            name = f"fp8-{fp8.fp8_recipe}"
+        else:
+            name = f"fp8-fused-{fp8.fp8_scaling}"
         return name + ("-emulated" if fp8.fp8_emulate else "")
     return {"bfloat16": "bf16", "float32": "fp32"}.get(config.train.dtype, config.train.dtype)
 
@@ -74,6 +78,7 @@ def precision_label(config: RunConfig) -> str:
 def run_record(config: RunConfig, status: str = "ok", **measured: Any) -> dict[str, Any]:
     """A flat record: the shape and settings of the run plus whatever was measured."""
     m, t, fp8 = config.model, config.train, config.fp8
+    own_linears = fp8.fp8_path == "fused" or config.finetune.lora  # this package's FP8 linears, not TorchAO's
     record = {
         "preset": config.preset,
         "dim": m.dim,
@@ -98,8 +103,9 @@ def run_record(config: RunConfig, status: str = "ok", **measured: Any) -> dict[s
         "fp8_path": (LORA_FP8_PATH if config.finetune.lora else fp8.fp8_path) if fp8.use_fp8 else None,
         "fp8_scaling": fp8.fp8_scaling if fp8.use_fp8 else None,
         "fp8_fast_accum_backward": bool(fp8.use_fp8 and fp8.fp8_fast_accum_backward),
-        "fp8_share_input_casts": bool(fp8.use_fp8 and fp8.fp8_path == "fused" and fp8.fp8_share_input_casts),
-        "fp8_fused_swiglu": bool(fp8.use_fp8 and fp8.fp8_path == "fused" and fp8.fp8_fused_swiglu),
+        # The fused path's cast savings; a LoRA base has them on either path.
+        "fp8_share_input_casts": bool(fp8.use_fp8 and own_linears and fp8.fp8_share_input_casts),
+        "fp8_fused_swiglu": bool(fp8.use_fp8 and own_linears and fp8.fp8_fused_swiglu),
         "lora_rank": config.finetune.lora_rank,
         "lora_targets": config.finetune.lora_targets if config.finetune.lora else None,
         "tokens_per_sec": None,

@@ -17,13 +17,19 @@ import train_h100
 from cs336_basics.config import FinetuneConfig, FP8Config, build_config
 from cs336_basics.errors import ConfigError
 from cs336_basics.lora import apply_lora
-from cs336_basics.lora.layers import FrozenFp8, FrozenFp8LMHead, FrozenFp8SwiGLU, FrozenLinear, FrozenSharedInput
+from cs336_basics.lora.layers import FrozenFp8LMHead, FrozenFp8SwiGLU, FrozenLinear, FrozenSharedInput
 from cs336_basics.lora.merge import lora_model, merge_adapters, merged_state_dict
 from cs336_basics.model import TransformerLM
+from cs336_basics.precision.fused.scaling import E4M3, E5M2, SiteScaling
 from cs336_basics.training.checkpoint import read_checkpoint
 from cs336_basics.training.metrics import read_metrics
 
 FP8 = FP8Config(use_fp8=True)  # the frozen base runs real _scaled_mm on the CPU too: no emulation
+
+
+def dynamic() -> SiteScaling:
+    """A frozen FP8 layer's default casts: E4M3 inputs, E5M2 output gradients, scaled dynamically."""
+    return SiteScaling((E4M3, E4M3, E5M2))
 
 
 def tiny_lm(seed: int = 0, dtype=torch.float32) -> TransformerLM:
@@ -70,7 +76,7 @@ def test_only_the_adapters_get_gradients():
 def test_fp8_base_casts_its_weight_once_and_runs_two_gemms_not_three():
     torch.manual_seed(0)
     linear = nn.Linear(64, 32, bias=False).to(torch.bfloat16)
-    layer = FrozenLinear(linear, fp8=FrozenFp8(), rank=4)
+    layer = FrozenLinear(linear, dynamic(), rank=4)
     x = torch.randn(8, 64, dtype=torch.bfloat16, requires_grad=True)
     with CountScaledMM() as counter:
         for _ in range(3):
@@ -85,7 +91,7 @@ def test_fp8_base_matches_the_bf16_base():
     linear = nn.Linear(64, 48, bias=False).to(torch.bfloat16)
     x = torch.randn(32, 64, dtype=torch.bfloat16)
     xs = [x.clone().requires_grad_(), x.clone().requires_grad_()]
-    fp8, bf16 = FrozenLinear(linear, fp8=FrozenFp8()), FrozenLinear(linear, fp8=None)
+    fp8, bf16 = FrozenLinear(linear, dynamic()), FrozenLinear(linear, None)
     dy = torch.randn(32, 48, dtype=torch.bfloat16)
     y8, y16 = fp8(xs[0]), bf16(xs[1])
     (y8 * dy).sum().backward()
@@ -158,7 +164,7 @@ def test_the_fp8_base_shares_input_casts_and_makes_swiglu_in_fp8_with_the_same_n
 def test_the_fp8_head_fuses_the_loss_and_matches_the_bf16_head():
     torch.manual_seed(0)
     linear = nn.Linear(64, 96, bias=False).to(torch.bfloat16)
-    head, bf16 = FrozenFp8LMHead(linear, fp8=FrozenFp8()), FrozenLinear(linear, fp8=None)
+    head, bf16 = FrozenFp8LMHead(linear, dynamic()), FrozenLinear(linear, None)
     x = torch.randn(32, 64, dtype=torch.bfloat16)
     targets = torch.randint(0, 96, (32,))
     xs = [x.clone().requires_grad_(), x.clone().requires_grad_()]
@@ -173,6 +179,41 @@ def test_the_fp8_head_fuses_the_loss_and_matches_the_bf16_head():
     _, report = fp8_lora("attn", fp8_lm_head=True)
     assert report.fused_loss_head
     assert not fp8_lora("attn,lm_head", fp8_lm_head=True)[1].fused_loss_head  # adapters need the logits
+
+
+def test_a_delayed_fp8_base_scales_from_recorded_amaxes_without_an_amax_pass():
+    """--fp8_scaling delayed: one DelayedScalingState over every FP8 base linear; casts read its scales (no amax pass:
+    an evaluation, which records nothing, reduces no tensor); training records the amaxes, and once the update has
+    turned them into scales the loss and adapter gradients are the dynamic base's, to FP8 rounding."""
+    delayed, report = fp8_lora("attn", fp8_scaling="delayed", fp8_lm_head=True)
+    dynamic_base, _ = fp8_lora("attn", fp8_lm_head=True)
+    state = delayed.fp8_scaling
+    assert len(state.sites) == len(report.fp8_layers) and "inputs and gradients scaled delayed" in str(
+        report.summary_lines()
+    )
+    evaluations = {}
+    for name, model in (("delayed", delayed), ("dynamic", dynamic_base)):
+        with torch.no_grad(), CountOps() as counter:
+            model.eval()(batch())
+        evaluations[name] = counter.calls.get("amax", 0)
+        model.train()
+    assert evaluations["delayed"] == 0 and evaluations["dynamic"] > 0
+    assert all(b.max() == 0 for site in state.sites for b in site.amax_buffers())  # evaluation recorded nothing
+
+    def step(model):  # a loss scaled so that its gradients fall below E5M2's range unless their casts scale them up
+        model.zero_grad()
+        loss = model(batch(), targets=batch(2))
+        (loss * 1e-6).backward()
+        return loss.detach(), {n: p.grad.float() for n, p in model.named_parameters() if p.requires_grad}
+
+    reference_loss, reference_grads = step(dynamic_base)
+    similarity = []
+    for _ in range(3):  # the first step casts with scale 1; each update sets the scales from what a step recorded
+        loss, grads = step(delayed)
+        similarity.append(min(sqnr_db(reference_grads[n], g) for n, g in grads.items() if reference_grads[n].any()))
+        state.update()
+    torch.testing.assert_close(loss, reference_loss, rtol=1e-2, atol=0)
+    assert similarity[0] < 1 and similarity[-1] > 15, similarity  # scale 1: gradients flushed to zero; then matched
 
 
 def test_adapters_on_the_mlp_keep_its_linears_apart_and_shared_casts_keep_adapters():
@@ -272,15 +313,19 @@ def base_run(tmp_path, token_files, capsys):
 COMMON = ["--device", "cpu", "--batch_size", "4", "--warmup_steps", "2", "--log_every", "1", "--eval_every", "0"]
 
 
-def test_lora_fine_tune_resumes_exactly_and_saves_adapters_alone(base_run, tmp_path, token_files, capsys):
+@pytest.mark.parametrize("scaling", ["dynamic", "delayed"])
+def test_lora_fine_tune_resumes_exactly_and_saves_adapters_alone(scaling, base_run, tmp_path, token_files, capsys):
     lora = [*COMMON, *token_files, "--init_from", base_run, "--lora_rank", "4", "--lora_targets", "attn,w2"]
     lora += ["--lr", "1e-2", "--lr_decay_steps", "8", "--lora_dropout", "0.1"]
     lora += ["--dtype", "bfloat16", "--use_fp8"]  # on the CPU too: torch's _scaled_mm CPU kernel
+    if scaling == "delayed":  # the amax history travels in the checkpoint, outside the adapters
+        lora += ["--fp8_path", "fused", "--fp8_scaling", "delayed"]
     whole, split = tmp_path / "whole", tmp_path / "split"
     code, stdout, err = run([*lora, "--max_steps", "8", "--out_dir", whole], capsys)
     assert code == 0, err
     assert "rank 4, scale 1, adapters on q+k+v+o+w2: 10 layers" in stdout
     assert "14 frozen linears in FP8 (weights cast once), 1 in BF16" in stdout and "no weight-gradient GEMM" in stdout
+    assert f"inputs and gradients scaled {scaling}" in stdout
     assert "14 FP8 linears counted" in stdout
     ckpt = read_checkpoint(whole / "checkpoint.pt")
     assert ckpt["model"] and all(k.endswith(("lora_a", "lora_b")) for k in ckpt["model"])  # adapters alone
@@ -343,20 +388,27 @@ def test_a_lora_checkpoint_is_not_a_base(base_run, tmp_path, token_files, capsys
 
 
 @pytest.mark.gpu
-def test_gpu_compiled_fp8_base_trains_its_adapters_like_the_bf16_base_and_never_recasts_weights():
+@pytest.mark.parametrize("scaling", ["dynamic", "delayed"])
+def test_gpu_compiled_fp8_base_trains_its_adapters_like_the_bf16_base_and_never_recasts_weights(scaling):
     """One fullgraph compile (a graph break fails) of each base; three optimizer steps each from the same start: the
     losses and adapter gradients of the FP8 base follow the BF16 base's, and its weight copies stay the first ones."""
     shape = tiny_model(dim=256, intermediate_size=512, n_heads=4, context_length=64, vocab_size=512)
     tokens = torch.randint(0, 512, (4, 65), generator=torch.Generator().manual_seed(0)).cuda()
-    fp8 = dataclasses.replace(FP8, fp8_lm_head=True)
+    fp8 = dataclasses.replace(FP8, fp8_lm_head=True, fp8_path="fused", fp8_scaling=scaling)
     runs = {}
     for name, precision in (("bf16", None), ("fp8", fp8)):
         torch.manual_seed(0)
         model = TransformerLM(shape).cuda().to(torch.bfloat16)
         report = apply_lora(model, FinetuneConfig(init_from="x", lora_rank=8, lora_targets="attn"), precision)
+        delayed = getattr(model, "fp8_scaling", None)
         compiled = torch.compile(model, fullgraph=True)
         adapters = [p for p in model.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(adapters, lr=1e-3)
+        if delayed is not None:  # record one step's amaxes (no update of the weights), so step 1 has its scales
+            delayed.size_row_buffers(tokens.shape[0] * shape.context_length)
+            compiled(tokens[:, :-1], targets=tokens[:, 1:]).backward()
+            delayed.update()
+            optimizer.zero_grad()
         losses, grads = [], None
         for _ in range(3):
             loss = compiled(tokens[:, :-1], targets=tokens[:, 1:])
@@ -364,6 +416,8 @@ def test_gpu_compiled_fp8_base_trains_its_adapters_like_the_bf16_base_and_never_
             grads = grads or [p.grad.float().clone() for p in adapters]  # the first step's: the same weights
             optimizer.step()
             optimizer.zero_grad()
+            if delayed is not None:
+                delayed.update()
             losses.append(loss.item())
         runs[name] = (losses, grads, model, report)
     (bf16_losses, bf16_grads, _, _), (fp8_losses, fp8_grads, fp8_model, report) = runs["bf16"], runs["fp8"]

@@ -52,24 +52,26 @@ def test_the_step_splits_gemms_by_whether_a_dimension_is_the_rank():
     assert split == pytest.approx({"adapter_gemm_ms": 0.03, "base_gemm_ms": 0.4, "base_converted_gemm_ms": 0.3})
 
 
-def test_cast_traffic_counts_each_shared_input_once_and_the_fused_producers_extra():
+@pytest.mark.parametrize("scaling", ["dynamic", "delayed"])
+def test_cast_traffic_counts_each_shared_input_once_and_the_fused_producers_extra(scaling):
     cfg = tiny_model()
     dim, ffn, vocab, layers = cfg.dim, cfg.intermediate_size, cfg.vocab_size, cfg.n_layers
 
     def traffic(**fp8):
         model = tiny_lm(dtype=torch.bfloat16)
-        config = dataclasses.replace(FP8, fp8_path="fused", fp8_lm_head=True, **fp8)
+        config = dataclasses.replace(FP8, fp8_path="fused", fp8_lm_head=True, fp8_scaling=scaling, **fp8)
         apply_lora(model, FinetuneConfig(init_from="x", lora_rank=4, lora_targets="attn"), config)
         return cast_bytes_per_token(model)
 
+    cast = CAST_BYTES[scaling]
     # Unshared: every FP8 linear casts its input and its output gradient; the fused head writes its gradient in FP8.
-    per_block = CAST_BYTES * (4 * (dim + dim) + 2 * (dim + ffn) + (ffn + dim))  # q, k, v, o; w1, w3; w2
-    head = CAST_BYTES * dim - vocab
+    per_block = cast * (4 * (dim + dim) + 2 * (dim + ffn) + (ffn + dim))  # q, k, v, o; w1, w3; w2
+    head = cast * dim - vocab
     assert traffic(fp8_share_input_casts=False, fp8_fused_swiglu=False) == layers * per_block + head
-    shared = per_block - CAST_BYTES * (2 * dim + dim)  # q/k/v's input once, w1/w3's once
+    shared = per_block - cast * (2 * dim + dim)  # q/k/v's input once, w1/w3's once
     assert traffic(fp8_fused_swiglu=False) == layers * shared + head
-    swiglu = 2 * CAST_BYTES * dim + (lora_analysis.SWIGLU_FORWARD_EXTRA + lora_analysis.SWIGLU_BACKWARD_EXTRA) * ffn
-    attention = CAST_BYTES * (dim + 3 * dim) + CAST_BYTES * (dim + dim)
+    swiglu = 2 * cast * dim + sum(lora_analysis.SWIGLU_EXTRA[scaling]) * ffn
+    attention = cast * (dim + 3 * dim) + cast * (dim + dim)
     assert traffic() == layers * (attention + swiglu) + head
 
 
@@ -96,6 +98,11 @@ def test_the_sweep_lora_mode_plans_every_rank_and_target_and_refuses_what_it_can
     assert command[command.index("--lora_targets") + 1] == "q,v" and "--random_base" in command
     assert '"batch_size": 8' in (tmp_path / "c.json").read_text()
     assert parse_options(["--lora_ranks", "16", "--lora_targets", "attn,q+v"]).lora_targets == ("attn", "q,v")
+    delayed = parse_options(["--lora_ranks", "16", "--fp8_path", "fused", "--fp8_scaling", "delayed"])
+    lora_command(delayed, lora_points(delayed)[0], tmp_path / "d.json", tmp_path / "lora.json")
+    assert json.loads((tmp_path / "d.json").read_text())["fp8"]["fp8_scaling"] == "delayed"
+    with pytest.raises(ConfigError, match="--fp8_scaling is set per configuration"):
+        parse_options(["--fp8_scaling", "delayed"])  # a precision sweep sets it per point
     for argv, match in (
         (["--lora_ranks", "16", "--precisions", "bf16"], "drop"),
         (["--lora_ranks", "16", "--compile", "default,max-autotune"], "one --compile value"),

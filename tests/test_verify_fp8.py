@@ -74,9 +74,11 @@ def lora_flags(tmp_path, token_files, capsys):
     return [*tiny_flags(), "--steps", "4", *token_files, *lora]
 
 
-def test_cpu_mode_verifies_a_lora_fine_tune_on_an_fp8_base(lora_flags, tmp_path, capsys):
+@pytest.mark.parametrize("scaling", ["dynamic", "delayed"])
+def test_cpu_mode_verifies_a_lora_fine_tune_on_an_fp8_base(scaling, lora_flags, tmp_path, capsys):
     out = tmp_path / "verify.json"
-    code = verify_fp8_compilation.main([*lora_flags, "--json", str(out)])
+    delayed = ["--fp8_path", "fused", "--fp8_scaling", "delayed"] if scaling == "delayed" else []
+    code = verify_fp8_compilation.main([*lora_flags, *delayed, "--json", str(out)])
     stdout = capsys.readouterr().out
     assert code == 0, stdout
     payload, checks = checks_by_name(out)
@@ -91,10 +93,12 @@ def test_cpu_mode_verifies_a_lora_fine_tune_on_an_fp8_base(lora_flags, tmp_path,
     # The LoRA report's summary comes before the checks: FP8 and BF16 base layers, adapters, no weight gradient.
     summary = stdout.split("training FP8")[0]
     assert "14 frozen linears in FP8 (weights cast once), 1 in BF16" in summary
+    assert f"inputs and gradients scaled {scaling}" in summary
     assert "adapters on q+k+v+o: 8 layers" in summary and "no weight-gradient GEMM" in summary
     assert "2,048 trainable" in summary and "not emulation" in summary
     assert [r["fp8_path"] for r in payload["runs"]] == [None, "lora-frozen"]
-    assert [r["precision"] for r in payload["runs"]] == ["bf16", "fp8-tensorwise"]  # real FP8, not "-emulated"
+    label = "fp8-tensorwise" + ("-delayed" if scaling == "delayed" else "")
+    assert [r["precision"] for r in payload["runs"]] == ["bf16", label]  # real FP8, not "-emulated"
     assert "ALL CHECKS PASSED" in stdout
 
 

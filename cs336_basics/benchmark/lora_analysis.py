@@ -51,14 +51,14 @@ from cs336_basics.results import format_or_na, run_record
 from cs336_basics.timing import time_calls_ms
 
 RULE_OF_THUMB_SPEEDUP = 1.5  # what the users' formula assumes the non-adapter compute gains from FP8
-# Bytes moved per element by one dynamic cast of a BF16 tensor: the amax pass reads it (2), the cast pass reads it
-# again (2) and writes FP8 (1).
-CAST_BYTES = 5
-# The fused SwiGLU producers' extra bytes per element of the activation over the BF16 SwiGLU: forward reads h1 and h3
-# twice (amax pass, cast pass; 8) and writes FP8 (1) where BF16 reads them once (4) and writes BF16 (2); backward
-# reads dg, h1, h3 twice (12) and writes two FP8 gradients (2) where BF16 reads them once (6) and writes two (4).
-SWIGLU_FORWARD_EXTRA, SWIGLU_BACKWARD_EXTRA = 3, 4
-
+# Bytes moved per element by one cast of a BF16 tensor, per scaling: dynamic reads it for the amax (2), again to cast
+# (2) and writes FP8 (1); delayed casts in one pass that also records the amax (2 + 1).
+CAST_BYTES = {"dynamic": 5, "delayed": 3}
+# The fused SwiGLU producers' extra bytes per element of the activation over the BF16 SwiGLU, (forward, backward).
+# Forward: BF16 reads h1 and h3 (4) and writes g (2); dynamic reads them twice (amax pass, cast pass; 8) and writes FP8
+# (1): +3; delayed reads them once: -1. Backward: BF16 reads dg, h1, h3 (6) and writes two gradients (4); dynamic reads
+# them twice (12) and writes two FP8 gradients (2): +4; delayed reads them once: -2.
+SWIGLU_EXTRA = {"dynamic": (3, 4), "delayed": (-1, -2)}
 
 SPLIT_FIELDS = (
     "adapter_gemm_ms", "base_gemm_ms", "base_converted_gemm_ms", "non_gemm_kernel_ms", "attention_ms", "cast_ms",
@@ -78,20 +78,23 @@ def cast_bytes_per_token(model: torch.nn.Module) -> int:
     """Bytes per token the FP8 base's casts move each training step (lora/layers.py's modules; see CAST_BYTES)."""
     from cs336_basics.lora.layers import FrozenFp8LMHead, FrozenFp8SwiGLU, FrozenLinear, FrozenSharedInput
 
+    fp8_layers = [m for m in model.modules() if isinstance(m, FrozenLinear) and m.fp8]
+    scaling = "delayed" if fp8_layers and fp8_layers[0].scaling.delayed else "dynamic"
+    cast = CAST_BYTES[scaling]
     total, grouped = 0, set()
     for module in model.modules():
         if isinstance(module, FrozenFp8SwiGLU):
             dim, ffn = module.w1.in_features, module.w1.out_features
-            total += 2 * CAST_BYTES * dim + (SWIGLU_FORWARD_EXTRA + SWIGLU_BACKWARD_EXTRA) * ffn
+            total += 2 * cast * dim + sum(SWIGLU_EXTRA[scaling]) * ffn
             grouped |= {id(module.w1), id(module.w2), id(module.w3)}
         elif isinstance(module, FrozenSharedInput):
-            total += CAST_BYTES * (module.linears[0].in_features + sum(m.out_features for m in module.linears))
+            total += cast * (module.linears[0].in_features + sum(m.out_features for m in module.linears))
             grouped |= {id(m) for m in module.linears}
-    for module in model.modules():
-        if isinstance(module, FrozenLinear) and module.fp8 and id(module) not in grouped:
+    for module in fp8_layers:
+        if id(module) not in grouped:
             # The fused head writes the logits' gradient in FP8 (1 byte) instead of BF16 (2), with no amax pass.
-            grad = -1 if isinstance(module, FrozenFp8LMHead) else CAST_BYTES
-            total += CAST_BYTES * module.in_features + grad * module.out_features
+            grad = -1 if isinstance(module, FrozenFp8LMHead) else cast
+            total += cast * module.in_features + grad * module.out_features
     return total
 
 

@@ -16,11 +16,12 @@ from torch import nn
 
 from cs336_basics.config import LORA_TARGET_MODULES, FinetuneConfig, FP8Config, lora_target_list
 from cs336_basics.errors import ConfigError
-from cs336_basics.lora.layers import FrozenFp8, FrozenFp8LMHead, FrozenFp8SwiGLU, FrozenLinear, FrozenSharedInput
+from cs336_basics.lora.layers import FrozenFp8LMHead, FrozenFp8SwiGLU, FrozenLinear, FrozenSharedInput
 from cs336_basics.model.layers import SwiGLU
 from cs336_basics.precision import skip_reason
 from cs336_basics.precision.fp8 import is_lm_head
 from cs336_basics.precision.fused.convert import fused_dtypes, set_child
+from cs336_basics.precision.fused.scaling import DelayedScalingState, SiteScaling
 
 
 @dataclass
@@ -34,6 +35,7 @@ class LoRAReport:
     shared_input_groups: int = 0  # FP8 groups (q/k/v, w1/w3) whose input is cast once
     fp8_swiglu_blocks: int = 0  # SwiGLU blocks run as one FP8 unit (activation and its gradients made in FP8)
     fused_loss_head: bool = False  # an FP8 head that computes the loss and writes the logits' gradient in FP8
+    scaling: str | None = None  # how the FP8 base scales its inputs and gradients: "dynamic" or "delayed"
     trainable: int = 0
     frozen: int = 0
 
@@ -45,8 +47,9 @@ class LoRAReport:
             base += f" ({'; '.join(reasons)})"
         if self.fp8_layers:
             base += (
-                f"; {self.shared_input_groups} shared input casts, {self.fp8_swiglu_blocks} SwiGLU blocks made in "
-                f"FP8, loss {'fused into the FP8 head' if self.fused_loss_head else 'after the head'}"
+                f"; inputs and gradients scaled {self.scaling}; {self.shared_input_groups} shared input casts, "
+                f"{self.fp8_swiglu_blocks} SwiGLU blocks made in FP8, loss "
+                f"{'fused into the FP8 head' if self.fused_loss_head else 'after the head'}"
             )
         share = self.trainable / max(self.trainable + self.frozen, 1)
         return [
@@ -73,19 +76,19 @@ def apply_lora(model: nn.Module, ft: FinetuneConfig, fp8: FP8Config | None) -> L
     ConfigError if the targets match no layer or FP8 was asked for and no layer takes it."""
     targets = lora_target_list(ft.lora_targets)
     report = LoRAReport(rank=ft.lora_rank, scale=ft.scale, targets=targets)
-    frozen_fp8 = None
-    if fp8 is not None:
-        frozen_fp8 = FrozenFp8(grad_dtype=fused_dtypes(fp8)[2], fast_accum_backward=fp8.fp8_fast_accum_backward)
+    delayed = fp8 is not None and fp8.fp8_scaling == "delayed"
     for p in model.parameters():
         p.requires_grad_(False)
     linears = [(fqn, m) for fqn, m in model.named_modules() if isinstance(m, nn.Linear)]
     for fqn, linear in linears:
         reason = skip_reason(linear, fqn, fp8) if fp8 is not None else "FP8 off"
         rank = ft.lora_rank if _target_of(fqn) in targets else 0
-        in_fp8 = frozen_fp8 if reason is None else None
-        fused_loss = in_fp8 is not None and rank == 0 and is_lm_head(linear, fqn)
+        scaling = None
+        if reason is None:  # FP8: its input and output gradient cast per step (its weight is cast once)
+            scaling = SiteScaling(fused_dtypes(fp8), fp8.fp8_fast_accum_backward, delayed, linear.weight.device, 1)
+        fused_loss = scaling is not None and rank == 0 and is_lm_head(linear, fqn)
         layer = (FrozenFp8LMHead if fused_loss else FrozenLinear)(
-            linear, fp8=in_fp8, rank=rank, scale=ft.scale, dropout=ft.lora_dropout
+            linear, scaling, rank=rank, scale=ft.scale, dropout=ft.lora_dropout
         )
         set_child(model, fqn, layer)
         report.fused_loss_head |= fused_loss
@@ -105,6 +108,12 @@ def apply_lora(model: nn.Module, ft: FinetuneConfig, fp8: FP8Config | None) -> L
         )
     if fp8 is not None:
         _group_fp8_layers(model, fp8, report)
+    if delayed:  # the trainer advances the scales once per step (model.fp8_scaling, as on the fused path)
+        sites = [m.scaling for m in model.modules() if isinstance(m, FrozenLinear) and m.fp8]
+        model.fp8_scaling = DelayedScalingState(
+            sites, fp8.fp8_amax_history_len, fp8.fp8_amax_compute_algo, fp8.fp8_margin
+        )
+    report.scaling = fp8.fp8_scaling if fp8 is not None else None
     seen = {id(p): p for p in model.parameters()}.values()  # tied weights once
     report.trainable = sum(p.numel() for p in seen if p.requires_grad)
     report.frozen = sum(p.numel() for p in seen if not p.requires_grad)

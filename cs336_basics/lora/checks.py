@@ -26,8 +26,3 @@ def check_finetune_request(config: RunConfig, world: World) -> None:
             "--fp8_emulate: a LoRA run's frozen FP8 base always runs real FP8 casts and GEMMs (torch._scaled_mm, "
             "on an FP8 GPU or with torch's CPU kernel on the CPU), never high-precision emulation. Drop --fp8_emulate."
         )
-    if fp8.use_fp8 is not False and fp8.fp8_scaling != "dynamic":
-        raise ConfigError(
-            "the frozen FP8 base of a LoRA run scales its inputs and gradients dynamically (its weights once); "
-            f"--fp8_scaling {fp8.fp8_scaling} does not apply to it. Drop --fp8_scaling, or --no_use_fp8."
-        )

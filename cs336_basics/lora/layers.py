@@ -6,8 +6,11 @@ What the frozen base changes, and what these modules use:
 - W gets no gradient, so its backward is one GEMM (dx = dy W), not two: the weight-gradient GEMM is never run,
   and nothing is saved for it (neither x nor its FP8 copy; the adapters save their own input).
 - W never changes, so its FP8 copy is made once, when the layer is built, in both layouts its GEMMs read (W for
-  forward, W^T for backward), with one tensorwise scale. Each step casts only inputs (E4M3) and output gradients
-  (E5M2 by default), dynamically. A pretraining FP8 linear casts W twice per step and runs three GEMMs.
+  forward, W^T for backward), with one tensorwise scale from W's own amax. Each step casts only inputs (E4M3) and
+  output gradients (E5M2 by default), each scaled by its layer's SiteScaling: dynamically, or with `--fp8_scaling
+  delayed` from earlier steps' amaxes, so the cast needs no amax pass first and no transposed copy is ever written
+  (nothing reads one: there is no weight gradient). A pretraining FP8 linear casts W twice per step and runs three
+  GEMMs.
 - The FP8 base keeps the fused path's cast savings (precision/fused/), without what only trainable weights need:
   layers that read one input (q/k/v, w1/w3) cast it once (`FrozenSharedInput`); a SwiGLU block without adapters
   writes its activation and its gradients straight in FP8 from the fused path's kernels, without the transposed
@@ -23,24 +26,22 @@ State-dict keys: the base weight keeps the key it had in the plain model (`...q_
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from cs336_basics.precision.fused.head import cross_entropy_from_logits, fp8_logits_grad
 from cs336_basics.precision.fused.linear import fp8_matmul
-from cs336_basics.precision.fused.scaling import E4M3, E5M2, dynamic_cast, producer_scales
+from cs336_basics.precision.fused.scaling import (
+    E4M3,
+    GRAD,
+    INPUT,
+    SiteScaling,
+    dynamic_cast,
+    produce_scales,
+    record_produced,
+)
 from cs336_basics.precision.fused.swiglu import swiglu_ops
-
-
-@dataclass(frozen=True)
-class FrozenFp8:
-    """How a frozen base runs its FP8 GEMMs: the output gradients' format and whether the backward (input-gradient)
-    GEMMs accumulate fast. Inputs are E4M3 and forward GEMMs accumulate fast, as in every FP8 path here."""
-
-    grad_dtype: torch.dtype = E5M2
-    fast_accum_backward: bool = False
 
 
 def _triples(operands: tuple[torch.Tensor, ...]) -> list[tuple[torch.Tensor, ...]]:
@@ -49,47 +50,53 @@ def _triples(operands: tuple[torch.Tensor, ...]) -> list[tuple[torch.Tensor, ...
 
 class _FrozenFp8Linears(torch.autograd.Function):
     """x W_i^T for frozen weights that share the input x, given as cached FP8 operands (W_i, W_i^T, inverse scale):
-    x cast once; forward one FP8 GEMM per weight, backward one (dx only) per weight."""
+    x cast once (by scalings[0]); forward one FP8 GEMM per weight, backward one (dx only) per weight, each output
+    gradient cast by its layer's scaling. `record`: delayed scaling files this step's amaxes (training only)."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, fp8: FrozenFp8, *operands: torch.Tensor):
+    def forward(ctx, x: torch.Tensor, scalings: tuple[SiteScaling, ...], record: bool, *operands: torch.Tensor):
         x2 = x.reshape(-1, x.shape[-1])
-        x_fp8, x_scale_inv = dynamic_cast(x2, E4M3)
+        x_fp8, x_scale_inv = scalings[0].cast(x2, INPUT, record)
         outputs = []
         for w_fp8, _, w_scale_inv in _triples(operands):
             # B = W^T column-major, as the FP8 GEMM wants it: the row-major W viewed transposed.
             y = fp8_matmul(x_fp8, x_scale_inv, w_fp8.t(), w_scale_inv, fast_accum=True)
             outputs.append(y.reshape(*x.shape[:-1], w_fp8.shape[0]))
         ctx.save_for_backward(*[t for _, w_t, scale in _triples(operands) for t in (w_t, scale)])  # not x
-        ctx.fp8, ctx.n_operands = fp8, len(operands)
+        ctx.scalings, ctx.record, ctx.n_operands = scalings, record, len(operands)
         return tuple(outputs)
 
     @staticmethod
     def backward(ctx, *grads: torch.Tensor):
         saved = ctx.saved_tensors
         dx = None
-        for i, dy in enumerate(grads):
+        for i, (dy, scaling) in enumerate(zip(grads, ctx.scalings, strict=True)):
             w_t, w_scale_inv = saved[2 * i], saved[2 * i + 1]
-            g_fp8, g_scale_inv = dynamic_cast(dy.reshape(-1, dy.shape[-1]), ctx.fp8.grad_dtype)
-            part = fp8_matmul(g_fp8, g_scale_inv, w_t.t(), w_scale_inv, ctx.fp8.fast_accum_backward)
+            g_fp8, g_scale_inv = scaling.cast(dy.reshape(-1, dy.shape[-1]), GRAD, ctx.record)
+            part = fp8_matmul(g_fp8, g_scale_inv, w_t.t(), w_scale_inv, scaling.fast_accum_backward)
             dx = part if dx is None else dx + part
-        return dx.reshape(*grads[0].shape[:-1], dx.shape[-1]), None, *([None] * ctx.n_operands)
+        return dx.reshape(*grads[0].shape[:-1], dx.shape[-1]), None, None, *([None] * ctx.n_operands)
 
 
 class FrozenLinear(nn.Module):
-    """Stands in for an nn.Linear (no bias) of a fine-tuned base: its weight frozen, its GEMMs in FP8 when `fp8` is
-    given, LoRA adapters on it when `rank` > 0."""
+    """Stands in for an nn.Linear (no bias) of a fine-tuned base: its weight frozen, its GEMMs in FP8 when `scaling`
+    (how its input and output gradient are cast) is given, LoRA adapters on it when `rank` > 0."""
 
     def __init__(
-        self, linear: nn.Linear, fp8: FrozenFp8 | None, rank: int = 0, scale: float = 1.0, dropout: float = 0.0
+        self,
+        linear: nn.Linear,
+        scaling: SiteScaling | None,
+        rank: int = 0,
+        scale: float = 1.0,
+        dropout: float = 0.0,
     ):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight = linear.weight
         self.weight.requires_grad_(False)
-        self.fp8 = fp8
+        self.scaling = scaling
         self.rank, self.scale = rank, scale
-        if fp8 is not None:
+        if scaling is not None:
             self.weight_casts = 0  # how often the FP8 copy was made: once (tests count it)
             self.refresh_fp8_weight()
         if rank > 0:
@@ -101,10 +108,15 @@ class FrozenLinear(nn.Module):
             nn.init.kaiming_uniform_(self.lora_a, a=math.sqrt(5))
             self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
 
+    @property
+    def fp8(self) -> bool:
+        return self.scaling is not None
+
     @torch.no_grad()
     def refresh_fp8_weight(self) -> None:
-        """Make the FP8 copies of the weight (non-persistent buffers: the BF16 weight stays the saved one). Needed
-        again only if the base weight is changed in place, e.g. by loading other base weights."""
+        """Make the FP8 copies of the weight (non-persistent buffers: the BF16 weight stays the saved one), scaled
+        by the weight's own amax. Needed again only if the base weight is changed in place, e.g. by loading other
+        base weights."""
         w_fp8, w_scale_inv = dynamic_cast(self.weight, E4M3)
         self.register_buffer("weight_fp8", w_fp8, persistent=False)
         self.register_buffer("weight_fp8_t", w_fp8.t().contiguous(), persistent=False)
@@ -122,8 +134,9 @@ class FrozenLinear(nn.Module):
         return y + (self.dropout(x) @ self.lora_a.t() @ self.lora_b.t()) * self.scale
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.fp8 is not None:
-            y = _FrozenFp8Linears.apply(x, self.fp8, *self.fp8_operands)[0]
+        if self.fp8:
+            # Amaxes are recorded in training only: evaluation and sampling must not move delayed scales.
+            y = _FrozenFp8Linears.apply(x, (self.scaling,), self.training, *self.fp8_operands)[0]
         else:
             y = nn.functional.linear(x, self.weight)  # W frozen: autograd computes dx only
         return self.with_adapter(x, y)
@@ -145,16 +158,17 @@ class FrozenLinear(nn.Module):
 
 class FrozenSharedInput(nn.Module):
     """Frozen FP8 linears that read one input (a model's SHARED_INPUT group, e.g. q/k/v), its cast made once. Each
-    keeps its weight, its adapters and its state-dict keys where the model has them; this module only refers to them."""
+    keeps its weight, its adapters, its scaling and its state-dict keys where the model has them; this module only
+    refers to them."""
 
     def __init__(self, linears: tuple[FrozenLinear, ...]):
         super().__init__()
         self.linears = tuple(linears)  # not registered: they stay where the model has them
-        self.fp8 = linears[0].fp8
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         operands = [t for layer in self.linears for t in layer.fp8_operands]
-        outputs = _FrozenFp8Linears.apply(x, self.fp8, *operands)
+        scalings = tuple(layer.scaling for layer in self.linears)
+        outputs = _FrozenFp8Linears.apply(x, scalings, self.training, *operands)
         return tuple(layer.with_adapter(x, y) for layer, y in zip(self.linears, outputs, strict=True))
 
     def extra_repr(self) -> str:
@@ -163,31 +177,37 @@ class FrozenSharedInput(nn.Module):
 
 class _FrozenFp8SwiGLU(torch.autograd.Function):
     """W2 (silu(W1 x) * W3 x) with frozen FP8 weights: x cast once, the activation g and the gradients dh1, dh3
-    written in FP8 by the fused path's producer kernels (no transposes: there is no weight gradient)."""
+    written in FP8 by the fused path's producer kernels (no transposes: there is no weight gradient). Scalings as
+    the fused path's Fp8SwiGLU: w1's casts x and scales dh1, w3's dh3, w2's g and dy."""
 
     @staticmethod
-    def forward(ctx, x, ops, fp8: FrozenFp8, w1, w1_t, s1, w3, w3_t, s3, w2, w2_t, s2):
-        x2 = x.reshape(-1, x.shape[-1])
-        x_fp8, x_scale_inv = dynamic_cast(x2, E4M3)
-        h1 = fp8_matmul(x_fp8, x_scale_inv, w1.t(), s1, fast_accum=True)
-        h3 = fp8_matmul(x_fp8, x_scale_inv, w3.t(), s3, fast_accum=True)
-        g_scale, (g_inv,) = producer_scales(ops.swiglu_amax(h1, h3), E4M3)
-        g_fp8 = ops.swiglu_cast(h1, h3, g_scale, E4M3, False, False)[0]
-        y = fp8_matmul(g_fp8, g_inv, w2.t(), s2, fast_accum=True)
-        ctx.save_for_backward(h1, h3, w1_t, s1, w3_t, s3, w2_t, s2)
-        ctx.ops, ctx.fp8 = ops, fp8
+    def forward(ctx, x, ops, scalings, record, w1, w1_t, w1_inv, w3, w3_t, w3_inv, w2, w2_t, w2_inv):
+        s1, _, s2 = scalings
+        x_fp8, x_inv = s1.cast(x.reshape(-1, x.shape[-1]), INPUT, record)
+        h1 = fp8_matmul(x_fp8, x_inv, w1.t(), w1_inv, fast_accum=True)
+        h3 = fp8_matmul(x_fp8, x_inv, w3.t(), w3_inv, fast_accum=True)
+        g_scale, (g_inv,) = produce_scales((s2,), INPUT, lambda: ops.swiglu_amax(h1, h3))
+        g_fp8, _, amax, saturated = ops.swiglu_cast(h1, h3, g_scale, s2.dtypes[INPUT], record and s2.delayed, False)
+        record_produced((s2,), INPUT, amax, saturated, record)
+        y = fp8_matmul(g_fp8, g_inv, w2.t(), w2_inv, fast_accum=True)
+        ctx.save_for_backward(h1, h3, w1_t, w1_inv, w3_t, w3_inv, w2_t, w2_inv)
+        ctx.ops, ctx.scalings, ctx.record = ops, scalings, record
         return y.reshape(*x.shape[:-1], y.shape[-1])
 
     @staticmethod
     def backward(ctx, dy):
-        h1, h3, w1_t, s1, w3_t, s3, w2_t, s2 = ctx.saved_tensors
-        ops, dtype, fast = ctx.ops, ctx.fp8.grad_dtype, ctx.fp8.fast_accum_backward
-        dy_fp8, dy_scale_inv = dynamic_cast(dy.reshape(-1, dy.shape[-1]), dtype)
-        dg = fp8_matmul(dy_fp8, dy_scale_inv, w2_t.t(), s2, fast)
-        scales, (dh1_inv, dh3_inv) = producer_scales(ops.swiglu_grad_amax(dg, h1, h3), dtype)
-        dh1, _, dh3, _, _, _ = ops.swiglu_grad_cast(dg, h1, h3, scales, dtype, False, False)
-        dx = fp8_matmul(dh1, dh1_inv, w1_t.t(), s1, fast) + fp8_matmul(dh3, dh3_inv, w3_t.t(), s3, fast)
-        return dx.reshape(*dy.shape[:-1], dx.shape[-1]), *([None] * 11)
+        h1, h3, w1_t, w1_inv, w3_t, w3_inv, w2_t, w2_inv = ctx.saved_tensors
+        ops, (s1, s3, s2), record = ctx.ops, ctx.scalings, ctx.record
+        fast = s2.fast_accum_backward
+        dy_fp8, dy_inv = s2.cast(dy.reshape(-1, dy.shape[-1]), GRAD, record)
+        dg = fp8_matmul(dy_fp8, dy_inv, w2_t.t(), w2_inv, fast)
+        scales, (dh1_inv, dh3_inv) = produce_scales((s1, s3), GRAD, lambda: ops.swiglu_grad_amax(dg, h1, h3))
+        dh1, _, dh3, _, amax, saturated = ops.swiglu_grad_cast(
+            dg, h1, h3, scales, s1.dtypes[GRAD], record and s1.delayed, False
+        )
+        record_produced((s1, s3), GRAD, amax, saturated, record)
+        dx = fp8_matmul(dh1, dh1_inv, w1_t.t(), w1_inv, fast) + fp8_matmul(dh3, dh3_inv, w3_t.t(), w3_inv, fast)
+        return dx.reshape(*dy.shape[:-1], dx.shape[-1]), *([None] * 12)
 
 
 class FrozenFp8SwiGLU(nn.Module):
@@ -200,8 +220,10 @@ class FrozenFp8SwiGLU(nn.Module):
         self.ops = swiglu_ops(w1.weight.device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        operands = (*self.w1.fp8_operands, *self.w3.fp8_operands, *self.w2.fp8_operands)
-        return _FrozenFp8SwiGLU.apply(x, self.ops, self.w1.fp8, *operands)
+        layers = (self.w1, self.w3, self.w2)
+        operands = [t for layer in layers for t in layer.fp8_operands]
+        scalings = tuple(layer.scaling for layer in layers)
+        return _FrozenFp8SwiGLU.apply(x, self.ops, scalings, self.training, *operands)
 
     def extra_repr(self) -> str:
         return "frozen, fp8, activation and its gradients produced in FP8"
@@ -212,20 +234,21 @@ class _FrozenFp8LinearCrossEntropy(torch.autograd.Function):
     (precision/fused/head.py says why no amax pass is needed), one backward GEMM (dx)."""
 
     @staticmethod
-    def forward(ctx, x, targets, fp8: FrozenFp8, w_fp8, w_t, w_scale_inv):
-        x_fp8, x_scale_inv = dynamic_cast(x.reshape(-1, x.shape[-1]), E4M3)
+    def forward(ctx, x, targets, scaling: SiteScaling, record: bool, w_fp8, w_t, w_scale_inv):
+        x_fp8, x_scale_inv = scaling.cast(x.reshape(-1, x.shape[-1]), INPUT, record)
         logits = fp8_matmul(x_fp8, x_scale_inv, w_fp8.t(), w_scale_inv, fast_accum=True)
         loss, lse, valid, count = cross_entropy_from_logits(logits, targets.reshape(-1))
         ctx.save_for_backward(logits, lse, targets.reshape(-1), valid, count, w_t, w_scale_inv)
-        ctx.fp8, ctx.x_shape = fp8, x.shape
+        ctx.scaling, ctx.x_shape = scaling, x.shape
         return loss
 
     @staticmethod
     def backward(ctx, dloss):
         logits, lse, targets, valid, count, w_t, w_scale_inv = ctx.saved_tensors
-        g_fp8, g_scale_inv = fp8_logits_grad(logits, lse, targets, valid, count, dloss, ctx.fp8.grad_dtype)
-        dx = fp8_matmul(g_fp8, g_scale_inv, w_t.t(), w_scale_inv, ctx.fp8.fast_accum_backward)
-        return dx.reshape(ctx.x_shape), None, None, None, None, None
+        scaling = ctx.scaling
+        g_fp8, g_scale_inv = fp8_logits_grad(logits, lse, targets, valid, count, dloss, scaling.dtypes[GRAD])
+        dx = fp8_matmul(g_fp8, g_scale_inv, w_t.t(), w_scale_inv, scaling.fast_accum_backward)
+        return dx.reshape(ctx.x_shape), None, None, None, None, None, None
 
 
 class FrozenFp8LMHead(FrozenLinear):
@@ -233,4 +256,4 @@ class FrozenFp8LMHead(FrozenLinear):
 
     def linear_cross_entropy(self, x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Mean cross-entropy of `targets` under x W^T; the same value as cross_entropy(self(x), targets)."""
-        return _FrozenFp8LinearCrossEntropy.apply(x, targets, self.fp8, *self.fp8_operands)
+        return _FrozenFp8LinearCrossEntropy.apply(x, targets, self.scaling, self.training, *self.fp8_operands)

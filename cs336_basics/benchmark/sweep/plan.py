@@ -286,13 +286,17 @@ def plan_sweep(options: SweepOptions) -> list[Planned]:
     return plan
 
 
+LORA_PASS_THROUGH = {("fp8", "fp8_path"), ("fp8", "fp8_scaling")}
+
+
 def check_pass_through(overrides: dict[str, Any], lora: bool = False) -> None:
-    """Refuse pass-through flags the sweep sets itself. In LoRA mode --fp8_path passes (the frozen base runs its own
-    FP8 linears either way; `--fp8_path fused` unlocks the fused path's switches, e.g. --fp8_fast_accum_backward)."""
+    """Refuse pass-through flags the sweep sets itself. In LoRA mode, which sweeps no precisions, --fp8_path and
+    --fp8_scaling pass (the frozen base runs its own FP8 linears either way; `--fp8_path fused` unlocks the fused
+    path's switches, e.g. --fp8_fast_accum_backward and --fp8_scaling delayed)."""
     if "preset" in overrides:
         raise ConfigError("--preset is set per configuration by the sweep; use --presets (comma-separated).")
     for (section, name), instead in SWEPT_SETTINGS.items():
-        if lora and (section, name) == ("fp8", "fp8_path"):
+        if lora and (section, name) in LORA_PASS_THROUGH:
             continue
         if name in overrides.get(section, {}):
             raise ConfigError(f"--{name} is set per configuration by the sweep; use {instead}.")
