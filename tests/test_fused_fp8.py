@@ -166,19 +166,22 @@ def test_amax_is_max_accumulated_within_a_step():
 
 
 @pytest.mark.parametrize(("rows", "sized_for"), [(48, None), (5, None), (48, 48), (7, 48)])
-def test_recorded_amax_and_saturation_count_are_exact_for_any_row_count(rows, sized_for):
-    # The cast records per row: straight into buffers sized for its rows, else folded into bins of rows first.
-    sites, state = delayed_sites()
+@pytest.mark.parametrize("grad_row", [None, 8])
+def test_recorded_amax_and_saturation_count_are_exact_for_any_row_count(rows, sized_for, grad_row):
+    # The cast records per row: straight into buffers sized for its rows, else folded into bins of rows first. An
+    # output gradient recorded in pieces of `grad_row` features (a row of 24 in three) is folded the same way.
+    sites = [SiteScaling(DTYPES, delayed=True, grad_row=grad_row) for _ in range(2)]
+    state = DelayedScalingState(sites)
     if sized_for is not None:
         state.size_row_buffers(sized_for)
         assert sites[0].amax_input.shape == (sized_for,) and sites[0].saturated_grad.shape == (sized_for,)
-    record(sites[0], INPUT, 1.0)
-    state.update()  # scale 448
-    x = torch.randn(rows, 24) * 2
+    record(sites[0], GRAD, 1.0)
+    state.update()  # scale 57344 (E5M2's max)
+    x = torch.randn(rows, 24) / 2
     x[rows - 1, 3] = 9.0
-    sites[0].cast(x, INPUT, record=True)
-    assert sites[0].amax[INPUT].item() == 9.0
-    assert state.take_saturated() == int((x.abs() * 448.0 > 448.0).sum())
+    sites[0].cast(x, GRAD, record=True)
+    assert sites[0].amax[GRAD].item() == 9.0
+    assert state.take_saturated() == int((x.abs() * 57344.0 > 57344.0).sum())
 
 
 def test_overflow_saturates_and_is_counted():

@@ -191,6 +191,9 @@ def test_a_delayed_fp8_base_scales_from_recorded_amaxes_without_an_amax_pass():
     assert len(state.sites) == len(report.fp8_layers) and "inputs and gradients scaled delayed" in str(
         report.summary_lines()
     )
+    attention = delayed.layers[0].attn
+    assert attention.k_proj.scaling.grad_row == attention.head_dim  # gradients recorded head by head
+    assert attention.output_proj.scaling.grad_row is None
     evaluations = {}
     for name, model in (("delayed", delayed), ("dynamic", dynamic_base)):
         with torch.no_grad(), CountOps() as counter:
@@ -325,7 +328,7 @@ def test_lora_fine_tune_resumes_exactly_and_saves_adapters_alone(scaling, base_r
     assert code == 0, err
     assert "rank 4, scale 1, adapters on q+k+v+o+w2: 10 layers" in stdout
     assert "14 frozen linears in FP8 (weights cast once), 1 in BF16" in stdout and "no weight-gradient GEMM" in stdout
-    assert f"inputs and gradients scaled {scaling}" in stdout
+    assert f"inputs and gradients scaled {scaling}" in stdout and f"{scaling} input and gradient scales" in stdout
     assert "14 FP8 linears counted" in stdout
     ckpt = read_checkpoint(whole / "checkpoint.pt")
     assert ckpt["model"] and all(k.endswith(("lora_a", "lora_b")) for k in ckpt["model"])  # adapters alone
@@ -443,3 +446,14 @@ def test_gpu_lora_fine_tune_runs_compiled_with_an_fp8_base(base_run, tmp_path, t
     assert code == 0, err
     assert "15 frozen linears in FP8 (weights cast once), 0 in BF16" in stdout
     assert "2 shared input casts, 2 SwiGLU blocks made in FP8, loss fused into the FP8 head" in stdout
+
+
+def test_the_summary_warns_that_fast_backward_accumulation_costs_a_lora_base_its_loss(base_run):
+    from cs336_basics.training.summary import RunFacts, suboptimal_choices
+
+    facts = RunFacts(torch.device("cuda"), 1, 1, "sdpa", "tokens", fp8_capable=True)
+    fp8 = {"use_fp8": True, "fp8_path": "fused", "fp8_fast_accum_backward": True}
+    lora = build_config({"fp8": fp8, "finetune": {"init_from": str(base_run), "lora_rank": 4}})
+    pretraining = build_config({"fp8": fp8})
+    assert any("--fp8_fast_accum_backward on a LoRA base" in w for w in suboptimal_choices(lora, facts))
+    assert not any("--fp8_fast_accum_backward" in w for w in suboptimal_choices(pretraining, facts))

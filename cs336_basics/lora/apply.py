@@ -85,7 +85,10 @@ def apply_lora(model: nn.Module, ft: FinetuneConfig, fp8: FP8Config | None) -> L
         rank = ft.lora_rank if _target_of(fqn) in targets else 0
         scaling = None
         if reason is None:  # FP8: its input and output gradient cast per step (its weight is cast once)
-            scaling = SiteScaling(fused_dtypes(fp8), fp8.fp8_fast_accum_backward, delayed, linear.weight.device, 1)
+            per_head = _target_of(fqn) in ("q", "k", "v")  # their gradients come from attention, head by head
+            grad_row = model.config.head_dim if per_head else None
+            scaling = SiteScaling(fused_dtypes(fp8), fp8.fp8_fast_accum_backward, delayed, linear.weight.device, 1,
+                                  grad_row)  # fmt: skip
         fused_loss = scaling is not None and rank == 0 and is_lm_head(linear, fqn)
         layer = (FrozenFp8LMHead if fused_loss else FrozenLinear)(
             linear, scaling, rank=rank, scale=ft.scale, dropout=ft.lora_dropout

@@ -112,11 +112,17 @@ class SiteScaling(nn.Module):
     """
 
     def __init__(self, dtypes: tuple[torch.dtype, torch.dtype, torch.dtype], fast_accum_backward: bool = False,
-                 delayed: bool = False, device: torch.device | str | None = None, weight_rows: int = BINS):  # fmt: skip
+                 delayed: bool = False, device: torch.device | str | None = None, weight_rows: int = BINS,
+                 grad_row: int | None = None):  # fmt: skip
         super().__init__()
         self.dtypes = dtypes
         self.fast_accum_backward = fast_accum_backward
         self.delayed = delayed
+        # The output gradient's amax is recorded per `grad_row` features instead of per whole row when its producer
+        # writes it in such pieces: q/k/v's gradients come from attention one head at a time, and a reduction over
+        # whole token rows across heads compiles into a slow pass of its own (benchmarks/results/
+        # 2026-11-23-lora-delayed-h200/README.md).
+        self.grad_row = grad_row
         self._separate_transpose = None  # see transposed()
         if not delayed:
             return
@@ -189,7 +195,8 @@ class SiteScaling(nn.Module):
             return dynamic_cast(x, dtype)
         scale = self.scale[role]
         if record:
-            magnitude = x.reshape(-1, x.shape[-1]).abs()
+            row = self.grad_row if role == GRAD and self.grad_row else x.shape[-1]
+            magnitude = x.reshape(-1, row).abs()
             saturated = (magnitude.float() * scale > fp8_max(dtype)).sum(dim=-1)
             self.accumulate(role, magnitude.amax(dim=-1), saturated)
         return cast_to_fp8(x, scale, dtype), self.scale_inv(role)
