@@ -20,7 +20,8 @@ from cs336_basics.lora import apply_lora
 from cs336_basics.lora.layers import FrozenFp8LMHead, FrozenFp8SwiGLU, FrozenLinear, FrozenSharedInput
 from cs336_basics.lora.merge import lora_model, merge_adapters, merged_state_dict
 from cs336_basics.model import TransformerLM
-from cs336_basics.precision.fused.scaling import E4M3, E5M2, SiteScaling
+from cs336_basics.precision.fused.convert import fused_dtypes
+from cs336_basics.precision.fused.scaling import SiteScaling
 from cs336_basics.training.checkpoint import read_checkpoint
 from cs336_basics.training.metrics import read_metrics
 
@@ -28,8 +29,8 @@ FP8 = FP8Config(use_fp8=True)  # the frozen base runs real _scaled_mm on the CPU
 
 
 def dynamic() -> SiteScaling:
-    """A frozen FP8 layer's default casts: E4M3 inputs, E5M2 output gradients, scaled dynamically."""
-    return SiteScaling((E4M3, E4M3, E5M2))
+    """A frozen FP8 layer's default casts (the formats apply_lora gives it), scaled dynamically."""
+    return SiteScaling(fused_dtypes(FP8))
 
 
 def tiny_lm(seed: int = 0, dtype=torch.float32) -> TransformerLM:
