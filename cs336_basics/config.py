@@ -249,7 +249,7 @@ class FP8Config:
     fp8_fast_accum_backward: bool = setting(
         False,
         "--fp8_path fused: fast (lower-precision) accumulation in the two backward FP8 GEMMs too (the forward "
-        "GEMM always uses it, as TorchAO does)",
+        "GEMM always uses it, as TorchAO does), except the lm_head's, whose gradient it would ruin",
     )
 
     def __post_init__(self) -> None:

@@ -11,8 +11,10 @@ import torch.nn.functional as F
 from numerics import sqnr_db
 from tiny import tiny_model
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
-from cs336_basics.config import FP8Config
+from cs336_basics.config import FinetuneConfig, FP8Config
+from cs336_basics.lora import apply_lora
 from cs336_basics.model import TransformerLM
 from cs336_basics.precision.fused.convert import convert_model_to_fused_fp8
 from cs336_basics.precision.fused.head import Fp8LMHead, cross_entropy_from_logits, logits_grad
@@ -112,3 +114,39 @@ def test_gpu_compiled_fused_head_matches_a_bf16_head():
         loss.backward()
     assert losses[1].item() == pytest.approx(losses[0].item(), rel=0.01)
     assert sqnr_db(xs[0].grad, xs[1].grad) > 18 and sqnr_db(bf16.weight.grad, fp8.weight.grad) > 18
+
+
+class RecordScaledMM(TorchDispatchMode):
+    """(operand a's shape, use_fast_accum) of every FP8 GEMM run under it."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten._scaled_mm.default:
+            fast = args[7] if len(args) > 7 else (kwargs or {}).get("use_fast_accum", False)  # as the schema orders it
+            self.calls.append((tuple(args[0].shape), bool(fast)))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["pretraining", "lora-base"])
+def test_the_heads_backward_gemms_never_accumulate_fast(lora):
+    # The logits' gradient sums to zero per row, and fast accumulation's error outgrew its GEMMs' results on the GPU
+    # (head.py says where it was measured): --fp8_fast_accum_backward reaches every other backward GEMM, not these.
+    torch.manual_seed(0)
+    vocab = 96  # no other dimension of the tiny model: the head's backward GEMMs are those whose A operand has it
+    model = TransformerLM(tiny_model(vocab_size=vocab)).to(torch.bfloat16)
+    fp8 = FP8Config(use_fp8=True, fp8_emulate=True, fp8_path="fused", fp8_lm_head=True, fp8_fast_accum_backward=True)
+    if lora:
+        apply_lora(model, FinetuneConfig(init_from="x", lora_rank=4, lora_targets="attn"), fp8)
+    else:
+        convert_model_to_fused_fp8(model, fp8)
+    ids = torch.randint(0, vocab, (2, 16))
+    loss = model(ids, targets=ids)
+    with RecordScaledMM() as backward:
+        loss.backward()
+    head = [fast for shape, fast in backward.calls if vocab in shape]
+    others = [fast for shape, fast in backward.calls if vocab not in shape]
+    assert head == [False] * (1 if lora else 2)  # dx (and dW when the head trains)
+    assert others and all(others)

@@ -447,14 +447,3 @@ def test_gpu_lora_fine_tune_runs_compiled_with_an_fp8_base(base_run, tmp_path, t
     assert code == 0, err
     assert "15 frozen linears in FP8 (weights cast once), 0 in BF16" in stdout
     assert "2 shared input casts, 2 SwiGLU blocks made in FP8, loss fused into the FP8 head" in stdout
-
-
-def test_the_summary_warns_that_fast_backward_accumulation_costs_a_lora_base_its_loss(base_run):
-    from cs336_basics.training.summary import RunFacts, suboptimal_choices
-
-    facts = RunFacts(torch.device("cuda"), 1, 1, "sdpa", "tokens", fp8_capable=True)
-    fp8 = {"use_fp8": True, "fp8_path": "fused", "fp8_fast_accum_backward": True}
-    lora = build_config({"fp8": fp8, "finetune": {"init_from": str(base_run), "lora_rank": 4}})
-    pretraining = build_config({"fp8": fp8})
-    assert any("--fp8_fast_accum_backward on a LoRA base" in w for w in suboptimal_choices(lora, facts))
-    assert not any("--fp8_fast_accum_backward" in w for w in suboptimal_choices(pretraining, facts))

@@ -58,12 +58,6 @@ def suboptimal_choices(config: RunConfig, facts: RunFacts) -> list[str]:
         warnings.append("torch.compile is off: eager mode leaves kernel fusion on the table; add --compile_model.")
     if fp8.use_fp8 and fp8.fp8_emulate:
         warnings.append("--fp8_emulate runs FP8 numerics in high precision: slower than BF16; for debugging only.")
-    if fp8.use_fp8 and fp8.fp8_fast_accum_backward and config.finetune.lora:
-        warnings.append(
-            "--fp8_fast_accum_backward on a LoRA base: fast accumulation in its input-gradient GEMMs raised the "
-            "fine-tune's validation loss on real text (benchmarks/results/2026-11-23-lora-delayed-h200); leave it "
-            "off unless speed matters more than the loss."
-        )
     if not fp8.use_fp8 and facts.fp8_capable:
         warnings.append("FP8 is off on a GPU that supports it: add --use_fp8 (TorchAO float8 training).")
     if t.dtype != "bfloat16":
