@@ -20,7 +20,7 @@ from cs336_basics.lora.layers import FrozenFp8LMHead, FrozenFp8SwiGLU, FrozenLin
 from cs336_basics.model.layers import SwiGLU
 from cs336_basics.precision import skip_reason
 from cs336_basics.precision.fp8 import is_lm_head
-from cs336_basics.precision.fused.convert import fused_dtypes, set_child
+from cs336_basics.precision.fused.convert import fast_accum_backward, fused_dtypes, set_child
 from cs336_basics.precision.fused.scaling import DelayedScalingState, SiteScaling
 
 
@@ -87,8 +87,8 @@ def apply_lora(model: nn.Module, ft: FinetuneConfig, fp8: FP8Config | None) -> L
         if reason is None:  # FP8: its input and output gradient cast per step (its weight is cast once)
             per_head = _target_of(fqn) in ("q", "k", "v")  # their gradients come from attention, head by head
             grad_row = model.config.head_dim if per_head else None
-            scaling = SiteScaling(fused_dtypes(fp8), fp8.fp8_fast_accum_backward, delayed, linear.weight.device, 1,
-                                  grad_row)  # fmt: skip
+            fast = fast_accum_backward(fp8, linear, fqn)
+            scaling = SiteScaling(fused_dtypes(fp8), fast, delayed, linear.weight.device, 1, grad_row)
         fused_loss = scaling is not None and rank == 0 and is_lm_head(linear, fqn)
         layer = (FrozenFp8LMHead if fused_loss else FrozenLinear)(
             linear, scaling, rank=rank, scale=ft.scale, dropout=ft.lora_dropout

@@ -30,7 +30,7 @@ import math
 import torch
 from torch import nn
 
-from cs336_basics.precision.fused.head import HEAD_FAST_ACCUM, cross_entropy_from_logits, fp8_logits_grad
+from cs336_basics.precision.fused.head import cross_entropy_from_logits, fp8_logits_grad
 from cs336_basics.precision.fused.linear import fp8_matmul
 from cs336_basics.precision.fused.scaling import (
     E4M3,
@@ -247,7 +247,7 @@ class _FrozenFp8LinearCrossEntropy(torch.autograd.Function):
         logits, lse, targets, valid, count, w_t, w_scale_inv = ctx.saved_tensors
         scaling = ctx.scaling
         g_fp8, g_scale_inv = fp8_logits_grad(logits, lse, targets, valid, count, dloss, scaling.dtypes[GRAD])
-        dx = fp8_matmul(g_fp8, g_scale_inv, w_t.t(), w_scale_inv, HEAD_FAST_ACCUM)
+        dx = fp8_matmul(g_fp8, g_scale_inv, w_t.t(), w_scale_inv, scaling.fast_accum_backward)
         return dx.reshape(ctx.x_shape), None, None, None, None, None, None
 
 

@@ -33,6 +33,15 @@ def fused_dtypes(cfg: FP8Config) -> tuple[torch.dtype, torch.dtype, torch.dtype]
     return (E4M3, E4M3, E4M3 if cfg.fp8_format == "e4m3" else E5M2)
 
 
+def fast_accum_backward(cfg: FP8Config, linear: nn.Module, fqn: str) -> bool:
+    """Whether the linear at `fqn` takes --fp8_fast_accum_backward: every FP8 linear but the lm_head. Each row of the
+    logits' gradient, softmax - onehot, sums to zero, so the head's dx sums vocabulary-many terms that cancel down to
+    a result far smaller than they are: with fast accumulation its error outgrew the result (the gradients below the
+    head were off by 91-122%, 6-7% without it), and its dW's error doubled
+    (benchmarks/results/2026-11-23-lora-loss-safe-h200/README.md)."""
+    return cfg.fp8_fast_accum_backward and not is_lm_head(linear, fqn)
+
+
 def count_fused_linears(model: nn.Module) -> int:
     """Linear layers whose GEMMs run in FP8 on the fused path (members of a shared-input group included)."""
     return sum(
@@ -72,11 +81,12 @@ def convert_model_to_fused_fp8(model: nn.Module, cfg: FP8Config) -> FP8Conversio
     converted = set(report.converted)
     device = next(model.parameters()).device
     delayed = cfg.fp8_scaling == "delayed"
+    linears = {name: model.get_submodule(name) for name in report.converted}
     scalings = {
         name: SiteScaling(
-            dtypes, cfg.fp8_fast_accum_backward, delayed, device, weight_rows=model.get_submodule(name).out_features
+            dtypes, fast_accum_backward(cfg, linear, name), delayed, device, weight_rows=linear.out_features
         )
-        for name in report.converted
+        for name, linear in linears.items()
     }
     keys_before = list(model.state_dict().keys())
 

@@ -22,11 +22,6 @@ from cs336_basics.precision.fused.linear import Fp8Linear, backward_gemms, forwa
 from cs336_basics.precision.fused.scaling import GRAD, INPUT, SiteScaling, amax_to_scale, cast_to_fp8
 
 IGNORE_INDEX = -100  # F.cross_entropy's default, which the model's loss uses
-# The head's backward GEMMs accumulate in full precision even under --fp8_fast_accum_backward. Each row of the
-# logits' gradient, softmax - onehot, sums to zero, so dx sums vocabulary-many terms that cancel down to a result far
-# smaller than they are: with fast accumulation its error outgrew the result (the gradients below the head were off by
-# 91-119%, 7% without it), and dW's error doubled (benchmarks/results/2026-11-23-lora-loss-safe-h200/README.md).
-HEAD_FAST_ACCUM = False
 
 
 def cross_entropy_from_logits(
@@ -87,8 +82,8 @@ class _Fp8LinearCrossEntropy(torch.autograd.Function):
         logits, lse, targets, valid, count, x_fp8_t, x_scale_inv, w_t, w_scale_inv = ctx.saved_tensors
         scaling = ctx.scaling
         g_fp8, g_scale_inv = fp8_logits_grad(logits, lse, targets, valid, count, dloss, scaling.dtypes[GRAD])
-        g_fp8_t = g_fp8.t().contiguous()
-        dx, dw = backward_gemms(g_fp8, g_fp8_t, g_scale_inv, w_t, w_scale_inv, x_fp8_t, x_scale_inv, HEAD_FAST_ACCUM)
+        g_fp8_t, fast = g_fp8.t().contiguous(), scaling.fast_accum_backward  # off for the head (convert.py)
+        dx, dw = backward_gemms(g_fp8, g_fp8_t, g_scale_inv, w_t, w_scale_inv, x_fp8_t, x_scale_inv, fast)
         return dx.reshape(ctx.x_shape), None, None, None, dw
 
 
