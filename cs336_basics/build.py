@@ -162,9 +162,8 @@ class Built:
             cpu = self.device.type == "cpu"
             where = " (on the CPU too: torch._scaled_mm's CPU kernel, not emulation)" if cpu else ""
             return (
-                f"frozen base, tensorwise, {self.config.fp8.fp8_scaling} input and gradient scales{where}; this "
-                f"package's frozen FP8 linears (lora/layers.py) whatever --fp8_path says; {self.fp8_linears} FP8 "
-                "linears counted"
+                f"frozen base, tensorwise{where}; this package's frozen FP8 linears (lora/layers.py) whatever "
+                f"--fp8_path says; {self.fp8_linears} FP8 linears counted"
             )
         if self.conversion is None:
             return "off"

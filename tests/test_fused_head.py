@@ -139,9 +139,11 @@ def test_the_heads_backward_gemms_never_accumulate_fast(lora_targets):
     model = TransformerLM(tiny_model(vocab_size=vocab)).to(torch.bfloat16)
     fp8 = FP8Config(use_fp8=True, fp8_emulate=True, fp8_path="fused", fp8_lm_head=True, fp8_fast_accum_backward=True)
     if lora_targets:  # a frozen base; with adapters on the head, it is not the loss-fused head but a FrozenLinear
-        apply_lora(model, FinetuneConfig(init_from="x", lora_rank=4, lora_targets=lora_targets), fp8)
+        report = apply_lora(model, FinetuneConfig(init_from="x", lora_rank=4, lora_targets=lora_targets), fp8)
+        summary = dict(report.summary_lines())["LoRA base"]
     else:
-        convert_model_to_fused_fp8(model, fp8)
+        summary = convert_model_to_fused_fp8(model, fp8).summary_line()
+    assert "fast backward accumulation (not the lm_head's)" in summary
     ids = torch.randint(0, vocab, (2, 16))
     loss = model(ids, targets=ids)
     with RecordScaledMM() as backward:

@@ -19,7 +19,7 @@ from cs336_basics.errors import ConfigError
 from cs336_basics.lora.layers import FrozenFp8LMHead, FrozenFp8SwiGLU, FrozenLinear, FrozenSharedInput
 from cs336_basics.model.layers import SwiGLU
 from cs336_basics.precision import skip_reason
-from cs336_basics.precision.fp8 import is_lm_head
+from cs336_basics.precision.fp8 import FAST_ACCUM_BACKWARD_NOTE, is_lm_head
 from cs336_basics.precision.fused.convert import fast_accum_backward, fused_dtypes, set_child
 from cs336_basics.precision.fused.scaling import DelayedScalingState, SiteScaling
 
@@ -36,6 +36,7 @@ class LoRAReport:
     fp8_swiglu_blocks: int = 0  # SwiGLU blocks run as one FP8 unit (activation and its gradients made in FP8)
     fused_loss_head: bool = False  # an FP8 head that computes the loss and writes the logits' gradient in FP8
     scaling: str | None = None  # how the FP8 base scales its inputs and gradients: "dynamic" or "delayed"
+    fast_accum_backward: bool = False  # --fp8_fast_accum_backward
     trainable: int = 0
     frozen: int = 0
 
@@ -47,7 +48,9 @@ class LoRAReport:
             base += f" ({'; '.join(reasons)})"
         if self.fp8_layers:
             base += (
-                f"; inputs and gradients scaled {self.scaling}; {self.shared_input_groups} shared input casts, "
+                f"; inputs and gradients scaled {self.scaling}"
+                f"{', ' + FAST_ACCUM_BACKWARD_NOTE if self.fast_accum_backward else ''}; "
+                f"{self.shared_input_groups} shared input casts, "
                 f"{self.fp8_swiglu_blocks} SwiGLU blocks made in FP8, loss "
                 f"{'fused into the FP8 head' if self.fused_loss_head else 'after the head'}"
             )
@@ -117,6 +120,7 @@ def apply_lora(model: nn.Module, ft: FinetuneConfig, fp8: FP8Config | None) -> L
             sites, fp8.fp8_amax_history_len, fp8.fp8_amax_compute_algo, fp8.fp8_margin
         )
     report.scaling = fp8.fp8_scaling if fp8 is not None else None
+    report.fast_accum_backward = fp8 is not None and fp8.fp8_fast_accum_backward
     seen = {id(p): p for p in model.parameters()}.values()  # tied weights once
     report.trainable = sum(p.numel() for p in seen if p.requires_grad)
     report.frozen = sum(p.numel() for p in seen if not p.requires_grad)

@@ -259,6 +259,10 @@ def check_fp8_tokens(batch_size: int, seq_len: int, cfg: FP8Config) -> None:
 # ---- the conversion ----
 
 
+# How the summaries name --fp8_fast_accum_backward, which the lm_head does not take (fused/convert.py says why).
+FAST_ACCUM_BACKWARD_NOTE = "fast backward accumulation (not the lm_head's)"
+
+
 @dataclass
 class FP8ConversionReport:
     recipe: str
@@ -270,6 +274,7 @@ class FP8ConversionReport:
     format_short: str = ""
     path: str = "torchao"  # which FP8 implementation converted the model (FP8Config.fp8_path)
     scaling: str = "dynamic"
+    fast_accum_backward: bool = False  # --fp8_fast_accum_backward (fused path)
     shared_input_groups: int = 0  # groups of converted linears that share one cast of their input (fused path)
     fused_swiglu_blocks: int = 0  # SwiGLU blocks run as one FP8 unit (fused path)
     producers: str = ""  # what writes those blocks' FP8 activations: Triton kernels or the torch reference
@@ -288,6 +293,8 @@ class FP8ConversionReport:
         head = f"{self.recipe}{' (emulated)' if self.emulate else ''}, {self.format_short or self.format}"
         if self.path != "torchao":
             head = f"{self.path} path, {self.scaling} scaling, {head}"
+            if self.fast_accum_backward:
+                head += f", {FAST_ACCUM_BACKWARD_NOTE}"
         line = f"{head}: {self.n_converted} of {self.n_linear} linears converted"
         if self.shared_input_groups:
             line += f" ({self.shared_input_groups} groups share an input cast)"

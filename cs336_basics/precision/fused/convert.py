@@ -68,7 +68,7 @@ def convert_model_to_fused_fp8(model: nn.Module, cfg: FP8Config) -> FP8Conversio
     fmt = f"{_NAMES[dtypes[0]]} fwd / {_NAMES[dtypes[2]]} grad"
     report = FP8ConversionReport(
         recipe="tensorwise", format=fmt, format_short=fmt, emulate=cfg.fp8_emulate, path="fused",
-        scaling=cfg.fp8_scaling,
+        scaling=cfg.fp8_scaling, fast_accum_backward=cfg.fp8_fast_accum_backward,
     )  # fmt: skip
     decide_conversions(model, cfg, report)
     biased = [name for name in report.converted if model.get_submodule(name).bias is not None]
