@@ -1,11 +1,27 @@
-"""How close a low-precision result is to its reference, defined once for the numerics tests."""
+"""How close a low-precision result is to its reference, and which FP8 GEMMs ran, defined once for the numerics
+tests."""
 
 from __future__ import annotations
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 
 def sqnr_db(ref: torch.Tensor, test: torch.Tensor) -> float:
     """Signal-to-quantization-noise ratio of `test` against `ref`, in dB (torchao's float8 tests use the same)."""
     ref, test = ref.double(), test.double()
     return (10 * torch.log10(ref.pow(2).sum() / (ref - test).pow(2).sum())).item()
+
+
+class RecordScaledMM(TorchDispatchMode):
+    """(operand a's shape, use_fast_accum) of every FP8 GEMM run under it."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten._scaled_mm.default:
+            fast = args[7] if len(args) > 7 else (kwargs or {}).get("use_fast_accum", False)  # as the schema orders it
+            self.calls.append((tuple(args[0].shape), bool(fast)))
+        return func(*args, **(kwargs or {}))

@@ -8,10 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from numerics import sqnr_db
+from numerics import RecordScaledMM, sqnr_db
 from tiny import tiny_model
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from cs336_basics.config import FinetuneConfig, FP8Config
 from cs336_basics.lora import apply_lora
@@ -114,20 +113,6 @@ def test_gpu_compiled_fused_head_matches_a_bf16_head():
         loss.backward()
     assert losses[1].item() == pytest.approx(losses[0].item(), rel=0.01)
     assert sqnr_db(xs[0].grad, xs[1].grad) > 18 and sqnr_db(bf16.weight.grad, fp8.weight.grad) > 18
-
-
-class RecordScaledMM(TorchDispatchMode):
-    """(operand a's shape, use_fast_accum) of every FP8 GEMM run under it."""
-
-    def __init__(self):
-        super().__init__()
-        self.calls = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func is torch.ops.aten._scaled_mm.default:
-            fast = args[7] if len(args) > 7 else (kwargs or {}).get("use_fast_accum", False)  # as the schema orders it
-            self.calls.append((tuple(args[0].shape), bool(fast)))
-        return func(*args, **(kwargs or {}))
 
 
 @pytest.mark.parametrize("lora_targets", [None, "attn", "attn,lm_head"])
