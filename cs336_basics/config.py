@@ -251,6 +251,13 @@ class FP8Config:
         "--fp8_path fused: fast (lower-precision) accumulation in the two backward FP8 GEMMs too (the forward "
         "GEMM always uses it, as TorchAO does), except the lm_head's, whose gradient it would ruin",
     )
+    # Off by default, as in torchtitan: each weight shard is then cast once per all-gather, eagerly, outside the
+    # compiled blocks, which on one node cost more than the halved all-gather saves (README, "Several GPUs").
+    fp8_all_gather: bool = setting(
+        False, "under --parallel fsdp (TorchAO, tensorwise): all-gather the weights in FP8, half the bytes of BF16, "
+        "each shard cast to FP8 before its all-gather (torchao's enable_fsdp_float8_all_gather); off: BF16 "
+        "all-gather, the weights cast to FP8 inside the compiled blocks",
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         validate_fields(self)
@@ -268,10 +275,21 @@ class FP8Config:
                     f"{', '.join(fused_only)} needs --fp8_path fused: TorchAO's path (torchao 0.18) has no delayed "
                     "scaling (TorchAO removed it) and sets fast accumulation for its forward GEMM only."
                 )
+            if self.fp8_all_gather and self.fp8_recipe != "tensorwise":
+                raise ConfigError(
+                    f"--fp8_all_gather needs --fp8_recipe tensorwise: torchao 0.18 all-gathers FP8 weights with one "
+                    f"scale per tensor only (got --fp8_recipe {self.fp8_recipe}). Drop --fp8_all_gather (the weights "
+                    "are then all-gathered in BF16) or use the tensorwise recipe."
+                )
         elif self.fp8_recipe != "tensorwise":
             raise ConfigError(
                 f"--fp8_path fused implements the tensorwise recipe only; got --fp8_recipe {self.fp8_recipe}. Use "
                 "--fp8_recipe tensorwise, or --fp8_path torchao for the rowwise recipes."
+            )
+        elif self.fp8_all_gather:
+            raise ConfigError(
+                "--fp8_all_gather is TorchAO's FP8 all-gather under FSDP2; --fp8_path fused does not run under FSDP2 "
+                "(it has no all-gather of sharded FP8 weights). Use --fp8_path torchao, or drop --fp8_all_gather."
             )
 
 
@@ -305,6 +323,12 @@ class TrainConfig:
         25, "under --parallel ddp: megabytes of gradients per all-reduce bucket (torch's default is 25); larger "
         "buckets mean fewer all-reduces and fewer pieces of the compiled graph, smaller ones an earlier start",
         check=at_least(1),
+    )  # fmt: skip
+    fsdp_reshard_after_forward: bool = setting(
+        True, "under --parallel fsdp: free each block's gathered weights after its forward and gather them again "
+        "for its backward (least memory); off: keep them from forward to backward, one all-gather per block per "
+        "step for about one more unsharded copy of the weights per GPU. The last block keeps them either way (its "
+        "backward comes right after its forward)",
     )  # fmt: skip
     dist_timeout_s: int = setting(
         600, "under torchrun: seconds a rank waits for the others in a collective before the run fails (a rank "

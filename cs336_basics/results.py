@@ -97,6 +97,8 @@ def run_record(config: RunConfig, status: str = "ok", **measured: Any) -> dict[s
         "world_size": 1,
         "parallel": "none",
         "ddp_bucket_mb": t.ddp_bucket_mb,  # used by --parallel ddp only
+        "fsdp_reshard_after_forward": t.fsdp_reshard_after_forward,  # used by --parallel fsdp only
+        "fp8_all_gather": bool(fp8.use_fp8 and fp8.fp8_all_gather),  # used by --parallel fsdp only
         "fp8_lm_head": bool(fp8.use_fp8 and fp8.fp8_lm_head),
         "fp8_shape_filter": fp8.fp8_shape_filter,  # as configured (a preset may set it for its BF16 rows too)
         # A LoRA run's frozen base runs its own FP8 linears (lora/layers.py), whichever path was named.

@@ -54,6 +54,7 @@ TWO_RANKS = ["--batch_size", "2"]  # x 2 ranks = the one process's batch
 FP8 = ["--use_fp8", "--fp8_emulate", "--max_steps", "3"]
 # FP8 scales each rank's activations by their own amax (not the global batch's), so the casts round differently.
 FP8_REL = 1e-2
+FP8_GATHER_KEPT = ["--fp8_all_gather", "--no_fsdp_reshard_after_forward"]
 FUSED = ["--fp8_path", "fused"]  # this package's FP8 path; its FP8 SwiGLU blocks are on by default
 ONE_PROCESS = ["--batch_size", "4"]
 
@@ -151,7 +152,12 @@ def runs(tmp_path_factory):
         "ddp": torchrun([*two, "--parallel", "auto", "--out_dir", root / "ddp"]),  # auto picks DDP for 2 ranks
         # Rank 1 fails at the start of step 5, after the checkpoint of step 3.
         "failed": torchrun([*two, "--parallel", "fsdp", "--out_dir", root / "failed"], FAIL_RANK="1", FAIL_STEP="4"),
-        "fsdp_fp8": torchrun([*two, *FP8, "--parallel", "fsdp", "--out_dir", root / "fsdp_fp8"]),
+        # FP8 with torchao's FP8 all-gather, blocks keeping their gathered weights for backward; and the default:
+        # BF16 all-gather, the FP8 casts inside the blocks.
+        "fsdp_fp8": torchrun([*two, *FP8, *FP8_GATHER_KEPT, "--parallel", "fsdp", "--out_dir", root / "fsdp_fp8"]),
+        "fsdp_fp8_bf16_gather": torchrun(
+            [*two, *FP8, "--parallel", "fsdp", "--out_dir", root / "fsdp_fp8_bf16_gather"]
+        ),
         "ddp_fused": torchrun([*two, *FP8, *FUSED, "--parallel", "ddp", "--out_dir", root / "ddp_fused"]),
     }
     one_process([*base, *ONE_PROCESS, "--out_dir", root / "single"])
@@ -189,14 +195,17 @@ def test_ddp_and_fsdp_give_the_losses_of_one_process_with_the_same_global_batch(
     assert (record["world_size"], record["parallel"]) == (2, "fsdp")
 
 
-def test_fsdp_with_fp8_all_gathers_fp8_weights_and_trains_like_one_process(runs):
-    """TorchAO's FP8 (emulated on CPU) under FSDP2: weights all-gathered in FP8 (their BF16 shards wrapped by torchao,
-    the optimizer stepping the fp32 masters of the shards underneath), scales precomputed after each step."""
+def test_fsdp_with_fp8_trains_like_one_process_with_either_all_gather(runs):
+    """TorchAO's FP8 (emulated on CPU) under FSDP2: with --fp8_all_gather the weights are all-gathered in FP8 (their
+    BF16 shards wrapped by torchao, the optimizer stepping the fp32 masters of the shards underneath), scales
+    precomputed after each step; by default they are all-gathered as they are and cast in the blocks."""
     root, done = runs
-    assert done["fsdp_fp8"].returncode == 0, done["fsdp_fp8"].stderr[-3000:]
-    assert "--parallel fsdp; FP8 weight all-gather" in done["fsdp_fp8"].stdout
-    assert "14 FP8 linears counted" in done["fsdp_fp8"].stdout
-    assert_same_losses(metrics(root / "fsdp_fp8"), metrics(root / "single_fp8"), rel=FP8_REL)
+    for run, gather in (("fsdp_fp8", "in FP8"), ("fsdp_fp8_bf16_gather", "in their dtype")):
+        assert done[run].returncode == 0, done[run].stderr[-3000:]
+        assert f"--parallel fsdp; weights all-gathered {gather}" in done[run].stdout
+        assert "14 FP8 linears counted" in done[run].stdout
+        assert_same_losses(metrics(root / run), metrics(root / "single_fp8"), rel=FP8_REL)
+    assert "blocks keep their gathered weights from forward to backward" in done["fsdp_fp8"].stdout
     exported = read_checkpoint(root / "fsdp_fp8" / CHECKPOINT_NAME)
     from cs336_basics.parallel.checkpoint import assemble_sharded
 
@@ -379,19 +388,48 @@ def test_a_failing_rank_leaves_without_waiting_for_the_others(monkeypatch, backe
     assert calls == expected
 
 
-def test_fp8_all_gather_only_with_fsdp_and_tensorwise():
+def two_rank_plan(run_config: RunConfig) -> wrap.ParallelPlan:
+    return wrap.resolve_parallel(run_config, TWO, torch.device("cpu"), 1000)
+
+
+def test_fp8_all_gather_only_when_asked_under_fsdp_with_tensorwise():
     fp8 = {"use_fp8": True, "fp8_emulate": True}
-    tensorwise = config(parallel="fsdp", dtype="bfloat16").replace(fp8=fp8)
-    assert wrap.resolve_parallel(tensorwise, TWO, torch.device("cpu"), 1000).fp8_all_gather
-    rowwise = tensorwise.replace(fp8={"fp8_recipe": "rowwise"})
-    plan = wrap.resolve_parallel(rowwise, TWO, torch.device("cpu"), 1000)
-    assert not plan.fp8_all_gather and "all-gathered in BF16" in plan.reason
-    ddp = tensorwise.replace(train={"parallel": "ddp"})
-    assert not wrap.resolve_parallel(ddp, TWO, torch.device("cpu"), 1000).fp8_all_gather
+    bf16_gather = config(parallel="fsdp", dtype="bfloat16").replace(fp8=fp8)
+    plan = two_rank_plan(bf16_gather)
+    assert not plan.fp8_all_gather and "weights all-gathered in their dtype" in plan.summary_line()
+    asked = bf16_gather.replace(fp8={"fp8_all_gather": True})
+    plan = two_rank_plan(asked)
+    assert plan.fp8_all_gather and "weights all-gathered in FP8" in plan.summary_line()
+    # Where the mode has no all-gather (a run resumed at another world size keeps its flags), it does nothing.
+    for mode in ("ddp", "auto"):
+        assert not two_rank_plan(asked.replace(train={"parallel": mode})).fp8_all_gather
+    assert not two_rank_plan(asked.replace(fp8={"use_fp8": False})).fp8_all_gather
+    with pytest.raises(ConfigError, match="needs --fp8_recipe tensorwise"):
+        asked.replace(fp8={"fp8_recipe": "rowwise"})
+    with pytest.raises(ConfigError, match="--fp8_path fused does not run under FSDP2"):
+        asked.replace(fp8={"fp8_path": "fused"})
     from cs336_basics.precision import torchao_float8_config
 
-    assert torchao_float8_config(tensorwise.fp8, fsdp_float8_all_gather=True).enable_fsdp_float8_all_gather
-    assert not torchao_float8_config(tensorwise.fp8).enable_fsdp_float8_all_gather
+    assert torchao_float8_config(asked.fp8, fsdp_float8_all_gather=True).enable_fsdp_float8_all_gather
+    assert not torchao_float8_config(asked.fp8).enable_fsdp_float8_all_gather
+
+
+@pytest.mark.parametrize("reshard", [True, False])
+def test_fsdp_blocks_reshard_after_forward_as_configured_but_the_last(monkeypatch, reshard):
+    import torch.distributed.device_mesh
+    import torch.distributed.fsdp
+
+    calls = []
+    monkeypatch.setattr(torch.distributed.device_mesh, "init_device_mesh", lambda *args, **kwargs: "mesh")
+    monkeypatch.setattr(torch.distributed.fsdp, "fully_shard", lambda module, **kwargs: calls.append((module, kwargs)))
+    plan = two_rank_plan(config(parallel="fsdp", fsdp_reshard_after_forward=reshard))
+    model = torch.nn.Module()
+    model.layers = torch.nn.ModuleList(torch.nn.Linear(2, 2) for _ in range(3))
+    wrap.parallelize(model, model, plan, torch.device("cpu"))
+    assert [module for module, _ in calls] == [*model.layers, model]
+    assert [kwargs.get("reshard_after_forward") for _, kwargs in calls] == [reshard, reshard, False, None]
+    kept = "blocks keep their gathered weights from forward to backward"
+    assert (kept in plan.summary_line()) is not reshard
 
 
 def test_each_rank_reads_its_rows_of_the_global_batch():
@@ -436,7 +474,7 @@ BF16_REL = 2e-2
 # Exact resume is not promised on a GPU: embedding backward accumulates with atomics, in no fixed order.
 GPU_RESUME_REL = 1e-3
 BF16 = ["--device", "cuda", "--no_use_fp8", "--compile_model"]
-# Tensorwise; FP8 all-gather under FSDP2. --no_fp8_shape_filter: on a GPU the auto preset (366m) turns the shape rule
+# Tensorwise. --no_fp8_shape_filter: on a GPU the auto preset (366m) turns the shape rule
 # on, which would skip every linear of the tiny model.
 TORCHAO_FP8 = ["--device", "cuda", "--use_fp8", "--compile_model", "--no_fp8_shape_filter"]
 
@@ -460,7 +498,12 @@ def gpu_runs(tmp_path_factory):
             [*two, *BF16, "--parallel", "fsdp", "--out_dir", root / "failed"], FAIL_RANK="1", FAIL_STEP="4"
         ),
         "ddp_fp8": torchrun([*two, *TORCHAO_FP8, "--parallel", "ddp", "--out_dir", root / "ddp_fp8"]),
-        "fsdp_fp8": torchrun([*two, *TORCHAO_FP8, "--parallel", "fsdp", "--out_dir", root / "fsdp_fp8"]),
+        "fsdp_fp8": torchrun(
+            [*two, *TORCHAO_FP8, "--parallel", "fsdp", "--fp8_all_gather", "--out_dir", root / "fsdp_fp8"]
+        ),
+        "fsdp_fp8_bf16_gather": torchrun(
+            [*two, *TORCHAO_FP8, "--parallel", "fsdp", "--out_dir", root / "fsdp_fp8_bf16_gather"]
+        ),
         "ddp_fused": torchrun(
             [*two, *TORCHAO_FP8, "--fp8_path", "fused", "--parallel", "ddp", "--out_dir", root / "ddp_fused"]
         ),
@@ -507,10 +550,11 @@ def test_gpu_failure_resume_and_a_sharded_checkpoint_on_one_gpu(gpu_runs):
 @needs_two_gpus
 def test_gpu_fp8_under_ddp_and_fsdp(gpu_runs):
     root, done = gpu_runs
-    for mode, single in (("ddp_fp8", "single_fp8"), ("fsdp_fp8", "single_fp8"), ("ddp_fused", "single_fused")):
+    runs = ("ddp_fp8", "single_fp8"), ("fsdp_fp8", "single_fp8"), ("fsdp_fp8_bf16_gather", "single_fp8")
+    for mode, single in (*runs, ("ddp_fused", "single_fused")):
         assert done[mode].returncode == 0, done[mode].stderr[-4000:]
         # FP8 scales each rank's activations by their own amax, but on CPU (emulated) that moved losses by 1e-3 only.
         assert_same_losses(metrics(root / mode), metrics(root / single), rel=BF16_REL)
-    assert "FP8 weight all-gather" in done["fsdp_fp8"].stdout
+    assert "weights all-gathered in FP8" in done["fsdp_fp8"].stdout
     assert "FP8 linears counted" in done["fsdp_fp8"].stdout and "FP8 linears counted" in done["ddp_fused"].stdout
     assert "SwiGLU blocks fused, producers: Triton kernels" in done["ddp_fused"].stdout

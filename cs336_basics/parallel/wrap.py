@@ -19,6 +19,11 @@ torchtitan's order, and under DDP the one that keeps fullgraph:
   forward is compiled on its own (fullgraph): FSDP2's all-gather and reshard hooks, registered on the block module,
   run around it, outside the graph. The root's own forward (embedding, final norm, lm_head, loss) runs eager: it
   calls the blocks, whose hooks a fullgraph compile could not trace.
+  With TorchAO's FP8 the weights are all-gathered in BF16 and cast inside the compiled blocks, unless
+  --fp8_all_gather: then torchao casts each shard to FP8 before its all-gather, in its own eager kernels, outside
+  the compiled graph, once per all-gather (twice per step when blocks re-gather for backward). Half the bytes, but on
+  one GPU of FSDP2 (no communication) those casts cost more than FP8 saves (benchmarks/results/
+  2026-11-23-fsdp-overheads-h200/), so it is off by default, as in torchtitan.
 """
 
 from __future__ import annotations
@@ -52,12 +57,20 @@ class ParallelPlan:
     device_gib: float | None  # one rank's device memory (None on CPU)
     fp8_all_gather: bool = False  # FSDP2 all-gathers FP8 weights (torchao's tensorwise recipe)
     ddp_bucket_mb: int = 25  # gradient megabytes per DDP all-reduce bucket
+    reshard_after_forward: bool = True  # FSDP2 frees a block's gathered weights after its forward
 
     def summary_line(self) -> str:
         line = f"{self.mode}, world size {self.world.world_size}: {self.reason}"
         if self.mode == DDP:
             line += f"; {self.ddp_bucket_mb} MB all-reduce buckets"
-        return line + ("; FP8 weight all-gather" if self.fp8_all_gather else "")
+        if self.mode == FSDP:
+            line += "; weights all-gathered in FP8" if self.fp8_all_gather else "; weights all-gathered in their dtype"
+            line += (
+                "; blocks re-gather their weights for backward"
+                if self.reshard_after_forward
+                else "; blocks keep their gathered weights from forward to backward"
+            )
+        return line
 
     def memory_line(self) -> str:
         per_rank = f"{self.state_gib_per_rank:.2f} GiB of model state per {'GPU' if self.device_gib else 'process'}"
@@ -142,14 +155,13 @@ def resolve_parallel(config: RunConfig, world: World, device: torch.device, n_pa
     else:
         mode, reason = requested, f"--parallel {requested}"
     per_rank = state_gib / world.world_size if mode == FSDP else state_gib
-    fp8 = config.fp8
-    all_gather = mode == FSDP and fp8.use_fp8 is not False and fp8.fp8_path == "torchao"
-    if all_gather and fp8.fp8_recipe != "tensorwise":
-        all_gather = False  # torchao implements the FP8 all-gather for tensorwise scaling only
-        reason += f"; weights all-gathered in BF16 ({fp8.fp8_recipe} has no FP8 all-gather in torchao)"
+    # FP8Config allows --fp8_all_gather with TorchAO's tensorwise recipe only; like --ddp_bucket_mb outside DDP, it
+    # does nothing where this world's mode has no all-gather (a run resumed at another world size keeps its flags).
+    all_gather = mode == FSDP and config.fp8.use_fp8 is not False and config.fp8.fp8_all_gather
     return ParallelPlan(
-        mode, world, reason, per_rank, device_gib, fp8_all_gather=all_gather, ddp_bucket_mb=config.train.ddp_bucket_mb
-    )
+        mode, world, reason, per_rank, device_gib, fp8_all_gather=all_gather, ddp_bucket_mb=config.train.ddp_bucket_mb,
+        reshard_after_forward=config.train.fsdp_reshard_after_forward,
+    )  # fmt: skip
 
 
 def compile_for_training(model: nn.Module, plan: ParallelPlan, mode: str) -> nn.Module:
@@ -197,9 +209,13 @@ def parallelize(model: nn.Module, compiled: nn.Module, plan: ParallelPlan, devic
         dtype = next(model.parameters()).dtype
         # Parameters are already in the weight dtype: all-gather and reduce-scatter in it (see the module docstring).
         policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=dtype)
-        for block in model.layers:
-            fully_shard(block, mesh=mesh, mp_policy=policy)
-        fully_shard(model, mesh=mesh, mp_policy=policy)  # the embedding, final norm and lm_head
+        last = len(model.layers) - 1
+        for i, block in enumerate(model.layers):
+            # The last block's backward follows its forward at once: re-gathering its weights would only cost.
+            reshard = plan.reshard_after_forward and i < last
+            fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
+        # The embedding, final norm and lm_head. FSDP2 never reshards the root after forward.
+        fully_shard(model, mesh=mesh, mp_policy=policy)
         return model
     return compiled
 
