@@ -252,7 +252,8 @@ class FP8Config:
         "GEMM always uses it, as TorchAO does), except the lm_head's, whose gradient it would ruin",
     )
     # Off by default, as in torchtitan: each weight shard is then cast once per all-gather, eagerly, outside the
-    # compiled blocks, which on one node cost more than the halved all-gather saves (README, "Several GPUs").
+    # compiled blocks, which on one GPU of FSDP2 cost far more than FP8 saved (README, "Several GPUs"); what it saves,
+    # half of each all-gather's bytes, counts on slow links.
     fp8_all_gather: bool = setting(
         False, "under --parallel fsdp (TorchAO, tensorwise): all-gather the weights in FP8, half the bytes of BF16, "
         "each shard cast to FP8 before its all-gather (torchao's enable_fsdp_float8_all_gather); off: BF16 "

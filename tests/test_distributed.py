@@ -474,8 +474,8 @@ BF16_REL = 2e-2
 # Exact resume is not promised on a GPU: embedding backward accumulates with atomics, in no fixed order.
 GPU_RESUME_REL = 1e-3
 BF16 = ["--device", "cuda", "--no_use_fp8", "--compile_model"]
-# Tensorwise. --no_fp8_shape_filter: on a GPU the auto preset (366m) turns the shape rule
-# on, which would skip every linear of the tiny model.
+# Tensorwise. --no_fp8_shape_filter: on a GPU the auto preset (366m) turns the shape rule on, which would skip every
+# linear of the tiny model.
 TORCHAO_FP8 = ["--device", "cuda", "--use_fp8", "--compile_model", "--no_fp8_shape_filter"]
 
 
@@ -550,8 +550,8 @@ def test_gpu_failure_resume_and_a_sharded_checkpoint_on_one_gpu(gpu_runs):
 @needs_two_gpus
 def test_gpu_fp8_under_ddp_and_fsdp(gpu_runs):
     root, done = gpu_runs
-    runs = ("ddp_fp8", "single_fp8"), ("fsdp_fp8", "single_fp8"), ("fsdp_fp8_bf16_gather", "single_fp8")
-    for mode, single in (*runs, ("ddp_fused", "single_fused")):
+    torchao = ("ddp_fp8", "single_fp8"), ("fsdp_fp8", "single_fp8"), ("fsdp_fp8_bf16_gather", "single_fp8")
+    for mode, single in (*torchao, ("ddp_fused", "single_fused")):
         assert done[mode].returncode == 0, done[mode].stderr[-4000:]
         # FP8 scales each rank's activations by their own amax, but on CPU (emulated) that moved losses by 1e-3 only.
         assert_same_losses(metrics(root / mode), metrics(root / single), rel=BF16_REL)
