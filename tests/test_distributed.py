@@ -159,6 +159,7 @@ def runs(tmp_path_factory):
             [*two, *FP8, "--parallel", "fsdp", "--out_dir", root / "fsdp_fp8_bf16_gather"]
         ),
         "ddp_fused": torchrun([*two, *FP8, *FUSED, "--parallel", "ddp", "--out_dir", root / "ddp_fused"]),
+        "fsdp_fused": torchrun([*two, *FP8, *FUSED, "--parallel", "fsdp", "--out_dir", root / "fsdp_fused"]),
     }
     one_process([*base, *ONE_PROCESS, "--out_dir", root / "single"])
     one_process([*base, *ONE_PROCESS, *FP8, "--out_dir", root / "single_fp8"])
@@ -215,13 +216,16 @@ def test_fsdp_with_fp8_trains_like_one_process_with_either_all_gather(runs):
         torch.testing.assert_close(whole["model"][name], master.to(torch.bfloat16), rtol=0, atol=0, msg=name)
 
 
-def test_the_fused_fp8_path_with_its_swiglu_blocks_trains_under_ddp_like_one_process(runs):
+def test_the_fused_fp8_path_with_its_swiglu_blocks_trains_under_ddp_and_fsdp_like_one_process(runs):
     """The fused path's own autograd functions (FP8 linears, shared input casts, SwiGLU blocks; their torch reference
-    producers on CPU) under DDP: the gradients they return reach DDP's all-reduce like any other."""
+    producers on CPU) under DDP and FSDP2: the gradients they return reach DDP's all-reduce and FSDP2's
+    reduce-scatter like any other, and under FSDP2 they read the weights FSDP2 has gathered."""
     root, done = runs
-    assert done["ddp_fused"].returncode == 0, done["ddp_fused"].stderr[-3000:]
-    assert "2 SwiGLU blocks fused" in done["ddp_fused"].stdout and "ddp, world size 2" in done["ddp_fused"].stdout
-    assert_same_losses(metrics(root / "ddp_fused"), metrics(root / "single_fused"), rel=FP8_REL)
+    for mode in ("ddp", "fsdp"):
+        run = done[f"{mode}_fused"]
+        assert run.returncode == 0, run.stderr[-3000:]
+        assert "2 SwiGLU blocks fused" in run.stdout and f"{mode}, world size 2" in run.stdout
+        assert_same_losses(metrics(root / f"{mode}_fused"), metrics(root / "single_fused"), rel=FP8_REL)
 
 
 def test_ddp_writes_one_file_and_fsdp_a_sharded_checkpoint(runs):
@@ -348,14 +352,13 @@ def test_a_parallel_mode_without_torchrun_is_refused(mode):
         wrap.check_parallel_request(config(parallel=mode), World())
 
 
-def test_fsdp_with_the_fused_fp8_path_is_refused():
+def test_the_fused_fp8_path_with_delayed_scaling_is_refused_on_several_processes():
     fused = config(parallel="fsdp").replace(fp8={"use_fp8": True, "fp8_path": "fused", "fp8_emulate": True})
-    with pytest.raises(ConfigError, match="fused does not support --parallel fsdp"):
-        wrap.check_parallel_request(fused, TWO)
-    delayed = fused.replace(train={"parallel": "ddp"}, fp8={"fp8_scaling": "delayed"})
-    with pytest.raises(ConfigError, match="delayed"):
-        wrap.check_parallel_request(delayed, TWO)
-    wrap.check_parallel_request(fused.replace(train={"parallel": "ddp"}), TWO)  # dynamic scaling under DDP: allowed
+    for mode in ("ddp", "fsdp"):
+        wrap.check_parallel_request(fused.replace(train={"parallel": mode}), TWO)  # dynamic scaling: allowed
+        delayed = fused.replace(train={"parallel": mode}, fp8={"fp8_scaling": "delayed"})
+        with pytest.raises(ConfigError, match="delayed on several processes"):
+            wrap.check_parallel_request(delayed, TWO)
 
 
 def test_ddp_all_reduces_in_buckets_of_the_configured_size(monkeypatch):
@@ -507,6 +510,9 @@ def gpu_runs(tmp_path_factory):
         "ddp_fused": torchrun(
             [*two, *TORCHAO_FP8, "--fp8_path", "fused", "--parallel", "ddp", "--out_dir", root / "ddp_fused"]
         ),
+        "fsdp_fused": torchrun(
+            [*two, *TORCHAO_FP8, "--fp8_path", "fused", "--parallel", "fsdp", "--out_dir", root / "fsdp_fused"]
+        ),
     }
     one_process([*base, *ONE_PROCESS, *BF16, "--out_dir", root / "single_bf16"])
     one_process([*base, *ONE_PROCESS, *TORCHAO_FP8, "--out_dir", root / "single_fp8"])
@@ -551,7 +557,7 @@ def test_gpu_failure_resume_and_a_sharded_checkpoint_on_one_gpu(gpu_runs):
 def test_gpu_fp8_under_ddp_and_fsdp(gpu_runs):
     root, done = gpu_runs
     torchao = ("ddp_fp8", "single_fp8"), ("fsdp_fp8", "single_fp8"), ("fsdp_fp8_bf16_gather", "single_fp8")
-    for mode, single in (*torchao, ("ddp_fused", "single_fused")):
+    for mode, single in (*torchao, ("ddp_fused", "single_fused"), ("fsdp_fused", "single_fused")):
         assert done[mode].returncode == 0, done[mode].stderr[-4000:]
         # FP8 scales each rank's activations by their own amax, but on CPU (emulated) that moved losses by 1e-3 only.
         assert_same_losses(metrics(root / mode), metrics(root / single), rel=BF16_REL)

@@ -19,7 +19,8 @@ torchtitan's order, and under DDP the one that keeps fullgraph:
   forward is compiled on its own (fullgraph): FSDP2's all-gather and reshard hooks, registered on the block module,
   run around it, outside the graph. The root's own forward (embedding, final norm, lm_head, loss) runs eager: it
   calls the blocks, whose hooks a fullgraph compile could not trace.
-  With TorchAO's FP8 the weights are all-gathered in BF16 and cast inside the compiled blocks, unless
+  With FP8 the weights are all-gathered in BF16 and cast inside the compiled blocks, by either FP8 path (the fused
+  path's linears read their weights when they run, so they see FSDP2's gathered ones), unless
   --fp8_all_gather: then torchao casts each shard to FP8 before its all-gather, in its own eager kernels, outside
   the compiled graph, once per all-gather (twice per step when blocks re-gather for backward). Half the bytes, but on
   one GPU of FSDP2 (no communication) those casts cost more than FP8 saves (benchmarks/results/
@@ -115,12 +116,6 @@ def check_parallel_request(config: RunConfig, world: World) -> None:
 def _refuse_unsupported(config: RunConfig, mode: str, world: World) -> None:
     fp8 = config.fp8
     fp8_maybe = fp8.use_fp8 is not False  # None: automatic, not decided yet (the plan checks before the build)
-    if mode == FSDP and fp8_maybe and fp8.fp8_path == "fused":
-        raise ConfigError(
-            "--fp8_path fused does not support --parallel fsdp yet: its FP8 linears were built and tested on whole "
-            "(unsharded) weights and it has no FP8 all-gather of sharded weights, which torchao's path has. Use "
-            "--fp8_path torchao with fsdp, --parallel ddp with the fused path, or --no_use_fp8."
-        )
     if world.world_size > 1 and fp8_maybe and fp8.fp8_path == "fused" and fp8.fp8_scaling == "delayed":
         raise ConfigError(
             "--fp8_scaling delayed on several processes: each rank would keep its own amax history and scales (they "
@@ -131,7 +126,7 @@ def _refuse_unsupported(config: RunConfig, mode: str, world: World) -> None:
 
 def resolve_parallel(config: RunConfig, world: World, device: torch.device, n_params: int) -> ParallelPlan:
     """The mode --parallel asks for on this world, with the reason; a ConfigError saying what to do where it cannot
-    be honoured (ddp/fsdp without torchrun, FSDP with the fused FP8 path). `config` has use_fp8 decided."""
+    be honoured (ddp/fsdp without torchrun, delayed FP8 scaling on several processes). `config` has use_fp8 decided."""
     check_parallel_request(config, world)
     requested = config.train.parallel
     dtype = torch.bfloat16 if config.train.dtype == "bfloat16" else torch.float32
