@@ -289,8 +289,9 @@ class FP8Config:
             )
         elif self.fp8_all_gather:
             raise ConfigError(
-                "--fp8_all_gather is TorchAO's FP8 all-gather under FSDP2; --fp8_path fused does not run under FSDP2 "
-                "(it has no all-gather of sharded FP8 weights). Use --fp8_path torchao, or drop --fp8_all_gather."
+                "--fp8_all_gather is TorchAO's FP8 all-gather under FSDP2; --fp8_path fused has no FP8 all-gather of "
+                "sharded weights (under FSDP2 it all-gathers them in BF16). Use --fp8_path torchao, or drop "
+                "--fp8_all_gather."
             )
 
 

@@ -407,9 +407,15 @@ def test_fp8_all_gather_only_when_asked_under_fsdp_with_tensorwise():
     for mode in ("ddp", "auto"):
         assert not two_rank_plan(asked.replace(train={"parallel": mode})).fp8_all_gather
     assert not two_rank_plan(asked.replace(fp8={"use_fp8": False})).fp8_all_gather
+    # ... and the summary says so, for a launched run and for one process alike.
+    ddp = two_rank_plan(asked.replace(train={"parallel": "ddp", "fsdp_reshard_after_forward": False}))
+    assert "not used here: --fp8_all_gather, --no_fsdp_reshard_after_forward" in ddp.summary_line()
+    alone = wrap.resolve_parallel(asked.replace(train={"parallel": "auto"}), World(), torch.device("cpu"), 1000)
+    assert "not used here: --fp8_all_gather" in alone.summary_line()
+    assert plan.unused_flags == () and "not used" not in plan.summary_line()
     with pytest.raises(ConfigError, match="needs --fp8_recipe tensorwise"):
         asked.replace(fp8={"fp8_recipe": "rowwise"})
-    with pytest.raises(ConfigError, match="--fp8_path fused does not run under FSDP2"):
+    with pytest.raises(ConfigError, match="--fp8_path fused has no FP8 all-gather"):
         asked.replace(fp8={"fp8_path": "fused"})
     from cs336_basics.precision import torchao_float8_config
 

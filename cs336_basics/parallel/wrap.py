@@ -59,9 +59,12 @@ class ParallelPlan:
     fp8_all_gather: bool = False  # FSDP2 all-gathers FP8 weights (torchao's tensorwise recipe)
     ddp_bucket_mb: int = 25  # gradient megabytes per DDP all-reduce bucket
     reshard_after_forward: bool = True  # FSDP2 frees a block's gathered weights after its forward
+    unused_flags: tuple[str, ...] = ()  # FSDP2 settings this run asked for that its mode does not use
 
     def summary_line(self) -> str:
         line = f"{self.mode}, world size {self.world.world_size}: {self.reason}"
+        if self.unused_flags:
+            line += f"; not used here: {', '.join(self.unused_flags)} (FSDP2 settings; the first needs FP8 too)"
         if self.mode == DDP:
             line += f"; {self.ddp_bucket_mb} MB all-reduce buckets"
         if self.mode == FSDP:
@@ -133,7 +136,7 @@ def resolve_parallel(config: RunConfig, world: World, device: torch.device, n_pa
     state_gib = model_state_bytes(n_params, dtype) / 2**30
     device_gib = _device_memory_gib(device)
     if not world.launched:
-        return ParallelPlan(NONE, world, "one process", state_gib, device_gib)
+        return ParallelPlan(NONE, world, "one process", state_gib, device_gib, unused_flags=_unused(config, NONE))
     if requested == "auto":
         if world.world_size == 1:
             mode, reason = NONE, "auto: one process"
@@ -150,13 +153,27 @@ def resolve_parallel(config: RunConfig, world: World, device: torch.device, n_pa
     else:
         mode, reason = requested, f"--parallel {requested}"
     per_rank = state_gib / world.world_size if mode == FSDP else state_gib
-    # FP8Config allows --fp8_all_gather with TorchAO's tensorwise recipe only; like --ddp_bucket_mb outside DDP, it
-    # does nothing where this world's mode has no all-gather (a run resumed at another world size keeps its flags).
-    all_gather = mode == FSDP and config.fp8.use_fp8 is not False and config.fp8.fp8_all_gather
     return ParallelPlan(
-        mode, world, reason, per_rank, device_gib, fp8_all_gather=all_gather, ddp_bucket_mb=config.train.ddp_bucket_mb,
-        reshard_after_forward=config.train.fsdp_reshard_after_forward,
+        mode, world, reason, per_rank, device_gib, fp8_all_gather=_fp8_all_gather(config, mode),
+        ddp_bucket_mb=config.train.ddp_bucket_mb, reshard_after_forward=config.train.fsdp_reshard_after_forward,
+        unused_flags=_unused(config, mode),
     )  # fmt: skip
+
+
+def _fp8_all_gather(config: RunConfig, mode: str) -> bool:
+    """FP8Config allows --fp8_all_gather with TorchAO's tensorwise recipe only; it applies under FSDP2 with FP8."""
+    return mode == FSDP and config.fp8.use_fp8 is not False and config.fp8.fp8_all_gather
+
+
+def _unused(config: RunConfig, mode: str) -> tuple[str, ...]:
+    """The FSDP2 flags asked for that `mode` does not use. Not an error: a run resumed at another world size (or
+    mode) keeps its flags, and a sweep passes them to every configuration; the summary names them instead."""
+    unused = []
+    if config.fp8.fp8_all_gather and not _fp8_all_gather(config, mode):
+        unused.append("--fp8_all_gather")
+    if not config.train.fsdp_reshard_after_forward and mode != FSDP:
+        unused.append("--no_fsdp_reshard_after_forward")
+    return tuple(unused)
 
 
 def compile_for_training(model: nn.Module, plan: ParallelPlan, mode: str) -> nn.Module:

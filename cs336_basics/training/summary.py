@@ -90,7 +90,8 @@ def format_summary(config: RunConfig, facts: RunFacts) -> str:
             "tokens per step",
             f"{t.batch_size} x {m.context_length} x {t.gradient_accumulation_steps} accumulation = {tokens:,}",
         )
-        parallel_rows = []
+        # One process: no parallel row, unless FSDP2 flags were asked for that it does not use.
+        parallel_rows = [("parallel", par.summary_line())] if par.unused_flags else []
     compile_row = f"on (mode {t.compile_mode}, fullgraph" + (", per block" if par.mode == FSDP else "") + ")"
     rows = [
         ("device", _device_line(facts.device)),
