@@ -329,11 +329,15 @@ def config(**train) -> RunConfig:
 TWO = World(rank=0, world_size=2, local_rank=0, launched=True)
 
 
+def two_rank_plan(run_config: RunConfig) -> wrap.ParallelPlan:
+    return wrap.resolve_parallel(run_config, TWO, torch.device("cpu"), 1000)
+
+
 def test_auto_picks_none_on_one_process_and_ddp_on_several():
     cpu = torch.device("cpu")
     assert wrap.resolve_parallel(config(), World(), cpu, 1000).mode == "none"
     assert wrap.resolve_parallel(config(), World(launched=True), cpu, 1000).mode == "none"
-    plan = wrap.resolve_parallel(config(), TWO, cpu, 1000)
+    plan = two_rank_plan(config())
     assert plan.mode == "ddp" and "auto" in plan.reason
 
 
@@ -371,7 +375,7 @@ def test_ddp_all_reduces_in_buckets_of_the_configured_size(monkeypatch):
             seen.update(kwargs)
 
     monkeypatch.setattr(torch.nn.parallel, "DistributedDataParallel", RecordingDDP)
-    plan = wrap.resolve_parallel(config(ddp_bucket_mb=7), TWO, torch.device("cpu"), 1000)
+    plan = two_rank_plan(config(ddp_bucket_mb=7))
     wrap.parallelize(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2), plan, torch.device("cpu"))
     assert seen["bucket_cap_mb"] == 7 and not seen["find_unused_parameters"]
     assert "7 MB all-reduce buckets" in plan.summary_line()
@@ -389,10 +393,6 @@ def test_a_failing_rank_leaves_without_waiting_for_the_others(monkeypatch, backe
     monkeypatch.setattr(torch.distributed, "destroy_process_group", lambda group=None: calls.append("destroy"))
     world._leave_after_error()
     assert calls == expected
-
-
-def two_rank_plan(run_config: RunConfig) -> wrap.ParallelPlan:
-    return wrap.resolve_parallel(run_config, TWO, torch.device("cpu"), 1000)
 
 
 def test_fp8_all_gather_only_when_asked_under_fsdp_with_tensorwise():
