@@ -4,8 +4,9 @@ uv run train_h100.py                      # the default: Python-stdlib corpus, p
 uv run train_h100.py --help               # every flag; values resolve CLI > --config file > preset > default
 uv run train_h100.py --resume --out_dir runs/default   # continue a run exactly where it stopped
 
-Exit codes: 0 done, 1 training diverged or the run folder could not be written, 2 a setting or input that cannot
-be used, 130 / 143 stopped by SIGINT / SIGTERM (a checkpoint is saved at the step boundary first).
+Exit codes: 0 done, 1 training diverged or an output could not be written (the message says what is intact), 2 a
+setting or input that cannot be used, 130 / 143 stopped by SIGINT / SIGTERM (a checkpoint is saved at the step boundary
+first).
 """
 
 from __future__ import annotations
@@ -14,11 +15,11 @@ import sys
 from pathlib import Path
 
 from cs336_basics.cli import config_from_args, config_parser
-from cs336_basics.errors import ConfigError, RunFolderError, rank_prefix, report_error
+from cs336_basics.errors import rank_prefix, run_program
+from cs336_basics.output_paths import check_output_path
 from cs336_basics.training.checkpoint import CHECKPOINT_NAME
 from cs336_basics.training.run import run_training
 from cs336_basics.training.signals import Interrupted, terminate_raises
-from cs336_basics.training.trainer import TrainingDiverged
 
 
 def _how_to_continue(config) -> str:
@@ -32,19 +33,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--results_json", help="also append this run's record to a benchmark results file")
     args = parser.parse_args(argv)
     config = None
-    try:
+
+    def train() -> int:
+        nonlocal config
         with terminate_raises():
+            if args.results_json is not None:
+                check_output_path(args.results_json, "--results_json", folder=False)
             config = config_from_args(args)
             run_training(config, results_json=args.results_json)
-    except ConfigError as exc:
-        return report_error(exc)
-    except (TrainingDiverged, RunFolderError) as exc:
-        return report_error(exc, exit_code=1)
+        return 0
+
+    try:
+        return run_program(train)
     except KeyboardInterrupt as exc:
         message = f"{str(exc).rstrip('.') or 'interrupted'}. {_how_to_continue(config)}"
         print(f"\n{rank_prefix()}{message}", file=sys.stderr)
         return exc.exit_code if isinstance(exc, Interrupted) else 130
-    return 0
 
 
 if __name__ == "__main__":

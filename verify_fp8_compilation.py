@@ -12,8 +12,8 @@ alone (no_base_weight_gradients); every FP8 base weight cast once (base_fp8_weig
 loss and speed against the same fine-tune on a BF16 base. On CPU the base runs torch._scaled_mm's CPU kernels, not
 emulation (--fp8_emulate is refused for a LoRA run).
 
-Takes the same model/data/FP8/fine-tuning flags as train_h100.py. Exits 1 if any check FAILs, 2 on a configuration
-error.
+Takes the same model/data/FP8/fine-tuning flags as train_h100.py. Exits 1 if any check FAILs (or --json could not be
+written), 2 on a configuration error.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ import dataclasses
 import sys
 
 from cs336_basics.cli import config_from_args, config_parser
-from cs336_basics.errors import ConfigError, report_error
+from cs336_basics.errors import io_error, run_program
+from cs336_basics.output_paths import check_output_path
 from cs336_basics.precision.verify import verify_fp8
 from cs336_basics.results import write_results
 
@@ -34,17 +35,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--min_speedup", type=float, default=1.0, help="FP8/BF16 tokens/s needed to PASS")
     parser.add_argument("--json", help="write the checks and the two runs here")
     args = parser.parse_args(argv)
-    try:
-        config = config_from_args(args)
-        train = dataclasses.replace(config.train, max_steps=args.steps, log_every=min(10, args.steps))
-        result = verify_fp8(dataclasses.replace(config, train=train), args.loss_tolerance, args.min_speedup)
-    except ConfigError as exc:
-        return report_error(exc)
+    return run_program(lambda: _verify(args))
+
+
+def _verify(args) -> int:
+    if args.json:  # before the verification's minutes, not after them
+        check_output_path(args.json, "--json", folder=False)
+    config = config_from_args(args)
+    train = dataclasses.replace(config.train, max_steps=args.steps, log_every=min(10, args.steps))
+    result = verify_fp8(dataclasses.replace(config, train=train), args.loss_tolerance, args.min_speedup)
     print(result.table())
     print("ALL CHECKS PASSED" if result.passed else "SOME CHECKS FAILED")
     if args.json:
         checks = [dataclasses.asdict(c) for c in result.checks]
-        write_results(args.json, result.runs, passed=result.passed, checks=checks)
+        try:
+            write_results(args.json, result.runs, passed=result.passed, checks=checks)
+        except OSError as exc:
+            raise io_error(exc, args.json, "The checks ran and their table is printed above.") from exc
     return 0 if result.passed else 1
 
 

@@ -10,6 +10,7 @@ import argparse
 import dataclasses
 import json
 import typing
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -57,27 +58,42 @@ def add_config_arguments(parser: argparse.ArgumentParser, defaults: RunConfig | 
         "--use_flash_attn", action="store_const", const="flash", dest="attention", help="same as --attention flash"
     )
     for section, cls in SECTIONS.items():
-        group = parser.add_argument_group(f"{section} settings")
-        hints = typing.get_type_hints(cls)
-        for f in dataclasses.fields(cls):
-            dest = f"{section}.{f.name}"
-            kind = hints[f.name]
-            used = getattr(getattr(defaults, section), f.name)
-            help_text = f"{f.metadata.get('help', '')} {_default_text(f.default, used, defaults.preset)}".strip()
-            if kind is bool or kind == (bool | None):
-                group.add_argument(f"--{f.name}", action="store_true", default=None, dest=dest, help=help_text)
-                group.add_argument(f"--no_{f.name}", action="store_false", default=None, dest=dest)
-            else:
-                scalar = next(t for t in typing.get_args(kind) or (kind,) if t is not type(None))
-                group.add_argument(
-                    f"--{f.name}",
-                    type=scalar,
-                    default=None,
-                    dest=dest,
-                    metavar=f.name.upper(),
-                    choices=f.metadata.get("choices"),
-                    help=help_text,
-                )
+        used = getattr(defaults, section)
+        add_field_arguments(
+            parser.add_argument_group(f"{section} settings"),
+            cls,
+            dest_prefix=f"{section}.",
+            default_text=lambda f, used=used: _default_text(f.default, getattr(used, f.name), defaults.preset),
+        )
+
+
+def add_field_arguments(
+    group: argparse._ActionsContainer,
+    cls: type,
+    dest_prefix: str = "",
+    default_text: Callable[[dataclasses.Field], str] = lambda f: f"(default {f.default})",
+) -> None:
+    """--<field> for every field of a settings dataclass declared with config.setting (its help and choices), plus
+    --no_<field> for booleans; values stay None unless typed. The dataclass checks the values when it is built."""
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        dest = f"{dest_prefix}{f.name}"
+        kind = hints[f.name]
+        help_text = f"{f.metadata.get('help', '')} {default_text(f)}".strip()
+        if kind is bool or kind == (bool | None):
+            group.add_argument(f"--{f.name}", action="store_true", default=None, dest=dest, help=help_text)
+            group.add_argument(f"--no_{f.name}", action="store_false", default=None, dest=dest)
+        else:
+            scalar = next(t for t in typing.get_args(kind) or (kind,) if t is not type(None))
+            group.add_argument(
+                f"--{f.name}",
+                type=scalar,
+                default=None,
+                dest=dest,
+                metavar=f.name.upper(),
+                choices=f.metadata.get("choices"),
+                help=help_text,
+            )
 
 
 def config_parser(description: str | None, prog: str | None = None) -> argparse.ArgumentParser:

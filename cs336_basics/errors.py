@@ -1,7 +1,13 @@
-"""User-facing errors: printed by the scripts as one line, without a traceback."""
+"""User-facing errors: every program prints them as one line, without a traceback, and exits with the README's code.
 
+Exit codes: 0 done; 1 the work failed on its way (training diverged, an output could not be written: the message says
+what is intact); 2 a setting or input that cannot be used (found before the work started); 130 / 143 SIGINT / SIGTERM.
+"""
+
+import errno
 import os
 import sys
+from collections.abc import Callable
 
 
 class ConfigError(ValueError):
@@ -13,9 +19,43 @@ class NotSupportedHere(ConfigError):
     The sweep records such a configuration as skipped rather than failed."""
 
 
-class RunFolderError(RuntimeError):
+class WorkFailed(RuntimeError):
+    """The work started and could not finish (exit code 1); the message says what is intact."""
+
+
+class RunFolderError(WorkFailed):
     """The run folder cannot be written (disk full, permissions): the message names the file, the reason and what
     is still intact."""
+
+
+# What an OSError means for the user, by errno (the rest keep the system's own words).
+_OS_REASONS = {
+    errno.ENOSPC: "the disk is full",
+    errno.EDQUOT: "the disk quota is used up",
+    errno.EROFS: "the file system is read-only",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "permission denied",
+    errno.ENAMETOOLONG: "a name in the path is longer than the file system allows",
+    errno.ENOTDIR: "a part of the path is a file, not a folder",
+    errno.EEXIST: "a file of that name is in the way",
+    errno.EISDIR: "it is a folder, not a file",
+    errno.ENOENT: "no such file or folder",
+}
+
+
+def os_reason(exc: BaseException) -> str:
+    """An OSError (or torch's opaque stream-writer error, which a full disk also causes) in a few plain words."""
+    text = str(exc).strip()
+    if isinstance(exc, OSError) and exc.errno in _OS_REASONS:
+        return _OS_REASONS[exc.errno]
+    if "PytorchStreamWriter failed writing" in text:
+        return f"the disk is full or the file could not be written ({text.splitlines()[-1]})"
+    return text.splitlines()[-1] if text else type(exc).__name__
+
+
+def io_error(exc: BaseException, path: os.PathLike | str, intact: str) -> RunFolderError:
+    """A one-line error for a failed write of `path` during the work, saying what is still intact."""
+    return RunFolderError(f"could not write {path}: {os_reason(exc)}. {intact}")
 
 
 def rank_prefix() -> str:
@@ -26,7 +66,21 @@ def rank_prefix() -> str:
     return f"[rank{os.environ['RANK']}]: "
 
 
-def report_error(exc: BaseException, exit_code: int = 2) -> int:
+def report_error(exc: BaseException | str, exit_code: int = 2) -> int:
     """Print a user-facing error as every script does (one line, no traceback); return the exit code to use."""
     print(f"{rank_prefix()}error: {exc}", file=sys.stderr)
     return exit_code
+
+
+def run_program(body: Callable[[], int]) -> int:
+    """Run a program's work with the one error path every program shares: a ConfigError is exit code 2, a WorkFailed
+    1, and an OSError no check foresaw (a file that could not be read or written) 1, each one line."""
+    try:
+        return body()
+    except ConfigError as exc:
+        return report_error(exc)
+    except WorkFailed as exc:
+        return report_error(exc, exit_code=1)
+    except OSError as exc:
+        where = f" {exc.filename}" if getattr(exc, "filename", None) else ""
+        return report_error(f"could not read or write{where}: {os_reason(exc)}.", exit_code=1)

@@ -1,19 +1,48 @@
-"""Sample text from a trained run:  uv run python -m cs336_basics.generate --out_dir runs/default --prompt "def " """
+"""Sample text from a trained run:  uv run python -m cs336_basics.generate --out_dir runs/default --prompt "def "
+
+Every sampling setting is checked like train_h100.py's (declared once, with its range): an empty prompt, a NaN or
+negative temperature, top_p outside (0, 1] or max_new_tokens below 1 is one line and exit code 2."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from cs336_basics.build import resolve_device
-from cs336_basics.config import RunConfig
+from cs336_basics.cli import add_field_arguments
+from cs336_basics.config import RunConfig, at_least, finite, non_negative, setting, validate_fields
 from cs336_basics.data import BPETokenizer
-from cs336_basics.errors import ConfigError, report_error
+from cs336_basics.errors import ConfigError, run_program
 from cs336_basics.model import TransformerLM
 from cs336_basics.training.checkpoint import CHECKPOINT_NAME, load_checkpoint
+
+
+def _some_text(v: str) -> str | None:
+    return None if v else "must not be empty (the model continues a text)"
+
+
+def _probability_mass(v: float) -> str | None:
+    return None if 0 < v <= 1 else "must be in (0, 1]"
+
+
+@dataclass(frozen=True)
+class Sampling:
+    prompt: str = setting("def ", "the text to continue", check=_some_text)
+    max_new_tokens: int = setting(200, "tokens to sample after the prompt", check=at_least(1))
+    temperature: float = setting(0.8, "softmax temperature; 0 is greedy decoding", check=finite(non_negative))
+    top_k: int = setting(0, "sample from the k most likely tokens only; 0 keeps them all", check=at_least(0))
+    top_p: float = setting(
+        0.95, "sample from the fewest most likely tokens whose probability reaches top_p", check=_probability_mass
+    )
+    seed: int = setting(0, "seed of the sampling generator")
+
+    def __post_init__(self) -> None:
+        validate_fields(self)
 
 
 def load_trained(out_dir: Path, device: torch.device) -> tuple[TransformerLM, BPETokenizer]:
@@ -33,47 +62,39 @@ def load_trained(out_dir: Path, device: torch.device) -> tuple[TransformerLM, BP
     return model.to(device).eval(), BPETokenizer.load(out_dir / "tokenizer")
 
 
-def sample_text(
-    model: TransformerLM,
-    tokenizer: BPETokenizer,
-    prompt: str,
-    max_new_tokens: int,
-    temperature: float = 0.8,
-    top_p: float = 0.95,
-    seed: int = 0,
-) -> str:
+def sample_text(model: TransformerLM, tokenizer: BPETokenizer, sampling: Sampling) -> str:
     device = next(model.parameters()).device
-    prompt_ids = torch.tensor(tokenizer.encode(prompt), device=device)
-    generator = torch.Generator(device=device).manual_seed(seed)
+    prompt_ids = torch.tensor(tokenizer.encode(sampling.prompt), device=device)
+    generator = torch.Generator(device=device).manual_seed(sampling.seed)
     model.eval()
     new_ids = model.generate(
         prompt_ids,
-        max_new_tokens,
-        temperature=temperature,
-        top_p=top_p,
+        sampling.max_new_tokens,
+        temperature=sampling.temperature,
+        top_k=sampling.top_k,
+        top_p=sampling.top_p,
         eos_token_id=tokenizer.eot_id,
         generator=generator,
     )
-    return prompt + tokenizer.decode(new_ids.tolist())
+    return sampling.prompt + tokenizer.decode(new_ids.tolist())
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(description=__doc__, allow_abbrev=False)
     parser.add_argument("--out_dir", default="runs/default", help="the run folder written by train_h100.py")
-    parser.add_argument("--prompt", default="def ")
-    parser.add_argument("--max_new_tokens", type=int, default=200)
-    parser.add_argument("--temperature", type=float, default=0.8, help="0 means greedy")
-    parser.add_argument("--top_p", type=float, default=0.95)
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="auto")
+    add_field_arguments(parser.add_argument_group("sampling settings"), Sampling)
     args = parser.parse_args(argv)
-    try:
+
+    def generate() -> int:
+        names = {f.name for f in dataclasses.fields(Sampling)}
+        sampling = Sampling(**{k: v for k, v in vars(args).items() if k in names and v is not None})
         device = resolve_device(args.device)
         model, tokenizer = load_trained(Path(args.out_dir), device)
-    except ConfigError as exc:
-        return report_error(exc)
-    print(sample_text(model, tokenizer, args.prompt, args.max_new_tokens, args.temperature, args.top_p, args.seed))
-    return 0
+        print(sample_text(model, tokenizer, sampling))
+        return 0
+
+    return run_program(generate)
 
 
 if __name__ == "__main__":

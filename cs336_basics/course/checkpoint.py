@@ -15,7 +15,7 @@ from typing import IO, Any
 import torch
 from torch import nn
 
-from cs336_basics.atomic import atomic_write
+from cs336_basics.integrity import save_torch_file, save_with_checksums, verify_zip
 from cs336_basics.training.checkpoint import CHECKPOINT_FORMAT, SHARDED_FORMAT, load_model_state, model_state
 
 __all__ = ["load_checkpoint", "save_checkpoint"]
@@ -30,9 +30,9 @@ def save_checkpoint(model: nn.Module, optimizer: torch.optim.Optimizer, iteratio
     """
     payload = {"model": model_state(model), "optimizer": optimizer.state_dict(), "iteration": int(iteration)}
     if isinstance(out, str | os.PathLike):
-        atomic_write(out, lambda f: torch.save(payload, f))
+        save_torch_file(out, payload)
     else:
-        torch.save(payload, out)
+        save_with_checksums(payload, out)
 
 
 def load_checkpoint(src: Target, model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
@@ -41,6 +41,8 @@ def load_checkpoint(src: Target, model: nn.Module, optimizer: torch.optim.Optimi
     Tensors are loaded to the CPU first and then copied to wherever the model's parameters live.
     """
     name = os.fspath(src) if isinstance(src, str | os.PathLike) else getattr(src, "name", "checkpoint stream")
+    if isinstance(src, str | os.PathLike):
+        verify_zip(src)  # a damaged file is an error naming it, not silently different weights
     ckpt: Any = torch.load(src, map_location="cpu", weights_only=True)
     if isinstance(ckpt, dict) and ckpt.get("format") == SHARDED_FORMAT:
         raise ValueError(

@@ -1,7 +1,8 @@
 """Where training tokens come from: built-in corpora, the user's text, or ready-made token arrays.
 
 Everything expensive (BPE training, encoding) is cached under one folder, keyed by what it was built from,
-so the second run with the same inputs starts in well under a second.
+so the second run with the same inputs starts in well under a second. What the cache holds is checked when it is
+read, like any token file (complete, ids within the tokenizer's vocabulary), and a damaged entry is built again.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import numpy as np
 from cs336_basics.config import DataConfig
 from cs336_basics.data.batching import load_token_array
 from cs336_basics.data.tokenizer import BPETokenizer
-from cs336_basics.errors import ConfigError
+from cs336_basics.errors import ConfigError, os_reason
 
 # Bump when the cached files' format or the way they are built changes: old entries are then ignored.
 CACHE_VERSION = 1
@@ -118,15 +119,30 @@ def _ensure_cache(cache: Path) -> None:
         ) from exc
 
 
-def _open_cached(path: Path) -> np.ndarray:
-    # Arrays in the cache were written by encode_files with a known vocabulary: skip the id scan.
-    return np.load(path, mmap_mode="r")
+def _discard(path: Path, problem: str) -> None:
+    """Remove a damaged cache entry, so that it is built again; a ConfigError if it cannot be removed."""
+    _log(f"{path} in the data cache cannot be used ({problem}); building it again")
+    try:
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+    except OSError as exc:
+        raise ConfigError(
+            f"{path} in the data cache cannot be used ({problem}) nor removed ({os_reason(exc)}); delete it, or point "
+            "--cache_dir (or $CS336_CACHE_DIR) at another folder."
+        ) from exc
+
+
+def _problem(exc: ConfigError, path: Path) -> str:
+    """What a reader's error says is wrong, without its path (said already) and its advice (for the user's files)."""
+    return str(exc).split("; ")[0].replace(f" {path}", "")
 
 
 def _cached_tokenizer(directory: Path, files: list[Path], vocab_size: int, what: str) -> BPETokenizer:
     """Load the tokenizer cached in ``directory``, or train it on ``files`` and cache it there."""
     if (directory / "tokenizer.json").is_file():
-        return BPETokenizer.load(directory)
+        try:
+            return BPETokenizer.load(directory)
+        except ConfigError as exc:  # the encodings beside it came from it: the whole entry is built again
+            _discard(directory.parent, _problem(exc, directory / "tokenizer.json"))
     _log(f"training a BPE tokenizer (vocab {vocab_size:,}) on {what} ...")
     start = time.perf_counter()
     tok = BPETokenizer.train(files, vocab_size)
@@ -151,12 +167,18 @@ def _cached_tokenizer(directory: Path, files: list[Path], vocab_size: int, what:
 
 
 def _cached_encoding(tok: BPETokenizer, files: list[Path], out: Path, what: str) -> np.ndarray:
-    if not out.is_file():
-        _log(f"encoding {what} ...")
-        start = time.perf_counter()
-        tok.encode_files(files, out)
-        _log(f"encoded {what} in {time.perf_counter() - start:.1f} s")
-    return _open_cached(out)
+    """The encoding of ``files`` cached at ``out``, checked as any token file is (a file cut short by a killed writer
+    or a full disk, ids from another tokenizer), or encoded (again) and cached there."""
+    if out.is_file():
+        try:
+            return load_token_array(out, tok.vocab_size)
+        except ConfigError as exc:
+            _discard(out, _problem(exc, out))
+    _log(f"encoding {what} ...")
+    start = time.perf_counter()
+    tok.encode_files(files, out)
+    _log(f"encoded {what} in {time.perf_counter() - start:.1f} s")
+    return load_token_array(out, tok.vocab_size)
 
 
 def _hold_out(tokens: np.ndarray, source: Path) -> tuple[np.ndarray, np.ndarray]:

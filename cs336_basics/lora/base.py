@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from cs336_basics.errors import ConfigError
+from cs336_basics.integrity import verify_zip
 from cs336_basics.training.checkpoint import CHECKPOINT_NAME, is_sharded_checkpoint, read_checkpoint
 
 # ModelConfig fields that are the model's shape (the rest, e.g. attention backend or checkpointing, are how it runs).
@@ -70,7 +71,8 @@ def read_base(init_from: str) -> Base:
             "checkpoint.pt or a state dict saved with torch.save."
         ) from exc
     if isinstance(raw, dict) and "format" in raw:
-        return _from_checkpoint(path, kind="checkpoint")
+        return _from_checkpoint(path, kind="checkpoint")  # read_checkpoint checks its checksums
+    verify_zip(path)  # a damaged file is an error naming it; a legacy torch file carries no checksums to check
     state = raw.get("model_state_dict", raw) if isinstance(raw, dict) else None  # the course's checkpoint layout too
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise ConfigError(f"--init_from {path} holds no state dict of tensors.")

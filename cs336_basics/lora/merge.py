@@ -15,13 +15,14 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from cs336_basics.atomic import atomic_write
 from cs336_basics.config import RunConfig
-from cs336_basics.errors import ConfigError, report_error
+from cs336_basics.errors import ConfigError, io_error, run_program
+from cs336_basics.integrity import save_torch_file
 from cs336_basics.lora.apply import apply_lora
 from cs336_basics.lora.base import load_base
 from cs336_basics.lora.layers import FrozenLinear
 from cs336_basics.model import TransformerLM
+from cs336_basics.output_paths import check_output_path
 from cs336_basics.training.checkpoint import CHECKPOINT_NAME, load_model_state, read_checkpoint
 
 
@@ -63,13 +64,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("run", help="a LoRA run folder, or its checkpoint.pt")
     parser.add_argument("--output", required=True, help="the state dict file to write (.pt)")
     args = parser.parse_args(argv)
-    try:
+
+    def merge() -> int:
+        output = check_output_path(args.output, "--output", folder=False)
         state = merged_state_dict(args.run)
-        atomic_write(Path(args.output), lambda f: torch.save(state, f))
-    except (ConfigError, OSError) as exc:
-        return report_error(exc)
-    print(f"wrote {args.output}: {len(state)} tensors, {sum(t.numel() for t in state.values()):,} parameters")
-    return 0
+        try:
+            save_torch_file(output, state)
+        except OSError as exc:
+            raise io_error(exc, output, f"The run {args.run} is unchanged.") from exc
+        print(f"wrote {output}: {len(state)} tensors, {sum(t.numel() for t in state.values()):,} parameters")
+        return 0
+
+    return run_program(merge)
 
 
 if __name__ == "__main__":

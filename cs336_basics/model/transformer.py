@@ -83,12 +83,13 @@ class TransformerLM(nn.Module):
         top_p: float = 1.0,
         eos_token_id: int | None = None,
         generator: torch.Generator | None = None,
+        top_k: int = 0,
     ) -> torch.Tensor:
         """Sample up to max_new_tokens after a 1-D prompt; returns only the new token ids (1-D).
 
-        temperature 0 is greedy decoding. top_p < 1 samples from the smallest set of most likely tokens
-        whose probability mass reaches top_p. Stops right after emitting eos_token_id. Without a KV cache
-        every step re-runs the (cropped) context, which is fine at course scale.
+        temperature 0 is greedy decoding. top_k > 0 samples from the k most likely tokens only. top_p < 1 samples
+        from the smallest set of most likely tokens whose probability mass reaches top_p. Stops right after emitting
+        eos_token_id. Without a KV cache every step re-runs the (cropped) context, which is fine at course scale.
         """
         if input_ids.dim() != 1 or input_ids.numel() == 0:
             raise ValueError(f"generate expects a non-empty 1-D prompt, got shape {tuple(input_ids.shape)}.")
@@ -99,6 +100,8 @@ class TransformerLM(nn.Module):
             if temperature == 0:
                 next_token = logits.argmax().view(1)
             else:
+                if 0 < top_k < logits.numel():
+                    logits = logits.masked_fill(logits < logits.topk(top_k).values[-1], float("-inf"))
                 probs = torch.softmax(logits / temperature, dim=-1)
                 if top_p < 1.0:
                     sorted_probs, order = probs.sort(descending=True)

@@ -4,7 +4,8 @@ atomically, loadable at any world size (and in one process), and exportable to t
 A sharded checkpoint is, in the run folder:
     checkpoint.shards/step-<step>-<id>/   the tensors: DCP's files (one per rank) and its .metadata
     checkpoint.pt                         the rest, format v1-sharded: step, config, sampler, RNG, the optimizer's
-                                          non-tensor state, the model's keys, and which shard folder holds the tensors
+                                          non-tensor state, the model's keys, which shard folder holds the tensors
+                                          and the CRC-32 of each of its files (checked when it is read)
 Atomicity: the shard folder is new for every save and complete when DCP returns on every rank; only then does rank 0
 write checkpoint.pt (atomically, training/checkpoint.py's rule) and remove the shard folders it no longer names. A
 crash at any point leaves a checkpoint.pt that names a complete folder; a folder it does not name is removed when the
@@ -25,8 +26,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from cs336_basics.atomic import atomic_write
 from cs336_basics.errors import ConfigError, RunFolderError
+from cs336_basics.integrity import files_crc32, save_torch_file
 from cs336_basics.parallel.shards import is_sharded, local_tensor, sharded_like
 from cs336_basics.parallel.world import broadcast_text, current_world, main_writes
 from cs336_basics.training.checkpoint import (
@@ -104,7 +105,9 @@ def save_sharded(
     )
 
     def write() -> None:
-        atomic_write(path, lambda f: torch.save(payload, f))
+        # DCP's files carry no checksum: checkpoint.pt records theirs, checked whenever it is read.
+        payload["shard_crc32"] = files_crc32(run_dir / SHARDS_DIR / name)
+        save_torch_file(path, payload)
         remove_stale_shards(run_dir)
 
     main_writes(world, write, str(path))
@@ -203,7 +206,7 @@ def export_checkpoint(source: str | Path, output: str | Path) -> Path:
         extra=ckpt["extra"],
         rng=ckpt["rng"],
     )
-    return atomic_write(output, lambda f: torch.save(payload, f))
+    return save_torch_file(output, payload)
 
 
 __all__ = ["assemble_sharded", "export_checkpoint", "restore_sharded_model", "save_sharded"]

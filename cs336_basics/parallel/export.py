@@ -13,7 +13,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from cs336_basics.errors import ConfigError, report_error
+from cs336_basics.errors import io_error, run_program
+from cs336_basics.output_paths import check_output_path
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -23,14 +24,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("source", help="a run folder (its checkpoint.pt) or a checkpoint file")
     parser.add_argument("--output", required=True, help="the single-file checkpoint to write (atomically)")
     args = parser.parse_args(argv)
-    from cs336_basics.parallel.checkpoint import export_checkpoint
 
-    try:
-        path = export_checkpoint(args.source, args.output)
-    except (ConfigError, OSError) as exc:
-        return report_error(exc)
-    print(f"wrote {path}")
-    return 0
+    def export() -> int:
+        output = check_output_path(args.output, "--output", folder=False)
+        from cs336_basics.parallel.checkpoint import export_checkpoint
+
+        try:
+            path = export_checkpoint(args.source, output)
+        except OSError as exc:
+            raise io_error(exc, output, f"The checkpoint {args.source} is unchanged.") from exc
+        print(f"wrote {path}")
+        return 0
+
+    return run_program(export)
 
 
 if __name__ == "__main__":

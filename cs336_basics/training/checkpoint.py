@@ -9,6 +9,9 @@ A run trained with FSDP2 writes a sharded checkpoint instead (cs336_basics/paral
 `read_checkpoint` reads either; restoring a sharded checkpoint into an unsharded model (one process, DDP) first
 assembles its tensors into this layout.
 
+Why checked on every read: torch.load does not check the CRC-32s torch.save writes, so a flipped bit in a weight would
+load silently; read_checkpoint checks them (cs336_basics/integrity.py) before anything else reads the file.
+
 Why weights_only-safe: unpickling can run arbitrary code, and a checkpoint is exactly the kind of file people
 download and share. So the payload is restricted to plain dicts, lists, tuples, numbers, strings, None and
 tensors (numpy's RNG state is converted to Python ints), and loading always uses weights_only=True.
@@ -28,9 +31,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from cs336_basics.atomic import atomic_write
 from cs336_basics.compiled import plain_name, unwrap
 from cs336_basics.errors import ConfigError
+from cs336_basics.integrity import save_torch_file, verify_files, verify_zip
 
 __all__ = [
     "CHECKPOINT_FORMAT",
@@ -199,8 +202,7 @@ def save_checkpoint(
         sampler_state=sampler_state,
         extra=extra,
     )
-    atomic_write(path, lambda f: torch.save(payload, f))
-    return path
+    return save_torch_file(path, payload)
 
 
 def read_checkpoint(
@@ -208,13 +210,15 @@ def read_checkpoint(
 ) -> dict[str, Any]:
     """Read and check a checkpoint written by save_checkpoint, restoring nothing: "step", "config",
     "sampler_state", "extra", "model", "optimizer", "rng", "torch_version", "format". `mmap`: map the file's tensors
-    instead of reading them (the ranks of one machine then share one copy in the page cache)."""
+    instead of reading them (the ranks of one machine then share one copy in the page cache). The file's checksums
+    (and a sharded checkpoint's, of its shard files) are checked first: a damaged file is a ChecksumError naming it."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(
             f"no checkpoint file at {path}; check the path, or start the run without resuming "
             f"(the trainer writes <out_dir>/{CHECKPOINT_NAME})."
         )
+    checked = verify_zip(path)
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except Exception as e:  # torn zip, random bytes, empty file, disallowed pickle content, ...
@@ -234,6 +238,11 @@ def read_checkpoint(
             f"{path} is not a cs336_basics checkpoint (format {found!r}, expected {CHECKPOINT_FORMAT!r}); "
             "point at a checkpoint written by this package's trainer."
         )
+    if not checked:
+        raise ConfigError(
+            f"{path} carries no checksums (it was not written by torch.save with its CRC-32s on), so it cannot be "
+            "checked; point at a checkpoint written by this package's trainer."
+        )
     ckpt["path"] = str(path)
     if ckpt["format"] == SHARDED_FORMAT:
         shards = path.parent / SHARDS_DIR / ckpt["shards"]
@@ -242,6 +251,8 @@ def read_checkpoint(
                 f"{path} is a sharded checkpoint whose tensors should be in {shards}, which is missing or incomplete; "
                 "the run folder was changed by hand. Point at another checkpoint."
             )
+        # Sharded checkpoints written before shard checksums existed have none; checkpoint.pt itself is checked.
+        verify_files(shards, ckpt.get("shard_crc32", {}))
         ckpt["shards_path"] = str(shards)
     return ckpt
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from cs336_basics.atomic import write_text_atomic
+from cs336_basics.atomic import atomic_write, write_text_atomic
 from cs336_basics.config import ModelConfig
 from cs336_basics.errors import ConfigError
 
@@ -110,6 +110,8 @@ def plot_loss_curve(metrics_path: Path, png_path: Path, title: str = "") -> Path
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(png_path, dpi=120)
-    plt.close(fig)
+    try:
+        atomic_write(png_path, lambda f: fig.savefig(f, format="png", dpi=120))
+    finally:
+        plt.close(fig)
     return Path(png_path)

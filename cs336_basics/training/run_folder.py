@@ -24,7 +24,8 @@ from typing import Any
 
 from cs336_basics.atomic import is_leftover_temp
 from cs336_basics.config import MODEL_IDENTITY_FIELDS, RunConfig
-from cs336_basics.errors import ConfigError, RunFolderError
+from cs336_basics.errors import ConfigError
+from cs336_basics.output_paths import check_output_path
 from cs336_basics.training.checkpoint import CHECKPOINT_NAME, SHARDS_DIR, read_checkpoint, remove_stale_shards
 
 LOCK_NAME = ".lock"
@@ -45,8 +46,7 @@ class RunFolder:
 
     def check_usable(self, resume: bool) -> None:
         """Cheap checks, before any heavy work: the path can be a run folder, and --resume has one to resume."""
-        if self.path.exists() and not self.path.is_dir():
-            raise ConfigError(f"--out_dir {self.path} is a file, not a folder; pass the path of a run folder.")
+        check_output_path(self.path, "--out_dir", folder=True)
         if resume and not self.checkpoint_path.is_file():
             what = "has no checkpoint to resume from" if self.path.is_dir() else "does not exist"
             hint = (
@@ -138,12 +138,3 @@ class RunFolder:
                 "settings), or start a new run in another --out_dir."
             )
         return ckpt
-
-
-def io_error(exc: BaseException, path: Path, intact: str) -> RunFolderError:
-    """A one-line error for a failed write of `path`, saying what is still intact. torch.save reports a full disk
-    as an opaque RuntimeError ("enforce fail ... PytorchStreamWriter failed writing file"), so that is named too."""
-    reason = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
-    if "PytorchStreamWriter failed writing" in str(exc) or getattr(exc, "errno", None) == errno.ENOSPC:
-        reason = f"the disk is full or the file could not be written ({reason})"
-    return RunFolderError(f"could not write {path}: {reason}. {intact}")

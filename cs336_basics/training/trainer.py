@@ -31,7 +31,7 @@ from tqdm.auto import tqdm
 from cs336_basics.compiled import is_compiled
 from cs336_basics.config import RunConfig
 from cs336_basics.data import BatchSampler, get_rank_batch
-from cs336_basics.errors import ConfigError
+from cs336_basics.errors import ConfigError, WorkFailed, io_error
 from cs336_basics.optim import MasterWeightAdamW, cosine_lr
 from cs336_basics.parallel import world as dist
 from cs336_basics.parallel.wrap import (
@@ -59,7 +59,6 @@ from cs336_basics.training.metrics import (
     peak_flops,
     plot_loss_curve,
 )
-from cs336_basics.training.run_folder import io_error
 from cs336_basics.training.signals import GracefulStop, Interrupted, StopNow
 
 # Steps left out of the throughput median after a (re)start: the first compiles, the second still
@@ -73,7 +72,7 @@ def scheduled_lr(config: RunConfig, step: int) -> float:
     return cosine_lr(step, o.lr, o.min_lr, o.warmup_steps, o.lr_decay_steps or config.train.max_steps)
 
 
-class TrainingDiverged(RuntimeError):
+class TrainingDiverged(WorkFailed):
     """The loss or the gradient norm became NaN or infinite. No checkpoint is written from such a state."""
 
 
@@ -387,7 +386,10 @@ class Trainer:
 
         plot_path = self.out_dir / "loss_curve.png"
         if main:
-            plot_loss_curve(metrics_path, plot_path, title=str(self.out_dir.name))
+            try:
+                plot_loss_curve(metrics_path, plot_path, title=str(self.out_dir.name))
+            except OSError as exc:
+                raise io_error(exc, plot_path, f"{self._kept()} {metrics_path} is complete.") from exc
         tok_s = self.tokens_per_step / statistics.median(step_times) if step_times else None
         return TrainResult(
             steps=self.step,

@@ -37,7 +37,8 @@ from cs336_basics.benchmark.sweep.plan import (
 from cs336_basics.benchmark.sweep.report import format_amdahl, write_outputs
 from cs336_basics.cli import add_config_arguments, load_config_file, overrides_from_args
 from cs336_basics.config import ATTENTION_BACKENDS, PRESETS, lora_target_list
-from cs336_basics.errors import ConfigError, report_error
+from cs336_basics.errors import ConfigError, run_program
+from cs336_basics.output_paths import check_output_path
 from cs336_basics.results import environment
 from cs336_basics.training.trainer import WARMUP_STEPS_EXCLUDED
 
@@ -242,13 +243,14 @@ def _terminate(signum, frame):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    try:
-        options = parse_options(argv)
-        plan = [] if options.lora_ranks else plan_sweep(options)  # LoRA mode plans its own (sweep/lora.py)
-    except ConfigError as exc:
-        return report_error(exc)
+    return run_program(lambda: _main(argv))
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    options = parse_options(argv)
+    plan = [] if options.lora_ranks else plan_sweep(options)  # LoRA mode plans its own (sweep/lora.py)
     gpu = environment()["gpu"]
-    out_dir = options.out_dir or default_out_dir(gpu)
+    out_dir = check_output_path(options.out_dir or default_out_dir(gpu), "--out_dir", folder=True)
     if options.lora_ranks:
         return _lora_main(options, out_dir)
     print(format_plan(plan, options, out_dir), flush=True)
@@ -265,8 +267,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         sweep_run.prepare_all_data(plan, log=say)
         out_dir.mkdir(parents=True, exist_ok=True)
         records = sweep_run.run_sweep(plan, options, out_dir, log=say)
-    except ConfigError as exc:  # the data: missing files, ids outside the vocabulary, ...
-        return report_error(exc)
     except KeyboardInterrupt:
         if not (out_dir / "sweep.json").exists():
             print("\ninterrupted before any configuration finished; nothing was written.", file=sys.stderr)
