@@ -2,8 +2,9 @@
 
 `torch.save` writes a zip archive and records a CRC-32 of every record (each tensor's bytes, the pickled
 structure) in it, but `torch.load` does not check them: a flipped bit in a weight loads silently. `verify_zip`
-recomputes every record's CRC-32 (in parallel threads over a memory map) and names the first one that differs. Nothing extra is written: the checksums are the ones torch.save already computes (`save_with_checksums`
-makes sure they are on). The tensors of a sharded (FSDP2) checkpoint are DCP files, which carry no checksum: their
+recomputes every record's CRC-32 (in parallel threads over a memory map) and names the first one that differs.
+Nothing extra is written: the checksums are the ones torch.save already computes (`save_with_checksums` makes sure
+they are on). The tensors of a sharded (FSDP2) checkpoint are DCP files, which carry no checksum: their
 CRC-32s are computed after they are written (`files_crc32`) and stored in the checkpoint.pt that names them.
 """
 
