@@ -2,7 +2,8 @@
 
 The course's interface (``Tokenizer``, ``train_bpe``, ``TransformerLM``, ``AdamW``, ``save_checkpoint``, ...)
 is importable from here; it lives in ``cs336_basics.course``. It is loaded on first use, so that importing
-a light submodule (or starting a BPE worker process) does not import torch and the whole model.
+a light submodule (or starting a BPE worker process) does not import torch and the whole model; the tokenizer's
+names come from their own modules, without torch.
 """
 
 import importlib
@@ -33,9 +34,13 @@ _COURSE_NAMES = (
 __all__ = list(_COURSE_NAMES)
 
 
+# The course's tokenizer, which needs no torch: from its own modules rather than through cs336_basics.course.
+_TORCH_FREE = {"train_bpe": "cs336_basics.data.bpe", "Tokenizer": "cs336_basics.data.bpe_tokenizer"}
+
+
 def __getattr__(name: str):
     if name in _COURSE_NAMES:
-        return getattr(importlib.import_module("cs336_basics.course"), name)
+        return getattr(importlib.import_module(_TORCH_FREE.get(name, "cs336_basics.course")), name)
     raise AttributeError(f"module 'cs336_basics' has no attribute {name!r}")
 
 

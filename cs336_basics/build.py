@@ -1,8 +1,9 @@
 """The build stage every entry point shares: train_h100.py, the FP8 verification, the sweep worker and the Amdahl
 analysis all turn a config into a model here, so each decision is made once, in one place.
 
-    plan:  resolve the "auto" settings -> probe FP8 support (once per process and device) -> refuse what this
-           machine cannot run (FP8, its batch shape, the attention kernel, a --parallel mode) -> a Plan
+    plan:  resolve the "auto" settings (the FP8 path and its settings: precision/choice.py) -> probe FP8 support
+           (once per process and device) -> refuse what this machine cannot run (FP8, its batch shape, the attention
+           kernel, a --parallel mode) -> a Plan
     build: build the model, seeded -> move it to its device and dtype -> decide auto-FP8 (on where the GPU runs
            FP8 and at least one layer passes the filter) -> decide the data-parallel mode (under torchrun; auto
            needs the parameter count) -> convert to FP8 -> count the Float8 modules -> a Built
@@ -25,7 +26,7 @@ from cs336_basics.errors import ConfigError, NotSupportedHere
 from cs336_basics.lora import LoRAReport, apply_lora, check_finetune_request, count_frozen_fp8_linears, load_base
 from cs336_basics.model import TransformerLM, check_attention_backend
 from cs336_basics.parallel.world import SINGLE, World, current_world, process_device
-from cs336_basics.parallel.wrap import SINGLE_PROCESS, ParallelPlan, check_parallel_request, resolve_parallel
+from cs336_basics.parallel.wrap import NONE, SINGLE_PROCESS, ParallelPlan, check_parallel_request, resolve_parallel
 from cs336_basics.precision import (
     FP8ConversionReport,
     FP8Support,
@@ -37,6 +38,7 @@ from cs336_basics.precision import (
     require_fp8_gpu,
     skip_reason,
 )
+from cs336_basics.precision.choice import choose_fp8
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -127,6 +129,15 @@ def plan(config: RunConfig) -> Plan:
         fp8={"use_fp8": use_fp8},
         optim={"lr_decay_steps": decay},
     )
+    choice = choose_fp8(
+        config.fp8,
+        parallel_mode=_parallel_mode(config, world, device),
+        world_size=world.world_size,
+        lora=config.finetune.lora,
+    )
+    config = dataclasses.replace(config, fp8=choice.config)
+    if use_fp8 is not False:
+        auto += choice.notes
     if use_fp8:
         _check_fp8_request(config, support)
     check_finetune_request(config, world)
@@ -134,6 +145,16 @@ def plan(config: RunConfig) -> Plan:
     kernel = check_attention_backend(m.attention, device, torch_dtype(dtype), head_dim=m.head_dim)
     check_parallel_request(config, world)
     return Plan(config, device, support, kernel, tuple(auto), world)
+
+
+def _parallel_mode(config: RunConfig, world: World, device: torch.device) -> str:
+    """The data-parallel mode build() will resolve (it changes the FP8 path's default): none in one process, the one
+    asked for, or for auto the one resolve_parallel picks from the parameter count."""
+    if not world.launched:
+        return NONE
+    if config.train.parallel != "auto":
+        return config.train.parallel
+    return resolve_parallel(config, world, device, config.model.parameter_count()).mode
 
 
 @dataclass

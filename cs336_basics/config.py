@@ -25,8 +25,8 @@ DTYPES = ("auto", "bfloat16", "float32")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 FP8_RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
 FP8_FORMATS = ("auto", "e4m3", "hybrid")
-FP8_PATHS = ("torchao", "fused")
-FP8_SCALINGS = ("dynamic", "delayed")
+FP8_PATHS = ("auto", "fused", "torchao")
+FP8_SCALINGS = ("auto", "dynamic", "delayed")
 FP8_AMAX_ALGOS = ("max", "most_recent")
 PARALLEL_MODES = ("auto", "ddp", "fsdp")
 
@@ -153,6 +153,13 @@ class ModelConfig:
     def head_dim(self) -> int:
         return self.dim // self.n_heads
 
+    def parameter_count(self) -> int:
+        """TransformerLM(self).num_parameters() without building it (tests/test_model.py holds the two equal)."""
+        d, q, kv = self.dim, self.n_heads * self.head_dim, self.kv_heads * self.head_dim
+        block = d * q + 2 * d * kv + q * d + 3 * d * self.intermediate_size + 2 * d
+        embeddings = self.vocab_size * d * (1 if self.tie_embeddings else 2)
+        return embeddings + self.n_layers * block + d
+
 
 # Model settings that change the function being trained, and so the meaning of a checkpoint's weights. The
 # others (attention kernel, activation checkpointing) compute the same function another way.
@@ -220,18 +227,23 @@ class FP8Config:
         "auto", "auto: the recipe's own (tensorwise: E4M3 forward / E5M2 gradients); hybrid; e4m3 everywhere",
         choices=FP8_FORMATS,
     )  # fmt: skip
-    fp8_lm_head: bool = setting(False, "convert the output projection too (the most precision-sensitive matmul)")
-    fp8_shape_filter: bool = setting(
-        False, "convert only layers whose matmul shape is large enough for FP8 to pay (TorchAO's rule)"
+    fp8_lm_head: bool | None = setting(
+        None, "convert the output projection too (default: on with the fused path, off with TorchAO's)"
     )
+    fp8_shape_filter: bool | None = setting(
+        None, "convert only layers whose matmul shape is large enough for FP8 to pay (TorchAO's rule; default: on "
+        "with TorchAO's path, off with the fused path)",
+    )  # fmt: skip
     fp8_emulate: bool = setting(False, "TorchAO's emulation: FP8 numerics in high precision, for CPU tests only")
     fp8_path: str = setting(
-        "torchao", "torchao: TorchAO's Float8Linear; fused: this package's FP8 linears (one cast per shared input, "
-        "FP8 tensors saved for backward, optional delayed scaling)", choices=FP8_PATHS,
+        "auto", "fused: this package's FP8 linears (one cast per shared input, FP8 tensors saved for backward, "
+        "optional delayed scaling); torchao: TorchAO's Float8Linear; auto: the fused path wherever it runs and is "
+        "measured fastest, TorchAO's where only it runs (precision/choice.py)", choices=FP8_PATHS,
     )  # fmt: skip
     fp8_scaling: str = setting(
-        "dynamic", "dynamic: each tensor's scale from its own amax (two passes); delayed: from the amax history of "
-        "earlier steps (one pass; --fp8_path fused)", choices=FP8_SCALINGS,
+        "auto", "dynamic: each tensor's scale from its own amax (two passes); delayed: from the amax history of "
+        "earlier steps (one pass; --fp8_path fused, one process); auto: delayed where it can run, else dynamic",
+        choices=FP8_SCALINGS,
     )  # fmt: skip
     fp8_amax_history_len: int = setting(16, "delayed scaling: steps of amax history kept", check=at_least(1))
     fp8_amax_compute_algo: str = setting(
@@ -260,17 +272,38 @@ class FP8Config:
         "all-gather, the weights cast to FP8 inside the compiled blocks",
     )  # fmt: skip
 
+    def fused_only_flags(self) -> list[str]:
+        """The settings given that only the fused path has."""
+        return [
+            flag for flag, on in (
+                ("--fp8_scaling delayed", self.fp8_scaling == "delayed"),
+                ("--fp8_fast_accum_backward", self.fp8_fast_accum_backward),
+                ("--no_fp8_share_input_casts", not self.fp8_share_input_casts),
+                ("--no_fp8_fused_swiglu", not self.fp8_fused_swiglu),
+            ) if on
+        ]  # fmt: skip
+
+    def torchao_only_flags(self) -> list[str]:
+        """The settings given that only TorchAO's path has."""
+        return [
+            flag for flag, on in (
+                (f"--fp8_recipe {self.fp8_recipe}", self.fp8_recipe != "tensorwise"),
+                ("--fp8_all_gather", self.fp8_all_gather),
+            ) if on
+        ]  # fmt: skip
+
     def __post_init__(self) -> None:
         validate_fields(self)
-        if self.fp8_path == "torchao":
-            fused_only = [
-                flag for flag, on in (
-                    ("--fp8_scaling delayed", self.fp8_scaling == "delayed"),
-                    ("--fp8_fast_accum_backward", self.fp8_fast_accum_backward),
-                    ("--no_fp8_share_input_casts", not self.fp8_share_input_casts),
-                    ("--no_fp8_fused_swiglu", not self.fp8_fused_swiglu),
-                ) if on
-            ]  # fmt: skip
+        fused_only, torchao_only = self.fused_only_flags(), self.torchao_only_flags()
+        path = self.fp8_path
+        if path == "auto":  # settings only one path has name it (precision/choice.py chooses the same way)
+            if fused_only and torchao_only:
+                raise ConfigError(
+                    f"{', '.join(fused_only)} needs the fused FP8 path and {', '.join(torchao_only)} TorchAO's; drop "
+                    "one of them (or name the path with --fp8_path)."
+                )
+            path = "fused" if fused_only else "torchao" if torchao_only else "auto"
+        if path == "torchao":
             if fused_only:
                 raise ConfigError(
                     f"{', '.join(fused_only)} needs --fp8_path fused: TorchAO's path (torchao 0.18) has no delayed "
@@ -282,12 +315,12 @@ class FP8Config:
                     f"scale per tensor only (got --fp8_recipe {self.fp8_recipe}). Drop --fp8_all_gather (the weights "
                     "are then all-gathered in BF16) or use the tensorwise recipe."
                 )
-        elif self.fp8_recipe != "tensorwise":
+        elif path == "fused" and self.fp8_recipe != "tensorwise":
             raise ConfigError(
                 f"--fp8_path fused implements the tensorwise recipe only; got --fp8_recipe {self.fp8_recipe}. Use "
                 "--fp8_recipe tensorwise, or --fp8_path torchao for the rowwise recipes."
             )
-        elif self.fp8_all_gather:
+        elif path == "fused" and self.fp8_all_gather:
             raise ConfigError(
                 "--fp8_all_gather is TorchAO's FP8 all-gather under FSDP2; --fp8_path fused has no FP8 all-gather of "
                 "sharded weights (under FSDP2 it all-gathers them in BF16). Use --fp8_path torchao, or drop "
@@ -451,9 +484,6 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     "366m": {
         "model": dict(dim=896, n_layers=24, n_heads=14, intermediate_size=3584, vocab_size=32000, context_length=2048),
         "train": dict(batch_size=8),
-        # Converting only the layers that pass the shape rule (w1, w3) measured faster than converting all of them:
-        # benchmarks/results/2026-11-21-fp8-variants-366m-h200.json.
-        "fp8": dict(fp8_shape_filter=True),
     },
     "gpt2-small": {
         "model": dict(dim=768, n_layers=12, n_heads=12, intermediate_size=3072, vocab_size=50304, context_length=1024),
@@ -464,6 +494,9 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         # Under DDP, 400 MB buckets measured fastest of 25, 100 and 400 on 2 GPUs:
         # benchmarks/results/2026-11-23-sweep-1.3b-x2-h200x2/README.md.
         "train": dict(batch_size=4, ddp_bucket_mb=400),
+        # Dynamic scaling measured faster than delayed here (1.224x vs 1.182x of BF16):
+        # benchmarks/results/2026-11-23-delayed-transpose-h200/README.md, folder 6.
+        "fp8": dict(fp8_scaling="dynamic"),
     },
 }
 SECTIONS = {

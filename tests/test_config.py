@@ -150,4 +150,8 @@ def test_help_shows_the_values_a_run_here_uses(monkeypatch):
     add_config_arguments(parser, defaults=build_config(device_type="cuda"))
     text = " ".join(parser.format_help().split())
     assert "model width d_model (default 896)" in text  # the 366m preset keeps the field default
-    assert "large enough for FP8 to pay (TorchAO's rule) (default here True, from the 366m preset)" in text
+    assert "auto: delayed where it can run, else dynamic (default auto)" in text
+    parser = argparse.ArgumentParser()
+    add_config_arguments(parser, defaults=build_config({"preset": "1.3b"}, device_type="cuda"))
+    text = " ".join(parser.format_help().split())
+    assert "else dynamic (default here dynamic, from the 1.3b preset)" in text

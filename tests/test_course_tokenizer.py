@@ -5,6 +5,8 @@ import itertools
 import json
 import os
 import random
+import subprocess
+import sys
 import sysconfig
 import tracemalloc
 from collections import Counter
@@ -403,3 +405,9 @@ def test_gpt2_vocabulary_encodes_like_hf_tokenizers():
     hf.add_special_tokens([EOT])
     for text in hf_reference_texts():
         assert tok.encode(text) == hf.encode(text, add_special_tokens=False).ids
+
+
+def test_the_course_tokenizer_imports_without_torch():
+    script = "import sys; from cs336_basics import Tokenizer, train_bpe; print('torch' in sys.modules)"
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "False", proc.stderr

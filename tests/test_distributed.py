@@ -180,6 +180,7 @@ def runs(tmp_path_factory):
     return root, done
 
 
+@pytest.mark.slow
 def test_ddp_and_fsdp_give_the_losses_of_one_process_with_the_same_global_batch(runs):
     root, done = runs
     single = metrics(root / "single")
@@ -196,6 +197,7 @@ def test_ddp_and_fsdp_give_the_losses_of_one_process_with_the_same_global_batch(
     assert (record["world_size"], record["parallel"]) == (2, "fsdp")
 
 
+@pytest.mark.slow
 def test_fsdp_with_fp8_trains_like_one_process_with_either_all_gather(runs):
     """TorchAO's FP8 (emulated on CPU) under FSDP2: with --fp8_all_gather the weights are all-gathered in FP8 (their
     BF16 shards wrapped by torchao, the optimizer stepping the fp32 masters of the shards underneath), scales
@@ -216,6 +218,7 @@ def test_fsdp_with_fp8_trains_like_one_process_with_either_all_gather(runs):
         torch.testing.assert_close(whole["model"][name], master.to(torch.bfloat16), rtol=0, atol=0, msg=name)
 
 
+@pytest.mark.slow
 def test_the_fused_fp8_path_with_its_swiglu_blocks_trains_under_ddp_and_fsdp_like_one_process(runs):
     """The fused path's own autograd functions (FP8 linears, shared input casts, SwiGLU blocks; their torch reference
     producers on CPU) under DDP and FSDP2: the gradients they return reach DDP's all-reduce and FSDP2's
@@ -228,6 +231,7 @@ def test_the_fused_fp8_path_with_its_swiglu_blocks_trains_under_ddp_and_fsdp_lik
         assert_same_losses(metrics(root / f"{mode}_fused"), metrics(root / "single_fused"), rel=FP8_REL)
 
 
+@pytest.mark.slow
 def test_ddp_writes_one_file_and_fsdp_a_sharded_checkpoint(runs):
     root, _ = runs
     assert read_checkpoint(root / "ddp" / CHECKPOINT_NAME)["format"] == CHECKPOINT_FORMAT
@@ -241,6 +245,7 @@ def test_ddp_writes_one_file_and_fsdp_a_sharded_checkpoint(runs):
     ]  # fmt: skip
 
 
+@pytest.mark.slow
 def test_a_failing_rank_stops_the_whole_run_with_its_message(runs):
     _, done = runs
     failed = done["failed"]
@@ -252,12 +257,14 @@ def test_a_failing_rank_stops_the_whole_run_with_its_message(runs):
     assert done["failed_checkpoint_step"] == 3  # the last checkpoint before the failure is intact
 
 
+@pytest.mark.slow
 def test_resume_at_two_ranks_reproduces_the_uninterrupted_run(runs):
     root, done = runs
     assert done["resumed"].returncode == 0, done["resumed"].stderr[-3000:]
     assert_same_losses(metrics(root / "failed"), metrics(root / "fsdp"), rel=None)
 
 
+@pytest.mark.slow
 def test_checkpoints_move_between_one_process_and_two_ranks(runs):
     root, done = runs
     single = metrics(root / "single")
@@ -272,6 +279,7 @@ def test_checkpoints_move_between_one_process_and_two_ranks(runs):
     assert read_checkpoint(root / "one" / CHECKPOINT_NAME)["format"] == SHARDED_FORMAT
 
 
+@pytest.mark.slow
 def test_export_writes_the_one_process_layout(runs, tmp_path):
     from cs336_basics.course import load_checkpoint as course_load_checkpoint
     from cs336_basics.model import TransformerLM
@@ -303,6 +311,7 @@ def test_export_writes_the_one_process_layout(runs, tmp_path):
     torch.testing.assert_close(direct.state_dict(), exported["model"])
 
 
+@pytest.mark.slow
 def test_a_damaged_shard_is_a_clear_error(runs, tmp_path):
     from cs336_basics.parallel.checkpoint import assemble_sharded
 

@@ -36,7 +36,7 @@ from cs336_basics.precision.fp8 import SKIP_LM_HEAD, SKIP_NOT_16, SKIP_SMALL
 TINY = tiny_model()
 N_BLOCK_LINEARS = 2 * 7
 
-EMULATE = FP8Config(use_fp8=True, fp8_emulate=True)
+EMULATE = FP8Config(use_fp8=True, fp8_emulate=True, fp8_path="torchao")
 
 
 def emulated(**overrides) -> FP8Config:

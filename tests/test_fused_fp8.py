@@ -304,9 +304,10 @@ def test_converted_model_trains_close_to_bf16():
 @pytest.mark.parametrize(
     "fp8, message",
     [
-        ({"fp8_scaling": "delayed"}, "needs --fp8_path fused"),
-        ({"fp8_fast_accum_backward": True}, "needs --fp8_path fused"),
-        ({"fp8_fused_swiglu": False}, "--no_fp8_fused_swiglu needs --fp8_path fused"),
+        ({"fp8_path": "torchao", "fp8_scaling": "delayed"}, "needs --fp8_path fused"),
+        ({"fp8_path": "torchao", "fp8_fast_accum_backward": True}, "needs --fp8_path fused"),
+        ({"fp8_path": "torchao", "fp8_fused_swiglu": False}, "--no_fp8_fused_swiglu needs --fp8_path fused"),
+        ({"fp8_scaling": "delayed", "fp8_recipe": "rowwise"}, "needs the fused FP8 path and --fp8_recipe rowwise"),
         ({"fp8_path": "fused", "fp8_recipe": "rowwise"}, "implements the tensorwise recipe only"),
         ({"fp8_amax_history_len": 0}, "fp8_amax_history_len must be >= 1"),
         ({"fp8_margin": -1}, "fp8_margin must be >= 0"),
@@ -325,7 +326,7 @@ def test_the_fused_path_needs_no_torchao(monkeypatch):
     monkeypatch.setitem(sys.modules, "torchao.float8", None)
     config = build_config({"model": tiny_model().__dict__, "fp8": {**FUSED.__dict__}, "train": {"device": "cpu"}})
     built = build(plan(config))
-    assert built.fp8_linears == 14
+    assert built.fp8_linears == 15  # the lm_head too: the fused path's default
 
 
 # ---- training through train_h100 ----

@@ -29,6 +29,7 @@ def test_settings_each_variant_sets_are_refused(tmp_path, capsys):
     assert "--fp8_lm_head: each variant sets this itself" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_tiny_bf16_and_fused_fp8_runs_are_compared(tmp_path, token_files):
     out = tmp_path / "parity"
     argv = ["--out_dir", str(out), "--variants", "fp8-fused-dynamic,fp8-fused-dynamic+lm_head", "--tolerance", "0.05",

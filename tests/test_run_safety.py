@@ -95,6 +95,7 @@ def test_a_second_run_in_a_locked_folder_is_refused(tmp_path, base, capsys):
     assert not (out / "config.json").exists()
 
 
+@pytest.mark.slow
 def test_two_processes_started_together_one_runs_one_is_refused(tmp_path, token_files):
     out = tmp_path / "race"
     argv = [
@@ -210,6 +211,7 @@ def test_repeated_sigterms_are_one_stop_request(tmp_path, base, capsys, monkeypa
     assert load_checkpoint(out / CHECKPOINT_NAME, restore_rng=False)["step"] == 6
 
 
+@pytest.mark.slow
 def test_sigterm_before_training_ends_with_a_message(tmp_path, token_files):
     # The process is signalled while it prepares (here: right at the start of training_run): exit 143, a message.
     script = textwrap.dedent(
@@ -373,6 +375,7 @@ def test_a_full_disk_at_checkpoint_time_keeps_the_previous_checkpoint(tmp_path, 
     assert not [p for p in out.iterdir() if p.name.endswith(".tmp")]
 
 
+@pytest.mark.slow
 def test_a_data_path_error_comes_before_heavy_imports(tmp_path):
     # torchao takes seconds to import: a wrong path must fail before anything imports it.
     script = (

@@ -175,15 +175,16 @@ def test_resume_may_switch_between_bf16_and_fp8(tmp_path, token_files, capsys, f
 @pytest.mark.parametrize("precision", [["--no_use_fp8"], ["--use_fp8"]])
 def test_gpu_compiled_run(tmp_path, token_files, capsys, precision):
     out = tmp_path / "gpu"
-    # --no_fp8_shape_filter: the GPU's default preset (366m) filters by shape, and no tiny layer would pass.
-    gpu = ["--device", "cuda", "--dim", "64", "--intermediate_size", "128", "--no_fp8_shape_filter"]
+    gpu = ["--device", "cuda", "--dim", "64", "--intermediate_size", "128"]
     argv = [*TINY, *token_files, *gpu, *precision, "--compile_model", "--max_steps", "8", "--log_every", "4"]
     argv += ["--out_dir", out]
     code, stdout, err = run(argv, capsys)
     assert code == 0, err
     result = json.loads((out / "result.json").read_text())
     assert result["compile"] == "default" and result["compile_s"] > 0 and result["peak_mem_gib"] > 0
-    assert result["precision"] == ("fp8-tensorwise" if precision == ["--use_fp8"] else "bf16")
+    # --use_fp8 alone: the default FP8, the fused path with delayed scaling and the FP8 lm_head (precision/choice.py)
+    assert result["precision"] == ("fp8-fused-delayed" if precision == ["--use_fp8"] else "bf16")
+    assert result["fp8_lm_head"] == (precision == ["--use_fp8"])
     verdict = "FP8 + Compilation" if precision == ["--use_fp8"] else "SUB-OPTIMAL"
     assert verdict in stdout
 

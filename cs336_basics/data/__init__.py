@@ -1,34 +1,34 @@
-"""Data: tokenizer, corpora and caching, and batches of training windows."""
+"""Data: tokenizer, corpora and caching, and batches of training windows.
 
-from cs336_basics.data.batching import (
-    BatchSampler,
-    get_batch,
-    get_rank_batch,
-    load_token_array,
-    require_windows,
-    token_dtype_for_vocab,
-)
-from cs336_basics.data.sources import (
-    PreparedData,
-    check_data_sources,
-    default_cache_dir,
-    prepare_data,
-    stdlib_source_files,
-)
-from cs336_basics.data.tokenizer import END_OF_TEXT, BPETokenizer
+Names are loaded on first use (PEP 562), so that the course's tokenizer (`data.bpe`, `data.bpe_tokenizer`) imports
+without torch, which the batching and caching modules need."""
 
-__all__ = [
-    "END_OF_TEXT",
-    "BPETokenizer",
-    "BatchSampler",
-    "PreparedData",
-    "check_data_sources",
-    "default_cache_dir",
-    "get_batch",
-    "get_rank_batch",
-    "load_token_array",
-    "prepare_data",
-    "require_windows",
-    "stdlib_source_files",
-    "token_dtype_for_vocab",
-]
+import importlib
+
+_WHERE = {
+    "BatchSampler": "batching",
+    "get_batch": "batching",
+    "get_rank_batch": "batching",
+    "load_token_array": "batching",
+    "require_windows": "batching",
+    "token_dtype_for_vocab": "batching",
+    "PreparedData": "sources",
+    "check_data_sources": "sources",
+    "default_cache_dir": "sources",
+    "prepare_data": "sources",
+    "stdlib_source_files": "sources",
+    "END_OF_TEXT": "tokenizer",
+    "BPETokenizer": "tokenizer",
+}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str):
+    if name in _WHERE:
+        return getattr(importlib.import_module(f"cs336_basics.data.{_WHERE[name]}"), name)
+    raise AttributeError(f"module 'cs336_basics.data' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_WHERE])

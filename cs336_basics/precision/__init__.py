@@ -22,6 +22,10 @@ def convert_for_fp8(model, cfg, fsdp_float8_all_gather: bool = False) -> FP8Conv
     """Convert `model` to FP8 by the path cfg.fp8_path names: "torchao" (Float8Linear) or "fused" (ours).
     `fsdp_float8_all_gather`: the model will be sharded by FSDP2, which then all-gathers FP8 weights (torchao only;
     the plan refuses FSDP2 with the fused path)."""
+    if cfg.fp8_path == "auto":
+        raise ValueError(
+            "convert_for_fp8 takes a resolved FP8Config: build.plan chooses the path (precision/choice.py)"
+        )
     if cfg.fp8_path == "fused":
         if fsdp_float8_all_gather:
             raise ValueError("the fused FP8 path has no FSDP2 all-gather (the plan refuses this combination)")

@@ -23,6 +23,7 @@ from cs336_basics.errors import ConfigError, io_error
 from cs336_basics.generate import Sampling, sample_text
 from cs336_basics.parallel.world import main_first, process_group
 from cs336_basics.parallel.wrap import FSDP
+from cs336_basics.precision.choice import AUTO_SETTINGS
 from cs336_basics.results import append_runs, format_or_na, result_record
 from cs336_basics.training.run_folder import RunFolder
 from cs336_basics.training.summary import RunFacts, format_summary
@@ -77,6 +78,7 @@ def _silent(*args: Any, **kwargs: Any) -> None:
 
 def _run_locked(config: RunConfig, folder: RunFolder, world, results_json, log) -> TrainResult | None:
     t = config.train
+    requested_fp8 = config.fp8
     # Every rank reads the checkpoint: mapped, so that a machine's ranks share one copy of a whole checkpoint.
     resume_state = folder.read_resume_state(config, mmap=world.launched) if t.resume else None
     notes: list[str] = []
@@ -105,8 +107,11 @@ def _run_locked(config: RunConfig, folder: RunFolder, world, results_json, log) 
     if built.device.type == "cuda" or config.fp8.use_fp8:
         log(built.plan.fp8_support.format())
     log(format_summary(config, _facts(built, data.description, notes)))
-    # The run's settings, as a later --resume reads them: how this invocation started is not one of them.
-    saved = config.replace(train={"resume": False, "overwrite": False})
+    # The run's settings, as a later --resume reads them: how this invocation started is not one of them, and the FP8
+    # settings left automatic stay automatic (a resume chooses again, as for --parallel auto).
+    saved = config.replace(
+        train={"resume": False, "overwrite": False}, fp8={name: getattr(requested_fp8, name) for name in AUTO_SETTINGS}
+    )
     if world.is_main:
         before = "Nothing was trained." + (f" {folder.checkpoint_path} is intact." if resume_state is not None else "")
         _write(folder.config_path, lambda: write_json_atomic(folder.config_path, saved.to_dict()), before)

@@ -18,9 +18,11 @@ from cs336_basics.errors import ConfigError
 from cs336_basics.parallel.world import World
 from cs336_basics.parallel.wrap import DDP, FSDP, NONE, check_parallel_request
 
-# fp8-<recipe>: TorchAO's path; fp8-fused-<scaling>: this package's (--fp8_path fused).
+# fp8: train_h100.py's default FP8 (no FP8 flag but --use_fp8: the path and its settings as precision/choice.py
+# chooses them); fp8-<recipe>: TorchAO's path; fp8-fused-<scaling>: this package's (--fp8_path fused).
 PRECISIONS = (
     "bf16", "fp8-tensorwise", "fp8-rowwise", "fp8-rowwise_with_gw_hp", "fp8-fused-dynamic", "fp8-fused-delayed", "fp32",
+    "fp8",
 )  # fmt: skip
 COMPILE_CHOICES = ("eager", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 PARALLEL_CHOICES = (DDP, FSDP)  # for world sizes above 1; one process has none
@@ -29,7 +31,8 @@ DEFAULT_PRESETS = ("366m", "gpt2-small", "1.3b")
 DEFAULTS: dict[str, Any] = dict(
     presets=DEFAULT_PRESETS,
     precisions=PRECISIONS[:4],
-    fp8_lm_head=(False,),  # the package default; --fp8_lm_head off,on sweeps it
+    # None: as the precision says (fp8-*: off unless +lm_head; fp8: its path's default); --fp8_lm_head off,on sweeps it
+    fp8_lm_head=(None,),
     compile=("eager", "default", "max-autotune"),
     attention=("sdpa", "flash"),
     ac=(False, True),
@@ -44,8 +47,8 @@ DEFAULTS: dict[str, Any] = dict(
 # so the whole sweep stays under 8 minutes even if a compile hangs.
 QUICK: dict[str, Any] = dict(
     presets=("366m",),
-    precisions=("bf16", "fp8-tensorwise"),
-    fp8_lm_head=(False,),
+    precisions=("bf16", "fp8"),
+    fp8_lm_head=(None,),
     compile=("default",),
     attention=("sdpa",),
     ac=(False,),
@@ -89,15 +92,15 @@ BASELINE_PRECISION, BASELINE_COMPILE = "bf16", "default"
 
 
 LM_HEAD_SUFFIX = "+lm_head"  # an FP8 precision with the lm_head converted too, e.g. fp8-fused-dynamic+lm_head
-WITH_LM_HEAD = tuple(p + LM_HEAD_SUFFIX for p in PRECISIONS if p.startswith("fp8-"))
+WITH_LM_HEAD = tuple(p + LM_HEAD_SUFFIX for p in PRECISIONS if p.startswith("fp8"))
 
 
 def precision_settings(precision: str) -> dict[str, dict[str, Any]]:
     """The config settings (by section) that one of PRECISIONS (or WITH_LM_HEAD) stands for."""
-    fp8: dict[str, Any] = {"use_fp8": precision.startswith("fp8-")}
-    if precision.endswith(LM_HEAD_SUFFIX):
-        fp8["fp8_lm_head"] = True
-        precision = precision.removesuffix(LM_HEAD_SUFFIX)
+    fp8: dict[str, Any] = {"use_fp8": precision.startswith("fp8")}
+    if precision.startswith("fp8-"):  # a named variant: the lm_head in FP8 only where its name says +lm_head
+        fp8["fp8_lm_head"] = precision.endswith(LM_HEAD_SUFFIX)
+    precision = precision.removesuffix(LM_HEAD_SUFFIX)
     if precision.startswith("fp8-fused-"):
         fp8.update(fp8_path="fused", fp8_recipe="tensorwise", fp8_scaling=precision.removeprefix("fp8-fused-"))
     elif precision.startswith("fp8-"):
@@ -115,7 +118,7 @@ class SweepPoint:
     preset: str
     batch_size: int
     precision: str
-    fp8_lm_head: bool
+    fp8_lm_head: bool | None  # None: the FP8 path's default
     compile: str  # "eager" or a torch.compile mode
     attention: str
     ac: bool
@@ -124,7 +127,7 @@ class SweepPoint:
 
     @property
     def is_fp8(self) -> bool:
-        return self.precision.startswith("fp8-")
+        return self.precision.startswith("fp8")
 
     @property
     def is_baseline(self) -> bool:
@@ -153,7 +156,9 @@ class SweepPoint:
             parallel=self.parallel if self.world_size > 1 else "auto",  # auto: none in one process
             **precision_settings(self.precision)["train"],
         )
-        values.setdefault("fp8", {}).update(precision_settings(self.precision)["fp8"], fp8_lm_head=self.fp8_lm_head)
+        values.setdefault("fp8", {}).update(precision_settings(self.precision)["fp8"])
+        if self.fp8_lm_head is not None:
+            values["fp8"]["fp8_lm_head"] = self.fp8_lm_head
         return values
 
 
@@ -161,7 +166,7 @@ class SweepPoint:
 class Grid:
     presets: tuple[str, ...]
     precisions: tuple[str, ...]
-    fp8_lm_head: tuple[bool, ...]
+    fp8_lm_head: tuple[bool | None, ...]
     compile: tuple[str, ...]
     attention: tuple[str, ...]
     ac: tuple[bool, ...]
@@ -201,7 +206,7 @@ def expand_grid(grid: Grid) -> list[SweepPoint]:
                     SweepPoint(preset, batch, precision, lm_head, mode, attention, ac, world, parallel)
                     for mode in grid.compile
                     for precision in grid.precisions
-                    for lm_head in (grid.fp8_lm_head if precision.startswith("fp8-") else (False,))
+                    for lm_head in (grid.fp8_lm_head if precision.startswith("fp8") else (None,))
                 ]
                 points += sorted(group, key=lambda p: not p.is_baseline)  # stable: the baseline moves first
     return points

@@ -1,0 +1,73 @@
+"""Which FP8 path a run takes, and the settings that follow from it: the one place the choice is made.
+
+The default (`--fp8_path auto`) is the measured-best path wherever it runs: this package's fused path, with every
+linear in FP8 including the lm_head, and delayed scaling in one process (benchmarks/results/INDEX.md has the runs).
+TorchAO's path is chosen where only it runs or where it measured faster:
+  - a rowwise recipe or --fp8_all_gather (the fused path is tensorwise and has no FP8 all-gather);
+  - --fp8_emulate (emulation is TorchAO's; the fused path runs real FP8 casts even on the CPU);
+  - FSDP2: on one rank of FSDP2 TorchAO's path measured faster (benchmarks/results/2026-11-23-fsdp-overheads-h200,
+    item 5): the fused path's step is host-bound there.
+A setting given explicitly is kept; a setting that only one path has picks that path. The result is concrete (no
+"auto" left) and its notes are the summary's "auto-selected" words. A run folder's config.json keeps the request
+(AUTO_SETTINGS as asked, like --parallel auto), so a resumed run chooses again: the same choice on the same launch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from cs336_basics.config import FP8Config
+
+# The FP8 settings this module resolves when they are left automatic.
+AUTO_SETTINGS = ("fp8_path", "fp8_lm_head", "fp8_shape_filter", "fp8_scaling")
+
+
+@dataclass(frozen=True)
+class FP8Choice:
+    config: FP8Config  # every automatic setting resolved
+    notes: tuple[str, ...]  # what was chosen and why, for the configuration summary
+
+
+def choose_fp8(fp8: FP8Config, *, parallel_mode: str, world_size: int, lora: bool = False) -> FP8Choice:
+    """Resolve fp8's automatic settings for a run in `parallel_mode` ("none", "ddp", "fsdp") on `world_size`
+    processes. `lora`: a LoRA fine-tune, whose frozen base runs this package's own FP8 linears on either path, with
+    defaults of its own (README, "Fine-tuning")."""
+    notes = []
+    path = fp8.fp8_path
+    if path == "auto":
+        path, why = _auto_path(fp8, parallel_mode)
+        other = "torchao" if path == "fused" else "fused"
+        notes.append(f"fp8_path={path} ({why}; the other: --fp8_path {other})")
+    whose, defaults = _defaults(fp8, path, world_size, lora)
+    changes = {"fp8_path": path}
+    changes |= {name: value for name, value in defaults.items() if getattr(fp8, name) in (None, "auto")}
+    automatic = [f"{name}={value}" for name, value in changes.items() if name != "fp8_path"]
+    if automatic:
+        notes.append(f"{', '.join(automatic)} ({whose} defaults)")
+    return FP8Choice(dataclasses.replace(fp8, **changes), tuple(notes))
+
+
+def _defaults(fp8: FP8Config, path: str, world_size: int, lora: bool) -> tuple[str, dict[str, Any]]:
+    """Whose defaults apply, and the lm_head, shape-rule and scaling settings they give."""
+    if lora:  # measured on a LoRA base: dynamic in the default compile mode (delayed pays only under CUDA graphs)
+        return "a LoRA base's", {"fp8_lm_head": False, "fp8_shape_filter": False, "fp8_scaling": "dynamic"}
+    if path == "fused":  # one amax history per process, which several processes would not agree on: dynamic there
+        scaling = "delayed" if world_size == 1 else "dynamic"
+        return "the fused path's", {"fp8_lm_head": True, "fp8_shape_filter": False, "fp8_scaling": scaling}
+    # The shape rule is a speed rule for real FP8 GEMMs: emulation (numerics only) converts every layer.
+    return "TorchAO's path's", {"fp8_lm_head": False, "fp8_shape_filter": not fp8.fp8_emulate, "fp8_scaling": "dynamic"}
+
+
+def _auto_path(fp8: FP8Config, parallel_mode: str) -> tuple[str, str]:
+    fused_only, torchao_only = fp8.fused_only_flags(), fp8.torchao_only_flags()
+    if fused_only:  # FP8Config refuses flags of both paths together
+        return "fused", f"{', '.join(fused_only)} needs it"
+    if torchao_only:
+        return "torchao", f"{', '.join(torchao_only)} needs it"
+    if fp8.fp8_emulate:
+        return "torchao", "--fp8_emulate is TorchAO's emulation"
+    if parallel_mode == "fsdp":
+        return "torchao", "measured faster under FSDP2"
+    return "fused", "measured fastest"

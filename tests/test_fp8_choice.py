@@ -1,0 +1,99 @@
+"""The FP8 path and its settings are chosen in one place (precision/choice.py): the measured-best path by default,
+TorchAO's where only it runs or measured faster, explicit settings kept, and the README saying what the defaults are."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from tiny import TINY_FLAGS
+
+import train_h100
+from cs336_basics.build import plan
+from cs336_basics.cli import config_from_args, config_parser
+from cs336_basics.config import FP8Config, build_config
+from cs336_basics.errors import ConfigError
+from cs336_basics.precision.choice import AUTO_SETTINGS, choose_fp8
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def chosen(parallel_mode: str = "none", world_size: int = 1, lora: bool = False, **fp8) -> FP8Config:
+    return choose_fp8(FP8Config(**fp8), parallel_mode=parallel_mode, world_size=world_size, lora=lora).config
+
+
+def settings(cfg: FP8Config) -> tuple:
+    return tuple(getattr(cfg, name) for name in AUTO_SETTINGS)
+
+
+def test_the_default_is_the_fused_path_with_the_fp8_head_and_delayed_scaling():
+    assert settings(chosen()) == ("fused", True, False, "delayed")
+
+
+@pytest.mark.parametrize(
+    "where, fp8, expected",
+    [
+        # several processes: one amax history per process would disagree, so dynamic scaling
+        ({"parallel_mode": "ddp", "world_size": 2}, {}, ("fused", True, False, "dynamic")),
+        # FSDP2: TorchAO's path measured faster on one rank
+        ({"parallel_mode": "fsdp", "world_size": 2}, {}, ("torchao", False, True, "dynamic")),
+        ({}, {"fp8_recipe": "rowwise"}, ("torchao", False, True, "dynamic")),
+        ({}, {"fp8_all_gather": True}, ("torchao", False, True, "dynamic")),
+        # emulation is TorchAO's, and a speed rule means nothing under it
+        ({}, {"fp8_emulate": True}, ("torchao", False, False, "dynamic")),
+        # a setting only the fused path has picks it, even where TorchAO's would be chosen
+        (
+            {"parallel_mode": "fsdp", "world_size": 2},
+            {"fp8_fast_accum_backward": True},
+            ("fused", True, False, "dynamic"),
+        ),
+        # explicit settings are kept
+        ({}, {"fp8_lm_head": False, "fp8_scaling": "dynamic"}, ("fused", False, False, "dynamic")),
+        ({}, {"fp8_path": "torchao", "fp8_shape_filter": False}, ("torchao", False, False, "dynamic")),
+        # a LoRA base runs this package's own FP8 linears whatever the path, with the defaults measured for it
+        ({"lora": True}, {}, ("fused", False, False, "dynamic")),
+    ],
+)
+def test_where_the_choice_differs(where, fp8, expected):
+    assert settings(chosen(**where, **fp8)) == expected
+
+
+def test_flags_of_both_paths_together_are_refused():
+    with pytest.raises(ConfigError, match="needs the fused FP8 path and --fp8_recipe rowwise TorchAO's"):
+        FP8Config(fp8_scaling="delayed", fp8_recipe="rowwise")
+
+
+def test_the_plan_resolves_the_choice_and_the_summary_names_it():
+    config = build_config({"model": {"dim": 32}, "fp8": {"use_fp8": True, "fp8_emulate": True}}, device_type="cpu")
+    p = plan(config)
+    assert p.config.fp8.fp8_path == "torchao" and "auto" not in settings(p.config.fp8)
+    assert any("fp8_path=torchao (--fp8_emulate is TorchAO's emulation" in note for note in p.auto_choices)
+
+
+def test_a_run_folder_keeps_the_request_so_a_resume_chooses_again(tmp_path, token_files, capsys):
+    out = tmp_path / "run"
+    argv = [*TINY_FLAGS, *token_files, "--use_fp8", "--fp8_emulate", "--max_steps", "2", "--out_dir", str(out)]
+    assert train_h100.main(argv) == 0
+    saved = json.loads((out / "config.json").read_text())["fp8"]
+    assert {name: saved[name] for name in AUTO_SETTINGS} == dict(zip(AUTO_SETTINGS, settings(FP8Config()), strict=True))
+    result = json.loads((out / "result.json").read_text())
+    assert result["fp8_path"] == "torchao" and result["precision"] == "fp8-tensorwise-emulated"
+
+
+def _readme_defaults() -> dict[str, list[str]]:
+    """preset -> the FP8 flags the README's "Default FP8 on one GPU, preset ..." lines give."""
+    lines = re.findall(r"^Default FP8 on one GPU, preset (.+?): `(.+)`$", README.read_text(), flags=re.M)
+    return {preset.strip(): flags.split() for names, flags in lines for preset in re.split(r",| and ", names) if preset}
+
+
+def test_the_readme_says_what_the_defaults_are():
+    documented = _readme_defaults()
+    assert set(documented) == {"366m", "gpt2-small", "1.3b"}
+    for preset, flags in documented.items():
+        parser = config_parser(None)
+        with_flags = config_from_args(parser.parse_args(["--preset", preset, "--device", "cpu", *flags])).fp8
+        default = config_from_args(parser.parse_args(["--preset", preset, "--device", "cpu", "--use_fp8"])).fp8
+        as_chosen = choose_fp8(default, parallel_mode="none", world_size=1).config
+        assert as_chosen == with_flags, preset
