@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from cs336_basics.config import RunConfig
-from cs336_basics.errors import ConfigError, NotSupportedHere
+from cs336_basics.errors import ConfigError
 from cs336_basics.lora import LoRAReport, apply_lora, check_finetune_request, count_frozen_fp8_linears, load_base
 from cs336_basics.model import TransformerLM, check_attention_backend
 from cs336_basics.parallel.world import SINGLE, World, current_world, process_device
@@ -45,27 +45,6 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 def torch_dtype(name: str) -> torch.dtype:
     return _DTYPES[name]
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError as exc:
-        raise ConfigError(f"--device {name!r} is not a device name; use auto, cpu, cuda or cuda:N.") from exc
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise NotSupportedHere(
-                f"--device {name} was asked for but CUDA is not available here (torch {torch.__version__}, "
-                f"built for CUDA {torch.version.cuda}). Install a CUDA build of torch on a GPU machine, "
-                "or use --device cpu."
-            )
-        if device.index is not None and device.index >= torch.cuda.device_count():
-            raise NotSupportedHere(f"--device {name}: only {torch.cuda.device_count()} CUDA device(s) are visible.")
-    elif device.type != "cpu":
-        raise ConfigError(f"--device {name!r} is not supported; use auto, cpu, cuda or cuda:N.")
-    return device
 
 
 @dataclass(frozen=True)

@@ -13,13 +13,14 @@ from pathlib import Path
 
 import torch
 
-from cs336_basics.build import resolve_device
 from cs336_basics.cli import add_field_arguments
 from cs336_basics.config import RunConfig, at_least, finite, non_negative, setting, validate_fields
 from cs336_basics.data import BPETokenizer
+from cs336_basics.devices import resolve_device
 from cs336_basics.errors import ConfigError, run_program
 from cs336_basics.model import TransformerLM
-from cs336_basics.training.checkpoint import CHECKPOINT_NAME, load_checkpoint
+from cs336_basics.training.checkpoint import CHECKPOINT_NAME
+from cs336_basics.training.restore import load_checkpoint
 
 
 def _some_text(v: str) -> str | None:

@@ -13,12 +13,8 @@ from torch import nn
 
 from cs336_basics.errors import ConfigError
 from cs336_basics.optim import MasterWeightAdamW
-from cs336_basics.training.checkpoint import (
-    CHECKPOINT_NAME,
-    latest_checkpoint,
-    load_checkpoint,
-    save_checkpoint,
-)
+from cs336_basics.training.checkpoint import CHECKPOINT_NAME, latest_checkpoint, save_checkpoint
+from cs336_basics.training.restore import load_checkpoint
 
 
 class TinyLM(nn.Module):

@@ -304,7 +304,7 @@ def test_export_writes_the_one_process_layout(runs, tmp_path):
     assert course_load_checkpoint(out, model, optimizer) == STEPS
     torch.testing.assert_close(model.state_dict(), exported["model"])
     # The sharded checkpoint itself loads into a plain model too (what cs336_basics.generate does).
-    from cs336_basics.training.checkpoint import load_checkpoint
+    from cs336_basics.training.restore import load_checkpoint
 
     direct = TransformerLM(config.model)
     load_checkpoint(root / "fsdp" / CHECKPOINT_NAME, model=direct, restore_rng=False)

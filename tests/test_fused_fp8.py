@@ -34,8 +34,8 @@ from cs336_basics.precision.fused.scaling import (
     cast_to_fp8,
 )
 from cs336_basics.precision.fused.swiglu import Fp8SwiGLU
-from cs336_basics.training.checkpoint import load_checkpoint
 from cs336_basics.training.metrics import read_metrics
+from cs336_basics.training.restore import load_checkpoint
 
 FUSED = FP8Config(use_fp8=True, fp8_emulate=True, fp8_path="fused")
 DELAYED = FP8Config(use_fp8=True, fp8_emulate=True, fp8_path="fused", fp8_scaling="delayed")

@@ -17,8 +17,9 @@ from tiny import TINY_FLAGS
 
 import train_h100
 from cs336_basics.training import checkpoint as checkpoint_module
-from cs336_basics.training.checkpoint import CHECKPOINT_NAME, load_checkpoint
+from cs336_basics.training.checkpoint import CHECKPOINT_NAME
 from cs336_basics.training.metrics import read_metrics
+from cs336_basics.training.restore import load_checkpoint
 from cs336_basics.training.run_folder import RunFolder
 from cs336_basics.training.trainer import Trainer
 

@@ -9,8 +9,8 @@ import torch
 from tiny import TINY_FLAGS
 
 import train_h100
-from cs336_basics.training.checkpoint import load_checkpoint
 from cs336_basics.training.metrics import read_metrics
+from cs336_basics.training.restore import load_checkpoint
 
 TINY = TINY_FLAGS
 

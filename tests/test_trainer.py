@@ -9,7 +9,7 @@ from tiny import TINY_MODEL
 
 from cs336_basics.config import build_config
 from cs336_basics.model import TransformerLM
-from cs336_basics.training.checkpoint import load_checkpoint
+from cs336_basics.training.restore import load_checkpoint
 from cs336_basics.training.trainer import Trainer, TrainingDiverged
 
 

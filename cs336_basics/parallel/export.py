@@ -3,7 +3,7 @@ state dict, optimizer with fp32 masters, step, config, sampler and RNG), loadabl
 
     uv run python -m cs336_basics.parallel.export runs/default --output runs/default-single.pt
 
-The file loads with cs336_basics.training.checkpoint.load_checkpoint and the course's load_checkpoint; put it in a run
+The file loads with cs336_basics.training.restore.load_checkpoint and the course's load_checkpoint; put it in a run
 folder as checkpoint.pt (with that run's config.json) to resume there. A one-process `--resume` and
 cs336_basics.generate read sharded checkpoints directly, without exporting.
 """

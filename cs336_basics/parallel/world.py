@@ -21,6 +21,7 @@ from typing import TypeVar
 
 import torch
 
+from cs336_basics.devices import resolve_device
 from cs336_basics.errors import ConfigError, RunFolderError
 
 T = TypeVar("T")
@@ -77,8 +78,6 @@ def current_world() -> World:
 def process_device(device_name: str, world: World) -> torch.device:
     """The device this rank trains on: --device resolved as on one GPU, then, under torchrun on CUDA, the GPU of its
     LOCAL_RANK (one process per GPU)."""
-    from cs336_basics.build import resolve_device
-
     device = resolve_device(device_name)
     if not world.launched or device.type != "cuda":
         return device

@@ -34,9 +34,10 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from cs336_basics.build import Built, build, plan, resolve_device
+from cs336_basics.build import Built, build, plan
 from cs336_basics.config import RunConfig
 from cs336_basics.data import get_batch, prepare_data, require_windows
+from cs336_basics.devices import resolve_device
 from cs336_basics.precision.fp8 import grad_weight_in_fp8
 from cs336_basics.results import result_record
 from cs336_basics.training.measure import release_memory, train_for_measurement

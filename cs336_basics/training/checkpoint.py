@@ -6,8 +6,8 @@ position, and the python / numpy / torch (CPU and CUDA) RNG states.
 
 A run trained with FSDP2 writes a sharded checkpoint instead (cs336_basics/parallel/checkpoint.py): the same
 `checkpoint.pt`, in format v1-sharded, holding everything but the tensors, which sit in the shard folder it names.
-`read_checkpoint` reads either; restoring a sharded checkpoint into an unsharded model (one process, DDP) first
-assembles its tensors into this layout.
+`read_checkpoint` reads either; training/restore.py restores either into either kind of model (a sharded checkpoint
+into an unsharded model, one process or DDP, by first assembling its tensors into this layout).
 
 Why checked on every read: torch.load does not check the CRC-32s torch.save writes, so a flipped bit in a weight would
 load silently; read_checkpoint checks them (cs336_basics/integrity.py) before anything else reads the file.
@@ -43,12 +43,10 @@ __all__ = [
     "checkpoint_payload",
     "check_model_keys",
     "latest_checkpoint",
-    "load_checkpoint",
     "load_model_state",
     "model_state",
     "read_checkpoint",
     "remove_stale_shards",
-    "restore_checkpoint",
     "save_checkpoint",
 ]
 
@@ -126,7 +124,7 @@ def _rng_state() -> dict[str, Any]:
     }
 
 
-def _set_rng_state(state: dict[str, Any]) -> None:
+def set_rng_state(state: dict[str, Any]) -> None:
     version, internal, gauss_next = state["python"]
     random.setstate((version, tuple(internal), gauss_next))
     npy = state["numpy"]
@@ -259,51 +257,6 @@ def read_checkpoint(
 
 def is_sharded_checkpoint(ckpt: dict[str, Any]) -> bool:
     return ckpt.get("format") == SHARDED_FORMAT
-
-
-def restore_checkpoint(
-    ckpt: dict[str, Any], *, model: nn.Module | None = None, optimizer: Any = None, restore_rng: bool = True
-) -> None:
-    """Restore what is passed in from a checkpoint read by read_checkpoint.
-
-    The model is restored first (strictly, into the uncompiled module), then the optimizer: with
-    MasterWeightAdamW that order lets the fp32 masters overwrite weights the model may hold in lower precision.
-    Either kind of checkpoint (whole or sharded) restores into either kind of model (whole, or sharded by FSDP2).
-    """
-    path = ckpt.get("path", "the checkpoint")
-    from cs336_basics.parallel.shards import is_sharded
-
-    if model is not None and any(is_sharded(p) for p in model.parameters()):
-        from cs336_basics.parallel.checkpoint import restore_sharded_model
-
-        restore_sharded_model(ckpt, model=model, optimizer=optimizer)
-        model = optimizer = None  # restored; the RNG below is restored as for any checkpoint
-    elif is_sharded_checkpoint(ckpt) and (model is not None or optimizer is not None):
-        from cs336_basics.parallel.checkpoint import assemble_sharded
-
-        ckpt = assemble_sharded(ckpt)
-    if model is not None:
-        load_model_state(model, ckpt["model"], path)
-    if optimizer is not None:
-        if ckpt.get("optimizer") is None:
-            raise ConfigError(f"{path} holds no optimizer state; it cannot resume training, only initialise a model.")
-        optimizer.load_state_dict(ckpt["optimizer"])
-    if restore_rng:
-        _set_rng_state(ckpt["rng"])
-
-
-def load_checkpoint(
-    path: str | os.PathLike,
-    *,
-    model: nn.Module | None = None,
-    optimizer: Any = None,
-    map_location: str | torch.device | None = "cpu",
-    restore_rng: bool = True,
-) -> dict[str, Any]:
-    """read_checkpoint + restore_checkpoint: read `path`, restore what is passed in, return the whole dict."""
-    ckpt = read_checkpoint(path, map_location)
-    restore_checkpoint(ckpt, model=model, optimizer=optimizer, restore_rng=restore_rng)
-    return ckpt
 
 
 def check_model_keys(model: nn.Module, keys: Any, path: str) -> dict[str, str]:

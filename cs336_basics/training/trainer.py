@@ -45,12 +45,7 @@ from cs336_basics.parallel.wrap import (
 )
 from cs336_basics.precision.fused.scaling import DelayedScalingState
 from cs336_basics.timing import StepTimer
-from cs336_basics.training.checkpoint import (
-    CHECKPOINT_NAME,
-    remove_stale_shards,
-    restore_checkpoint,
-    save_checkpoint,
-)
+from cs336_basics.training.checkpoint import CHECKPOINT_NAME, remove_stale_shards, save_checkpoint
 from cs336_basics.training.metrics import (
     MetricsLog,
     flops_per_token,
@@ -59,6 +54,7 @@ from cs336_basics.training.metrics import (
     peak_flops,
     plot_loss_curve,
 )
+from cs336_basics.training.restore import restore_checkpoint
 from cs336_basics.training.signals import GracefulStop, Interrupted, StopNow
 
 # Steps left out of the throughput median after a (re)start: the first compiles, the second still

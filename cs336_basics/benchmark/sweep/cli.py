@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from cs336_basics.benchmark.sweep import lora as sweep_lora
-from cs336_basics.benchmark.sweep import run as sweep_run
+import cs336_basics.benchmark.sweep.lora as sweep_lora
+import cs336_basics.benchmark.sweep.run as sweep_run
 from cs336_basics.benchmark.sweep.plan import (
     COMPILE_CHOICES,
     DEFAULTS,

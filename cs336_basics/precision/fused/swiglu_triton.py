@@ -21,31 +21,15 @@ import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
 from cs336_basics.precision.fused.scaling import E4M3, E5M2, fp8_max
+from cs336_basics.precision.fused.tiles import BLOCK_F, BLOCK_M, WARPS, tile_grid, tile_offsets
 
-# One program per tile of BLOCK_M rows x BLOCK_F columns; 128 rows give 128-byte runs in the transposed FP8 stores.
 # Each program writes its tile's amax (and saturation count) to its own slot; torch reduces the slots. Atomics on
 # one address from every program serialise and cost more than the pass itself.
-BLOCK_M, BLOCK_F, WARPS = 128, 64, 8
-
-
-def tile_grid(m: int, f: int) -> tuple[int, int]:
-    return triton.cdiv(m, BLOCK_M), triton.cdiv(f, BLOCK_F)
 
 
 @triton.jit
 def _round_bf16(x):
     return x.to(tl.bfloat16).to(tl.float32)
-
-
-@triton.jit
-def tile_offsets(M, F, BLOCK_M: tl.constexpr, BLOCK_F: tl.constexpr):
-    """This program's tile: offsets into the row-major (M, F) tensors and their (F, M) transposes, and the mask."""
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
-    mask = (rows < M)[:, None] & (cols < F)[None, :]
-    offs = rows[:, None].to(tl.int64) * F + cols[None, :]
-    offs_t = cols[None, :].to(tl.int64) * M + rows[:, None]
-    return offs, offs_t, mask
 
 
 @triton.jit

@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
-from cs336_basics.precision.fused.swiglu_triton import BLOCK_F, BLOCK_M, WARPS, tile_grid, tile_offsets
+from cs336_basics.precision.fused.tiles import BLOCK_F, BLOCK_M, WARPS, tile_grid, tile_offsets
 
 
 @triton.jit
