@@ -22,7 +22,7 @@ import dataclasses
 import sys
 
 from cs336_basics.cli import config_from_args, config_parser
-from cs336_basics.errors import io_error, run_program
+from cs336_basics.errors import run_program, writing
 from cs336_basics.output_paths import check_output_path
 from cs336_basics.precision.verify import verify_fp8
 from cs336_basics.results import write_results
@@ -48,10 +48,8 @@ def _verify(args) -> int:
     print("ALL CHECKS PASSED" if result.passed else "SOME CHECKS FAILED")
     if args.json:
         checks = [dataclasses.asdict(c) for c in result.checks]
-        try:
+        with writing(args.json, "The checks ran and their table is printed above."):
             write_results(args.json, result.runs, passed=result.passed, checks=checks)
-        except OSError as exc:
-            raise io_error(exc, args.json, "The checks ran and their table is printed above.") from exc
     return 0 if result.passed else 1
 
 

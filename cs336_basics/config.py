@@ -292,17 +292,25 @@ class FP8Config:
             ) if on
         ]  # fmt: skip
 
+    def implied_path(self) -> tuple[str, list[str]] | None:
+        """The path that settings only one path has name (and those settings), or None; both: ConfigError."""
+        fused_only, torchao_only = self.fused_only_flags(), self.torchao_only_flags()
+        if fused_only and torchao_only:
+            raise ConfigError(
+                f"{', '.join(fused_only)} needs the fused FP8 path and {', '.join(torchao_only)} TorchAO's; drop "
+                "one of them (or name the path with --fp8_path)."
+            )
+        if fused_only:
+            return "fused", fused_only
+        return ("torchao", torchao_only) if torchao_only else None
+
     def __post_init__(self) -> None:
         validate_fields(self)
-        fused_only, torchao_only = self.fused_only_flags(), self.torchao_only_flags()
         path = self.fp8_path
         if path == "auto":  # settings only one path has name it (precision/choice.py chooses the same way)
-            if fused_only and torchao_only:
-                raise ConfigError(
-                    f"{', '.join(fused_only)} needs the fused FP8 path and {', '.join(torchao_only)} TorchAO's; drop "
-                    "one of them (or name the path with --fp8_path)."
-                )
-            path = "fused" if fused_only else "torchao" if torchao_only else "auto"
+            implied = self.implied_path()
+            path = implied[0] if implied else "auto"
+        fused_only = self.fused_only_flags()
         if path == "torchao":
             if fused_only:
                 raise ConfigError(

@@ -7,7 +7,8 @@ what is intact); 2 a setting or input that cannot be used (found before the work
 import errno
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 
 class ConfigError(ValueError):
@@ -56,6 +57,15 @@ def os_reason(exc: BaseException) -> str:
 def io_error(exc: BaseException, path: os.PathLike | str, intact: str) -> RunFolderError:
     """A one-line error for a failed write of `path` during the work, saying what is still intact."""
     return RunFolderError(f"could not write {path}: {os_reason(exc)}. {intact}")
+
+
+@contextmanager
+def writing(path: os.PathLike | str, intact: str) -> Iterator[None]:
+    """Write `path` in the block; an OSError there becomes io_error's one line, saying what is intact."""
+    try:
+        yield
+    except OSError as exc:
+        raise io_error(exc, path, intact) from exc
 
 
 def rank_prefix() -> str:

@@ -115,10 +115,11 @@ def verify_files(folder: str | os.PathLike, expected: dict[str, int]) -> None:
             raise _damaged(path, "its CRC-32 differs from the one recorded when it was written")
 
 
-def save_with_checksums(obj: Any, f: IO[bytes]) -> None:
-    """torch.save with its CRC-32s on (its default, which a user may have turned off with set_crc32_options)."""
+def save_with_checksums(obj: Any, f: IO[bytes], crc32: bool = True) -> None:
+    """torch.save with its CRC-32s on (its default, which a user may have turned off with set_crc32_options).
+    `crc32=False`: without them, for measuring what they cost (benchmark/checkpoint_checksum.py)."""
     before = torch.serialization.get_crc32_options()
-    torch.serialization.set_crc32_options(True)
+    torch.serialization.set_crc32_options(crc32)
     try:
         torch.save(obj, f)
     finally:

@@ -24,7 +24,7 @@ import torch
 from cs336_basics.atomic import atomic_write
 from cs336_basics.config import build_config
 from cs336_basics.errors import run_program
-from cs336_basics.integrity import save_torch_file, verify_zip
+from cs336_basics.integrity import save_torch_file, save_with_checksums, verify_zip
 from cs336_basics.model import TransformerLM
 from cs336_basics.optim import MasterWeightAdamW
 from cs336_basics.output_paths import check_output_path
@@ -44,15 +44,6 @@ def _median_s(actions: dict[str, Callable[[], Any]], repeats: int) -> dict[str, 
     return {name: statistics.median(t) for name, t in times.items()}
 
 
-def _write_without_crc32(path: Path, payload: dict[str, Any]) -> None:
-    before = torch.serialization.get_crc32_options()
-    torch.serialization.set_crc32_options(False)
-    try:
-        atomic_write(path, lambda f: torch.save(payload, f))
-    finally:
-        torch.serialization.set_crc32_options(before)
-
-
 def measure(preset: str, folder: Path, repeats: int) -> dict[str, Any]:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     config = build_config({"preset": preset, "train": {"dtype": "bfloat16"}, "fp8": {"use_fp8": False}}, {}, device)
@@ -68,7 +59,11 @@ def measure(preset: str, folder: Path, repeats: int) -> dict[str, Any]:
     )
     path = folder / "checkpoint.pt"
     writes = _median_s(
-        {"off": lambda: _write_without_crc32(path, payload), "on": lambda: save_torch_file(path, payload)}, repeats
+        {
+            "off": lambda: atomic_write(path, lambda f: save_with_checksums(payload, f, crc32=False)),
+            "on": lambda: save_torch_file(path, payload),
+        },
+        repeats,
     )
     write_on, write_off = writes["on"], writes["off"]
     size_gib = path.stat().st_size / 2**30

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from cs336_basics.config import RunConfig
-from cs336_basics.errors import ConfigError, io_error, run_program
+from cs336_basics.errors import ConfigError, run_program, writing
 from cs336_basics.integrity import save_torch_file
 from cs336_basics.lora.apply import apply_lora
 from cs336_basics.lora.base import load_base
@@ -68,10 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     def merge() -> int:
         output = check_output_path(args.output, "--output", folder=False)
         state = merged_state_dict(args.run)
-        try:
+        with writing(output, f"The run {args.run} is unchanged."):
             save_torch_file(output, state)
-        except OSError as exc:
-            raise io_error(exc, output, f"The run {args.run} is unchanged.") from exc
         print(f"wrote {output}: {len(state)} tensors, {sum(t.numel() for t in state.values()):,} parameters")
         return 0
 

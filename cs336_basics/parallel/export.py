@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from cs336_basics.errors import io_error, run_program
+from cs336_basics.errors import run_program, writing
 from cs336_basics.output_paths import check_output_path
 
 
@@ -29,10 +29,8 @@ def main(argv: list[str] | None = None) -> int:
         output = check_output_path(args.output, "--output", folder=False)
         from cs336_basics.parallel.checkpoint import export_checkpoint
 
-        try:
+        with writing(output, f"The checkpoint {args.source} is unchanged."):
             path = export_checkpoint(args.source, output)
-        except OSError as exc:
-            raise io_error(exc, output, f"The checkpoint {args.source} is unchanged.") from exc
         print(f"wrote {path}")
         return 0
 

@@ -61,11 +61,10 @@ def _defaults(fp8: FP8Config, path: str, world_size: int, lora: bool) -> tuple[s
 
 
 def _auto_path(fp8: FP8Config, parallel_mode: str) -> tuple[str, str]:
-    fused_only, torchao_only = fp8.fused_only_flags(), fp8.torchao_only_flags()
-    if fused_only:  # FP8Config refuses flags of both paths together
-        return "fused", f"{', '.join(fused_only)} needs it"
-    if torchao_only:
-        return "torchao", f"{', '.join(torchao_only)} needs it"
+    implied = fp8.implied_path()
+    if implied:
+        path, flags = implied
+        return path, f"{', '.join(flags)} needs it"
     if fp8.fp8_emulate:
         return "torchao", "--fp8_emulate is TorchAO's emulation"
     if parallel_mode == "fsdp":

@@ -11,7 +11,6 @@ excepted: every rank writes its own).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,7 @@ from cs336_basics.atomic import write_json_atomic
 from cs336_basics.build import Built, build, plan
 from cs336_basics.config import RunConfig
 from cs336_basics.data import BPETokenizer, check_data_sources, prepare_data, require_windows
-from cs336_basics.errors import ConfigError, io_error
+from cs336_basics.errors import ConfigError, writing
 from cs336_basics.generate import Sampling, sample_text
 from cs336_basics.parallel.world import main_first, process_group
 from cs336_basics.parallel.wrap import FSDP
@@ -114,9 +113,11 @@ def _run_locked(config: RunConfig, folder: RunFolder, world, results_json, log) 
     )
     if world.is_main:
         before = "Nothing was trained." + (f" {folder.checkpoint_path} is intact." if resume_state is not None else "")
-        _write(folder.config_path, lambda: write_json_atomic(folder.config_path, saved.to_dict()), before)
+        with writing(folder.config_path, before):
+            write_json_atomic(folder.config_path, saved.to_dict())
         if data.tokenizer is not None and resume_state is None:
-            _write(folder.tokenizer_path, lambda: data.tokenizer.save(folder.tokenizer_path), before)
+            with writing(folder.tokenizer_path, before):
+                data.tokenizer.save(folder.tokenizer_path)
 
     trainer = Trainer(
         built.model, config, data.train, data.val, built.device, log=log, resume_state=resume_state,
@@ -135,9 +136,11 @@ def _run_locked(config: RunConfig, folder: RunFolder, world, results_json, log) 
     record = result_record(config, result, **_parameter_counts(built), **parallel)
     kept = result.checkpoint_path or "none: --checkpoint_every 0"
     finished = f"The training finished; its checkpoint ({kept}) and metrics ({result.metrics_path}) are intact."
-    _write(folder.result_path, lambda: write_json_atomic(folder.result_path, record), finished)
+    with writing(folder.result_path, finished):
+        write_json_atomic(folder.result_path, record)
     if results_json is not None:
-        _write(results_json, lambda: append_runs(results_json, [record]), f"{finished} So is {folder.result_path}.")
+        with writing(results_json, f"{finished} So is {folder.result_path}."):
+            append_runs(results_json, [record])
     log(format_outputs(folder, result))
     if data.tokenizer is not None and built.parallel.mode != FSDP:
         sample = sample_text(built.model, data.tokenizer, Sampling(prompt="def ", max_new_tokens=48))
@@ -145,14 +148,6 @@ def _run_locked(config: RunConfig, folder: RunFolder, world, results_json, log) 
     elif data.tokenizer is not None:  # every rank would have to run the sharded model's forward passes in step
         log(f"sample: run python -m cs336_basics.generate --out_dir {t.out_dir} (reads the sharded checkpoint)")
     return result
-
-
-def _write(path: str | Path, write: Callable[[], Any], intact: str) -> None:
-    """A write of the run's outputs; a failure is one line naming the file and what is intact."""
-    try:
-        write()
-    except OSError as exc:
-        raise io_error(exc, path, intact) from exc
 
 
 def _parameter_counts(built: Built) -> dict[str, Any]:

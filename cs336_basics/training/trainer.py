@@ -31,7 +31,7 @@ from tqdm.auto import tqdm
 from cs336_basics.compiled import is_compiled
 from cs336_basics.config import RunConfig
 from cs336_basics.data import BatchSampler, get_rank_batch
-from cs336_basics.errors import ConfigError, WorkFailed, io_error
+from cs336_basics.errors import ConfigError, WorkFailed, io_error, writing
 from cs336_basics.optim import MasterWeightAdamW, cosine_lr
 from cs336_basics.parallel import world as dist
 from cs336_basics.parallel.wrap import (
@@ -361,11 +361,9 @@ class Trainer:
                         record["val_loss"] = val_loss
                         if on_cuda:  # keep eval's activations out of the training peak
                             torch.cuda.reset_peak_memory_stats(self.device)
-                    try:
-                        if metrics is not None:
+                    if metrics is not None:
+                        with writing(metrics_path, self._kept()):
                             metrics.write(record)
-                    except OSError as exc:
-                        raise io_error(exc, metrics_path, self._kept()) from exc
                     bar.set_postfix(self._postfix(record), refresh=False)
                     bar.update(1)
                     if do_ckpt:
@@ -382,10 +380,8 @@ class Trainer:
 
         plot_path = self.out_dir / "loss_curve.png"
         if main:
-            try:
+            with writing(plot_path, f"{self._kept()} {metrics_path} is complete."):
                 plot_loss_curve(metrics_path, plot_path, title=str(self.out_dir.name))
-            except OSError as exc:
-                raise io_error(exc, plot_path, f"{self._kept()} {metrics_path} is complete.") from exc
         tok_s = self.tokens_per_step / statistics.median(step_times) if step_times else None
         return TrainResult(
             steps=self.step,
