@@ -17,8 +17,8 @@ from pathlib import Path
 from cs336_basics.cli import config_from_args, config_parser
 from cs336_basics.errors import rank_prefix, run_program
 from cs336_basics.output_paths import check_output_path
+from cs336_basics.programs.train import run_training
 from cs336_basics.training.checkpoint import CHECKPOINT_NAME
-from cs336_basics.training.run import run_training
 from cs336_basics.training.signals import Interrupted, terminate_raises
 
 

@@ -210,7 +210,7 @@ def test_fsdp_with_fp8_trains_like_one_process_with_either_all_gather(runs):
         assert_same_losses(metrics(root / run), metrics(root / "single_fp8"), rel=FP8_REL)
     assert "blocks keep their gathered weights from forward to backward" in done["fsdp_fp8"].stdout
     exported = read_checkpoint(root / "fsdp_fp8" / CHECKPOINT_NAME)
-    from cs336_basics.parallel.checkpoint import assemble_sharded
+    from cs336_basics.training.sharded_checkpoint import assemble_sharded
 
     whole = assemble_sharded(exported)
     assert all(t.dtype == torch.bfloat16 for t in whole["model"].values())
@@ -284,7 +284,7 @@ def test_export_writes_the_one_process_layout(runs, tmp_path):
     from cs336_basics.course import load_checkpoint as course_load_checkpoint
     from cs336_basics.model import TransformerLM
     from cs336_basics.optim import MasterWeightAdamW
-    from cs336_basics.parallel.export import main as export_main
+    from cs336_basics.programs.export import main as export_main
 
     root, _ = runs
     out = tmp_path / "exported.pt"
@@ -303,7 +303,7 @@ def test_export_writes_the_one_process_layout(runs, tmp_path):
     optimizer = MasterWeightAdamW(model.named_parameters(), lr=1e-3)
     assert course_load_checkpoint(out, model, optimizer) == STEPS
     torch.testing.assert_close(model.state_dict(), exported["model"])
-    # The sharded checkpoint itself loads into a plain model too (what cs336_basics.generate does).
+    # The sharded checkpoint itself loads into a plain model too (what cs336_basics.programs.generate does).
     from cs336_basics.training.restore import load_checkpoint
 
     direct = TransformerLM(config.model)
@@ -313,7 +313,7 @@ def test_export_writes_the_one_process_layout(runs, tmp_path):
 
 @pytest.mark.slow
 def test_a_damaged_shard_is_a_clear_error(runs, tmp_path):
-    from cs336_basics.parallel.checkpoint import assemble_sharded
+    from cs336_basics.training.sharded_checkpoint import assemble_sharded
 
     root, _ = runs
     shutil.copytree(root / "fsdp", tmp_path / "run")

@@ -19,13 +19,13 @@ from tiny import TINY_FLAGS, tiny_model
 
 import train_h100
 import verify_fp8_compilation
-from cs336_basics import generate
 from cs336_basics.benchmark import sweep
 from cs336_basics.config import DataConfig
 from cs336_basics.data import prepare_data
 from cs336_basics.errors import ConfigError
 from cs336_basics.integrity import ChecksumError, files_crc32, verify_files, verify_zip
 from cs336_basics.model import TransformerLM
+from cs336_basics.programs import generate
 from cs336_basics.training.checkpoint import CHECKPOINT_NAME, read_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
@@ -155,7 +155,7 @@ def test_a_full_disk_at_the_loss_curve_is_one_line_and_keeps_the_checkpoint(tmp_
 
 
 def test_a_full_disk_at_the_result_file_is_one_line(tmp_path, base, capsys, monkeypatch):
-    import cs336_basics.training.run as run_module
+    import cs336_basics.programs.train as run_module
 
     real = run_module.write_json_atomic
 
@@ -303,9 +303,9 @@ def test_a_checkpoint_written_before_checksums_were_checked_still_resumes(tmp_pa
         ("train_h100.py", lambda d: ["--out_dir", d / "file"], 2),
         ("verify_fp8_compilation.py", lambda d: ["--json", d], 2),
         ("optimize_performance.py", lambda d: ["--out_dir", d / "file", "--dry_run"], 2),
-        ("-m cs336_basics.generate", lambda d: ["--prompt", ""], 2),
-        ("-m cs336_basics.lora.merge", lambda d: [d / "no-run", "--output", d / "merged.pt"], 2),
-        ("-m cs336_basics.parallel.export", lambda d: [d / "no-run", "--output", d], 2),
+        ("-m cs336_basics.programs.generate", lambda d: ["--prompt", ""], 2),
+        ("-m cs336_basics.programs.merge_lora", lambda d: [d / "no-run", "--output", d / "merged.pt"], 2),
+        ("-m cs336_basics.programs.export", lambda d: [d / "no-run", "--output", d], 2),
     ],
 )
 def test_no_program_shows_a_traceback(tmp_path, program, make_argv, exit_code):

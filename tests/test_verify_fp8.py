@@ -9,7 +9,7 @@ from tiny import TINY_FLAGS, tiny_flags
 import train_h100
 import verify_fp8_compilation
 from cs336_basics.lora.layers import FrozenLinear
-from cs336_basics.precision import verify
+from cs336_basics.programs import verify_fp8 as verify
 
 STEPS = ["--steps", "6"]
 

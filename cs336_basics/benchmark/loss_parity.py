@@ -86,7 +86,7 @@ def plot(curves: dict[str, list[tuple[int, float]]], runs: dict[str, Path], png:
 
 def run_variant(overrides: dict[str, Any]) -> int:
     """Train one variant in this process (the parent starts one process per variant)."""
-    from cs336_basics.training.run import run_training
+    from cs336_basics.programs.train import run_training
 
     run_training(build_config(overrides))
     return 0

@@ -45,8 +45,8 @@ from cs336_basics.atomic import write_json_atomic
 from cs336_basics.config import build_config
 from cs336_basics.errors import ConfigError, NotSupportedHere, rank_prefix, report_error
 from cs336_basics.parallel.world import SINGLE, torchrun_world
+from cs336_basics.programs.train import run_training
 from cs336_basics.results import run_record
-from cs336_basics.training.run import run_training
 
 # Text that marks an out-of-memory failure when only the text is left (a worker that died without a record, or
 # an OOM that a compiler wrapped in its own exception type).

@@ -47,7 +47,7 @@ def load_checkpoint(src: Target, model: nn.Module, optimizer: torch.optim.Optimi
     if isinstance(ckpt, dict) and ckpt.get("format") == SHARDED_FORMAT:
         raise ValueError(
             f"{name} is a sharded checkpoint (an FSDP2 run's): its tensors are in the run folder's checkpoint.shards/. "
-            "Export it to one file first: python -m cs336_basics.parallel.export RUN_FOLDER --output FILE."
+            "Export it to one file first: python -m cs336_basics.programs.export RUN_FOLDER --output FILE."
         )
     if isinstance(ckpt, dict) and ckpt.get("format") == CHECKPOINT_FORMAT:
         ckpt = dict(ckpt, iteration=ckpt["step"])

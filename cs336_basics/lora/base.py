@@ -1,7 +1,7 @@
 """--init_from: the weights a fine-tune starts from, and the model shape they imply.
 
 Three kinds of base are read: a run folder (its checkpoint.pt, its config.json's shape and its tokenizer), a
-checkpoint file written by the trainer (or by `cs336_basics.parallel.export`), and a course-layout state dict (a .pt
+checkpoint file written by the trainer (or by `cs336_basics.programs.export`), and a course-layout state dict (a .pt
 file holding the model's tensors alone, as the course's `save_checkpoint` or `torch.save(model.state_dict())` write
 it). The shape comes from the base: a checkpoint's saved config gives every field; a bare state dict gives the
 sizes its tensors have (dim, layers, d_ff, vocab), and the rest (heads, context length, ...) comes from the flags. A
@@ -45,7 +45,7 @@ class Base:
         if self.lora:
             raise ConfigError(
                 f"--init_from {self.path} is a LoRA run's checkpoint: it holds adapters, not a whole model. Merge "
-                f"them into their base first (python -m cs336_basics.lora.merge {self.path.parent} --output "
+                f"them into their base first (python -m cs336_basics.programs.merge_lora {self.path.parent} --output "
                 "merged.pt) and start from merged.pt."
             )
         return self
@@ -85,7 +85,7 @@ def _from_checkpoint(path: Path, kind: str) -> Base:
     if is_sharded_checkpoint(ckpt):
         raise ConfigError(
             f"--init_from {path}: a sharded (FSDP2) checkpoint; write it as one file first: "
-            f"python -m cs336_basics.parallel.export {path.parent} --output base.pt, then --init_from base.pt."
+            f"python -m cs336_basics.programs.export {path.parent} --output base.pt, then --init_from base.pt."
         )
     saved = ckpt["config"]
     lora = saved.get("finetune", {}).get("lora_rank") is not None

@@ -1,28 +1,21 @@
-"""Fold a LoRA run's adapters into its base: a plain model, saved as a course-layout state dict.
-
-    uv run python -m cs336_basics.lora.merge runs/lora --output merged.pt
-    uv run python train_h100.py --init_from merged.pt ...      # or load it into a plain TransformerLM
+"""Fold a LoRA run's adapters into its base: a plain model (the program: cs336_basics/programs/merge_lora.py).
 
 W' = W + (alpha / r) B A for every layer with adapters, computed in float32 and stored in the base weights' dtype.
 """
 
 from __future__ import annotations
 
-import argparse
-import sys
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from cs336_basics.config import RunConfig
-from cs336_basics.errors import ConfigError, run_program, writing
-from cs336_basics.integrity import save_torch_file
+from cs336_basics.errors import ConfigError
 from cs336_basics.lora.apply import apply_lora
 from cs336_basics.lora.base import load_base
 from cs336_basics.lora.layers import FrozenLinear
 from cs336_basics.model import TransformerLM
-from cs336_basics.output_paths import check_output_path
 from cs336_basics.training.checkpoint import CHECKPOINT_NAME, load_model_state, read_checkpoint
 
 
@@ -57,24 +50,3 @@ def merged_state_dict(run_checkpoint: str | Path) -> dict[str, torch.Tensor]:
     model, config = lora_model(run_checkpoint)
     dtype = torch.bfloat16 if config.train.dtype == "bfloat16" else torch.float32
     return {k: v.to(dtype) for k, v in merge_adapters(model).state_dict().items()}
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m cs336_basics.lora.merge", description=__doc__.split("\n\n")[0])
-    parser.add_argument("run", help="a LoRA run folder, or its checkpoint.pt")
-    parser.add_argument("--output", required=True, help="the state dict file to write (.pt)")
-    args = parser.parse_args(argv)
-
-    def merge() -> int:
-        output = check_output_path(args.output, "--output", folder=False)
-        state = merged_state_dict(args.run)
-        with writing(output, f"The run {args.run} is unchanged."):
-            save_torch_file(output, state)
-        print(f"wrote {output}: {len(state)} tensors, {sum(t.numel() for t in state.values()):,} parameters")
-        return 0
-
-    return run_program(merge)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

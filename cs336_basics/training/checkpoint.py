@@ -4,7 +4,7 @@ A checkpoint holds everything a resumed run needs to continue bit for bit: model
 module, so keys never depend on torch.compile), optimizer state, step, the run's config, the data sampler's
 position, and the python / numpy / torch (CPU and CUDA) RNG states.
 
-A run trained with FSDP2 writes a sharded checkpoint instead (cs336_basics/parallel/checkpoint.py): the same
+A run trained with FSDP2 writes a sharded checkpoint instead (cs336_basics/training/sharded_checkpoint.py): the same
 `checkpoint.pt`, in format v1-sharded, holding everything but the tensors, which sit in the shard folder it names.
 `read_checkpoint` reads either; training/restore.py restores either into either kind of model (a sharded checkpoint
 into an unsharded model, one process or DDP, by first assembling its tensors into this layout).

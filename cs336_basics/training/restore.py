@@ -11,9 +11,9 @@ import torch
 from torch import nn
 
 from cs336_basics.errors import ConfigError
-from cs336_basics.parallel.checkpoint import assemble_sharded, restore_sharded_model
 from cs336_basics.parallel.shards import is_sharded
 from cs336_basics.training.checkpoint import is_sharded_checkpoint, load_model_state, read_checkpoint, set_rng_state
+from cs336_basics.training.sharded_checkpoint import assemble_sharded, restore_sharded_model
 
 
 def restore_checkpoint(

@@ -194,7 +194,7 @@ class Trainer:
         with stop.writing() if stop is not None else contextlib.nullcontext():
             try:
                 if self.parallel.mode == FSDP:  # every rank writes its shards
-                    from cs336_basics.parallel.checkpoint import save_sharded
+                    from cs336_basics.training.sharded_checkpoint import save_sharded
 
                     save_sharded(self.out_dir, **contents)
                 else:  # one process, or DDP: the replicas are identical, rank 0 writes the one file

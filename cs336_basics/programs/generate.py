@@ -1,4 +1,6 @@
-"""Sample text from a trained run:  uv run python -m cs336_basics.generate --out_dir runs/default --prompt "def "
+"""Sample text from a trained run:
+
+    uv run python -m cs336_basics.programs.generate --out_dir runs/default --prompt "def "
 
 Every sampling setting is checked like train_h100.py's (declared once, with its range): an empty prompt, a NaN or
 negative temperature, top_p outside (0, 1] or max_new_tokens below 1 is one line and exit code 2."""

@@ -1,11 +1,11 @@
 """Export a run's checkpoint, sharded (FSDP2) or not, as one file in the one-process layout (course-layout model
 state dict, optimizer with fp32 masters, step, config, sampler and RNG), loadable on one GPU or the CPU:
 
-    uv run python -m cs336_basics.parallel.export runs/default --output runs/default-single.pt
+    uv run python -m cs336_basics.programs.export runs/default --output runs/default-single.pt
 
 The file loads with cs336_basics.training.restore.load_checkpoint and the course's load_checkpoint; put it in a run
 folder as checkpoint.pt (with that run's config.json) to resume there. A one-process `--resume` and
-cs336_basics.generate read sharded checkpoints directly, without exporting.
+cs336_basics.programs.generate read sharded checkpoints directly, without exporting.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def export() -> int:
         output = check_output_path(args.output, "--output", folder=False)
-        from cs336_basics.parallel.checkpoint import export_checkpoint
+        from cs336_basics.training.sharded_checkpoint import export_checkpoint
 
         with writing(output, f"The checkpoint {args.source} is unchanged."):
             path = export_checkpoint(args.source, output)

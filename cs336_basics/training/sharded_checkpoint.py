@@ -191,8 +191,8 @@ def restore_sharded_model(ckpt: dict[str, Any], *, model: nn.Module, optimizer: 
 
 def export_checkpoint(source: str | Path, output: str | Path) -> Path:
     """Write the checkpoint of a run folder (or a checkpoint file), sharded or not, as one file in the one-process
-    layout: what `--resume` in one process, cs336_basics.generate and the course's load_checkpoint read, on a GPU or
-    the CPU. Written atomically."""
+    layout: what `--resume` in one process, cs336_basics.programs.generate and the course's load_checkpoint read, on
+    a GPU or the CPU. Written atomically."""
     source = Path(source)
     ckpt = read_checkpoint(source / CHECKPOINT_NAME if source.is_dir() else source)
     if is_sharded_checkpoint(ckpt):

@@ -19,10 +19,10 @@ from cs336_basics.build import Built, build, plan
 from cs336_basics.config import RunConfig
 from cs336_basics.data import BPETokenizer, check_data_sources, prepare_data, require_windows
 from cs336_basics.errors import ConfigError, writing
-from cs336_basics.generate import Sampling, sample_text
 from cs336_basics.parallel.world import main_first, process_group
 from cs336_basics.parallel.wrap import FSDP
 from cs336_basics.precision.choice import AUTO_SETTINGS
+from cs336_basics.programs.generate import Sampling, sample_text
 from cs336_basics.results import append_runs, format_or_na, result_record
 from cs336_basics.training.run_folder import RunFolder
 from cs336_basics.training.summary import RunFacts, format_summary
@@ -146,7 +146,9 @@ def _run_locked(config: RunConfig, folder: RunFolder, world, results_json, log) 
         sample = sample_text(built.model, data.tokenizer, Sampling(prompt="def ", max_new_tokens=48))
         log(f"sample: {sample!r}")
     elif data.tokenizer is not None:  # every rank would have to run the sharded model's forward passes in step
-        log(f"sample: run python -m cs336_basics.generate --out_dir {t.out_dir} (reads the sharded checkpoint)")
+        log(
+            f"sample: run python -m cs336_basics.programs.generate --out_dir {t.out_dir} (reads the sharded checkpoint)"
+        )
     return result
 
 

@@ -1,0 +1,40 @@
+"""Fold a LoRA run's adapters into its base: a plain model, saved as a course-layout state dict.
+
+    uv run python -m cs336_basics.programs.merge_lora runs/lora --output merged.pt
+    uv run python train_h100.py --init_from merged.pt ...      # or load it into a plain TransformerLM
+
+W' = W + (alpha / r) B A for every layer with adapters, computed in float32 and stored in the base weights' dtype.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from cs336_basics.errors import run_program, writing
+from cs336_basics.integrity import save_torch_file
+from cs336_basics.lora.merge import merged_state_dict
+from cs336_basics.output_paths import check_output_path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m cs336_basics.programs.merge_lora", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("run", help="a LoRA run folder, or its checkpoint.pt")
+    parser.add_argument("--output", required=True, help="the state dict file to write (.pt)")
+    args = parser.parse_args(argv)
+
+    def merge() -> int:
+        output = check_output_path(args.output, "--output", folder=False)
+        state = merged_state_dict(args.run)
+        with writing(output, f"The run {args.run} is unchanged."):
+            save_torch_file(output, state)
+        print(f"wrote {output}: {len(state)} tensors, {sum(t.numel() for t in state.values()):,} parameters")
+        return 0
+
+    return run_program(merge)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
