@@ -14,7 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from cs336_basics.config import PRESETS, SECTIONS, RunConfig, build_config, lookup
+from cs336_basics.config import PRESETS, SECTIONS, RunConfig
+from cs336_basics.config_layers import build_config, lookup
 from cs336_basics.errors import ConfigError
 
 

@@ -28,7 +28,8 @@ from cs336_basics.benchmark.amdahl import (
     time_matmuls,
 )
 from cs336_basics.benchmark.amdahl import __main__ as amdahl_main
-from cs336_basics.config import FP8Config, RunConfig, TrainConfig, build_config
+from cs336_basics.config import FP8Config, RunConfig, TrainConfig
+from cs336_basics.config_layers import build_config
 from cs336_basics.errors import ConfigError
 
 # 2 layers x (q, k, v, output_proj, w1, w2, w3) + lm_head = 15 linears

@@ -5,7 +5,8 @@ import pytest
 
 from cs336_basics.build import plan
 from cs336_basics.cli import add_config_arguments, config_from_args, config_parser
-from cs336_basics.config import PRESETS, ModelConfig, RunConfig, build_config
+from cs336_basics.config import PRESETS, ModelConfig, RunConfig
+from cs336_basics.config_layers import build_config
 from cs336_basics.errors import ConfigError
 
 

@@ -27,7 +27,8 @@ import torch
 from tiny import tiny_flags
 
 import train_h100
-from cs336_basics.config import RunConfig, build_config
+from cs336_basics.config import RunConfig
+from cs336_basics.config_layers import build_config
 from cs336_basics.errors import ConfigError
 from cs336_basics.parallel import wrap
 from cs336_basics.parallel.world import World

@@ -13,7 +13,8 @@ from tiny import TINY_FLAGS
 import train_h100
 from cs336_basics.build import plan
 from cs336_basics.cli import config_from_args, config_parser
-from cs336_basics.config import FP8Config, build_config
+from cs336_basics.config import FP8Config
+from cs336_basics.config_layers import build_config
 from cs336_basics.errors import ConfigError
 from cs336_basics.precision.choice import AUTO_SETTINGS, choose_fp8
 

@@ -15,7 +15,8 @@ from torch import nn
 
 import train_h100
 from cs336_basics.build import build, plan
-from cs336_basics.config import FP8Config, build_config
+from cs336_basics.config import FP8Config
+from cs336_basics.config_layers import build_config
 from cs336_basics.errors import ConfigError
 from cs336_basics.model import TransformerLM
 from cs336_basics.precision import count_fp8_linears

@@ -14,7 +14,8 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import train_h100
-from cs336_basics.config import FinetuneConfig, FP8Config, build_config
+from cs336_basics.config import FinetuneConfig, FP8Config
+from cs336_basics.config_layers import build_config
 from cs336_basics.errors import ConfigError
 from cs336_basics.lora import apply_lora
 from cs336_basics.lora.layers import FrozenFp8LMHead, FrozenFp8SwiGLU, FrozenLinear, FrozenSharedInput

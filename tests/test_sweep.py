@@ -18,7 +18,7 @@ from cs336_basics.benchmark import sweep, worker
 from cs336_basics.benchmark.sweep import plan as sweep_plan
 from cs336_basics.benchmark.sweep import report as sweep_report
 from cs336_basics.benchmark.sweep import run as sweep_run
-from cs336_basics.config import build_config
+from cs336_basics.config_layers import build_config
 from cs336_basics.results import precision_label
 
 TINY = [flag for flag in TINY_FLAGS if not flag.startswith("--batch_size")]  # the sweep sets the batch itself

@@ -7,7 +7,7 @@ import pytest
 import torch
 from tiny import TINY_MODEL
 
-from cs336_basics.config import build_config
+from cs336_basics.config_layers import build_config
 from cs336_basics.model import TransformerLM
 from cs336_basics.training.restore import load_checkpoint
 from cs336_basics.training.trainer import Trainer, TrainingDiverged

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from cs336_basics.atomic import atomic_write
-from cs336_basics.config import build_config
+from cs336_basics.config_layers import build_config
 from cs336_basics.errors import run_program
 from cs336_basics.integrity import save_torch_file, save_with_checksums, verify_zip
 from cs336_basics.model import TransformerLM

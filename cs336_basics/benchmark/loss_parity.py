@@ -24,7 +24,7 @@ from typing import Any
 
 from cs336_basics.benchmark.sweep.plan import PRECISIONS, WITH_LM_HEAD, parse_choices, precision_settings
 from cs336_basics.cli import add_config_arguments, overrides_from_args
-from cs336_basics.config import build_config
+from cs336_basics.config_layers import build_config
 from cs336_basics.errors import ConfigError, report_error
 from cs336_basics.results import write_results
 from cs336_basics.training.metrics import read_metrics

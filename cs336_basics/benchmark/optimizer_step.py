@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from cs336_basics.config import build_config
+from cs336_basics.config_layers import build_config
 from cs336_basics.errors import ConfigError, report_error
 from cs336_basics.model import TransformerLM
 from cs336_basics.optim import MasterWeightAdamW

@@ -42,7 +42,7 @@ from typing import Any
 import torch
 
 from cs336_basics.atomic import write_json_atomic
-from cs336_basics.config import build_config
+from cs336_basics.config_layers import build_config
 from cs336_basics.errors import ConfigError, NotSupportedHere, rank_prefix, report_error
 from cs336_basics.parallel.world import SINGLE, torchrun_world
 from cs336_basics.programs.train import run_training

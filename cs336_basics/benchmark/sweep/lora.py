@@ -19,7 +19,7 @@ from typing import Any
 from cs336_basics.benchmark.lora_analysis import format_lora_table, write_lora_plot
 from cs336_basics.benchmark.sweep.plan import SweepOptions, log_every_for, preset_batch_size
 from cs336_basics.benchmark.worker import last_line
-from cs336_basics.config import merge_layers
+from cs336_basics.config_layers import merge_layers
 from cs336_basics.results import format_or_na
 
 LORA_JSON, LORA_MD, LORA_PNG = "lora.json", "lora.md", "lora.png"

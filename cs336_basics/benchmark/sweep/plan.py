@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cs336_basics.config import PRESETS, RunConfig, TrainConfig, build_config
+from cs336_basics.config import PRESETS, RunConfig, TrainConfig
+from cs336_basics.config_layers import build_config
 from cs336_basics.errors import ConfigError
 from cs336_basics.parallel.world import World
 from cs336_basics.parallel.wrap import DDP, FSDP, NONE, check_parallel_request

@@ -21,7 +21,7 @@ from typing import Any
 from cs336_basics.benchmark.sweep.plan import Planned, SweepOptions, on_off
 from cs336_basics.benchmark.sweep.report import _pct, _status_cell, latest_runs, scaling_for, speedup_for, write_outputs
 from cs336_basics.benchmark.worker import classify_failure, last_line
-from cs336_basics.config import merge_layers
+from cs336_basics.config_layers import merge_layers
 from cs336_basics.data import prepare_data
 from cs336_basics.results import append_runs, format_or_na, run_record
 

@@ -1,0 +1,68 @@
+"""A run's settings resolved from their layers: the CLI > a --config file > a base model (--init_from fixes the
+model's shape) > the preset > the field defaults. Apart from config.py, which holds the setting types alone, because
+the base-model layer reads a checkpoint (lora/base.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from cs336_basics.config import PRESETS, SECTIONS, ModelConfig, RunConfig
+from cs336_basics.errors import ConfigError
+from cs336_basics.lora.base import model_settings_from_base, read_base
+
+
+def auto_preset(device_type: str) -> str:
+    """The preset "auto" stands for on a device of this type."""
+    return "366m" if device_type == "cuda" else "cpu-small"
+
+
+def merge_layers(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """Nested merge of two config layers; `override` wins."""
+    merged = {**base}
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = merge_layers(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def build_config(
+    overrides: dict[str, Any] | None = None, from_file: dict[str, Any] | None = None, device_type: str = "cpu"
+) -> RunConfig:
+    """Resolve a RunConfig: overrides (CLI) > config file > preset > field defaults.
+
+    `device_type` ("cpu" or "cuda") only chooses the preset when the preset is "auto".
+    """
+    overrides, from_file = overrides or {}, from_file or {}
+    preset = overrides.get("preset") or from_file.get("preset") or "auto"
+    resolved_preset = auto_preset(device_type) if preset == "auto" else preset
+    if resolved_preset not in PRESETS:
+        raise ConfigError(f"unknown preset {preset!r}; choose one of auto, {', '.join(PRESETS)}.")
+    values = merge_layers(merge_layers(PRESETS[resolved_preset], from_file), overrides)
+    values["preset"] = resolved_preset
+    init_from = lookup("finetune", "init_from", overrides, from_file)
+    if init_from is not None:  # the base's weights fix the model's shape: a layer between the preset and the file
+        values = _with_base(values, init_from, explicit=merge_layers(from_file, overrides))
+    return RunConfig.from_dict(values)
+
+
+def _with_base(values: dict[str, Any], init_from: str, explicit: dict[str, Any]) -> dict[str, Any]:
+    """values with the shape of the base model --init_from names (and, for .txt data, its run's tokenizer)."""
+    base = read_base(init_from).whole()
+    model = {**dataclasses.asdict(ModelConfig()), **values.get("model", {})}
+    values = {**values, "model": model_settings_from_base(base, model, explicit.get("model", {}))}
+    data = values.get("data", {})
+    text = str(data.get("train_data", "")).lower().endswith(".txt")
+    if base.tokenizer is not None and data.get("tokenizer") is None and text:
+        values["data"] = {**data, "tokenizer": str(base.tokenizer)}
+    return values
+
+
+def lookup(section: str, name: str, *layers: dict[str, Any]) -> Any:
+    """The first value set for section.name among layers (highest priority first), else the field default."""
+    for layer in layers:
+        if name in layer.get(section, {}):
+            return layer[section][name]
+    return next(f.default for f in dataclasses.fields(SECTIONS[section]) if f.name == name)
