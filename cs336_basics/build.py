@@ -23,22 +23,23 @@ import torch
 
 from cs336_basics.config import RunConfig
 from cs336_basics.errors import ConfigError
-from cs336_basics.lora import LoRAReport, apply_lora, check_finetune_request, count_frozen_fp8_linears, load_base
+from cs336_basics.lora import LoRAConverter, LoRAReport, check_finetune_request, load_base
 from cs336_basics.model import TransformerLM, check_attention_backend
 from cs336_basics.parallel.world import SINGLE, World, current_world, process_device
 from cs336_basics.parallel.wrap import NONE, SINGLE_PROCESS, ParallelPlan, check_parallel_request, resolve_parallel
 from cs336_basics.precision import (
+    NO_CONVERSION,
+    Converter,
     FP8ConversionReport,
     FP8Support,
     check_fp8_support,
     check_fp8_tokens,
-    convert_for_fp8,
-    count_fp8_linears,
+    choose_fp8,
+    fp8_converter,
     require_fp8,
     require_fp8_gpu,
     skip_reason,
 )
-from cs336_basics.precision.choice import choose_fp8
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -148,6 +149,7 @@ class Built:
     auto_choices: tuple[str, ...]
     parallel: ParallelPlan = SINGLE_PROCESS
     lora: LoRAReport | None = None  # a LoRA fine-tune: which base layers are FP8, which carry adapters
+    converter: Converter = NO_CONVERSION  # what converted the model; the Trainer calls its step hooks
 
     @property
     def device(self) -> torch.device:
@@ -202,32 +204,38 @@ def build(config_or_plan: RunConfig | Plan) -> Built:
         if use_fp8:
             _check_fp8_request(config, p.fp8_support)
     parallel = resolve_parallel(config, p.world, p.device, model.num_parameters())
-    report, counted, lora = None, 0, None
-    if config.finetune.init_from is not None:
-        ft = config.finetune
+    ft = config.finetune
+    if ft.init_from is not None:
         _, sha256 = load_base(model, ft.init_from, ft.base_sha256 if ft.lora else None)
         if ft.lora:  # adapters belong to these weights: saved with the run, checked on resume and merge
             config = config.replace(finetune={"base_sha256": sha256})
-    if config.finetune.lora:  # the frozen base takes FP8 its own way: weights cast once, no weight-gradient GEMM
-        lora = apply_lora(model, config.finetune, config.fp8 if use_fp8 else None)
-        counted = count_frozen_fp8_linears(model)
-        if counted != len(lora.fp8_layers):  # the independent check of the report
-            raise ConfigError(f"{counted} frozen FP8 linears are in the model, {len(lora.fp8_layers)} expected.")
-    elif use_fp8:
-        report = convert_for_fp8(model, config.fp8, fsdp_float8_all_gather=parallel.fp8_all_gather)
-        counted = count_fp8_linears(model)
-        if counted != report.n_converted or counted == 0:  # the independent check of the conversion's report
-            raise ConfigError(
-                f"FP8 was requested but {counted} FP8 linears are in the model after conversion "
-                f"({report.n_converted} expected)."
-            )
+    # The frozen LoRA base takes FP8 its own way (weights cast once, no weight-gradient GEMM), on either FP8 path.
+    converter = _converter(config, use_fp8, parallel)
+    report = converter.convert(model)
+    lora = report if isinstance(report, LoRAReport) else None
+    fp8_report = lora.base if lora else report  # None without FP8
+    counted = converter.count(model)  # the independent check of the report
+    expected = fp8_report.n_converted if fp8_report else 0
+    if counted != expected or (use_fp8 and counted == 0):
+        raise ConfigError(
+            f"FP8 was requested but {counted} FP8 linears are in the model after conversion ({expected} expected)."
+        )
     return Built(
         plan=p,
         config=config,
         model=model,
-        conversion=report,
+        conversion=None if lora else report,
         fp8_linears=counted,
         auto_choices=tuple(auto),
         parallel=parallel,
         lora=lora,
+        converter=converter,
     )
+
+
+def _converter(config: RunConfig, use_fp8: bool, parallel: ParallelPlan) -> Converter:
+    if config.finetune.lora:
+        return LoRAConverter(config.finetune, config.fp8 if use_fp8 else None)
+    if not use_fp8:
+        return NO_CONVERSION
+    return fp8_converter(config.fp8, parallel.world.world_size, fsdp_float8_all_gather=parallel.fp8_all_gather)

@@ -18,6 +18,12 @@ from cs336_basics.config import PRESETS, SECTIONS, RunConfig
 from cs336_basics.config_layers import build_config, lookup
 from cs336_basics.errors import ConfigError
 
+# The FP8 paths whose own settings --help groups apart (config.setting's only_on).
+PATH_GROUPS = {
+    "fused": "this package's fused FP8 path only (--fp8_path fused; --fp8_path auto picks it for them)",
+    "torchao": "TorchAO's FP8 path only (--fp8_path torchao; --fp8_path auto picks it for them)",
+}
+
 
 def load_config_file(path: str | Path) -> dict[str, Any]:
     path = Path(path)
@@ -60,12 +66,17 @@ def add_config_arguments(parser: argparse.ArgumentParser, defaults: RunConfig | 
     )
     for section, cls in SECTIONS.items():
         used = getattr(defaults, section)
-        add_field_arguments(
-            parser.add_argument_group(f"{section} settings"),
-            cls,
-            dest_prefix=f"{section}.",
-            default_text=lambda f, used=used: _default_text(f.default, getattr(used, f.name), defaults.preset),
-        )
+        for path in (None, *PATH_GROUPS):  # settings only one FP8 path has, under that path
+            fields = [f for f in dataclasses.fields(cls) if f.metadata.get("only_on") == path]
+            if fields:
+                title = f"{section} settings" + (f": {PATH_GROUPS[path]}" if path else "")
+                add_field_arguments(
+                    parser.add_argument_group(title),
+                    cls,
+                    dest_prefix=f"{section}.",
+                    default_text=lambda f, used=used: _default_text(f.default, getattr(used, f.name), defaults.preset),
+                    fields=fields,
+                )
 
 
 def add_field_arguments(
@@ -73,11 +84,13 @@ def add_field_arguments(
     cls: type,
     dest_prefix: str = "",
     default_text: Callable[[dataclasses.Field], str] = lambda f: f"(default {f.default})",
+    fields: list[dataclasses.Field] | None = None,
 ) -> None:
-    """--<field> for every field of a settings dataclass declared with config.setting (its help and choices), plus
-    --no_<field> for booleans; values stay None unless typed. The dataclass checks the values when it is built."""
+    """--<field> for every field (or those in `fields`) of a settings dataclass declared with config.setting (its
+    help and choices), plus --no_<field> for booleans; values stay None unless typed. The dataclass checks the
+    values when it is built."""
     hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
+    for f in fields if fields is not None else dataclasses.fields(cls):
         dest = f"{dest_prefix}{f.name}"
         kind = hints[f.name]
         help_text = f"{f.metadata.get('help', '')} {default_text(f)}".strip()

@@ -26,6 +26,8 @@ COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-
 FP8_RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
 FP8_FORMATS = ("auto", "e4m3", "hybrid")
 FP8_PATHS = ("auto", "fused", "torchao")
+# A LoRA fine-tune's frozen base runs its own FP8 linears (lora/layers.py) whichever path is named: its name in records.
+LORA_FP8_PATH = "lora-frozen"
 FP8_SCALINGS = ("auto", "dynamic", "delayed")
 FP8_AMAX_ALGOS = ("max", "most_recent")
 PARALLEL_MODES = ("auto", "ddp", "fsdp")
@@ -36,9 +38,18 @@ FLOAT32_MAX = 3.4028234663852886e38
 Check = Callable[[Any], str | None]  # value -> what is wrong with it, or None
 
 
-def setting(default: Any, help: str = "", *, choices: tuple[str, ...] | None = None, check: Check | None = None):
-    """A config field with its help text, its allowed choices and its range check, declared in one place."""
-    return field(default=default, metadata={"help": help, "choices": choices, "check": check})
+def setting(
+    default: Any,
+    help: str = "",
+    *,
+    choices: tuple[str, ...] | None = None,
+    check: Check | None = None,
+    only_on: str | None = None,
+):
+    """A config field with its help text, its allowed choices and its range check, declared in one place.
+    `only_on`: the one FP8 path ("fused" or "torchao") that has this setting: --help lists it under that path, and
+    a value other than the default names that path (FP8Config.implied_path)."""
+    return field(default=default, metadata={"help": help, "choices": choices, "check": check, "only_on": only_on})
 
 
 def at_least(low: int) -> Check:
@@ -88,6 +99,13 @@ def _checked_value(name: str, value: Any, hint: Any) -> Any:
     if kind is float and math.isnan(value):
         raise ConfigError(f"{name} must be a number, got nan.")
     return value
+
+
+def _flag(name: str, value: Any) -> str:
+    """The command-line flag that sets `name` to `value`."""
+    if isinstance(value, bool):
+        return f"--{name}" if value else f"--no_{name}"
+    return f"--{name} {value}"
 
 
 def validate_fields(obj: Any) -> None:
@@ -245,56 +263,53 @@ class FP8Config:
         "earlier steps (one pass; --fp8_path fused, one process); auto: delayed where it can run, else dynamic",
         choices=FP8_SCALINGS,
     )  # fmt: skip
-    fp8_amax_history_len: int = setting(16, "delayed scaling: steps of amax history kept", check=at_least(1))
+    # The settings below belong to one path (only_on): --help groups them under it.
+    fp8_amax_history_len: int = setting(
+        16, "delayed scaling: steps of amax history kept", check=at_least(1), only_on="fused"
+    )
     fp8_amax_compute_algo: str = setting(
         "max", "delayed scaling: the scale comes from the history's max, or from the most recent amax",
-        choices=FP8_AMAX_ALGOS,
+        choices=FP8_AMAX_ALGOS, only_on="fused",
     )  # fmt: skip
-    fp8_margin: int = setting(0, "delayed scaling: scale = FP8 max / (amax * 2^margin)", check=at_least(0))
+    fp8_margin: int = setting(
+        0, "delayed scaling: scale = FP8 max / (amax * 2^margin)", check=at_least(0), only_on="fused"
+    )
     fp8_share_input_casts: bool = setting(
-        True, "--fp8_path fused: cast the input shared by q/k/v (and by w1/w3) once for all of them"
+        True, "cast the input shared by q/k/v (and by w1/w3) once for all of them", only_on="fused"
     )
     fp8_fused_swiglu: bool = setting(
-        True, "--fp8_path fused: each SwiGLU block runs as one FP8 unit whose kernels write its activation and the "
-        "activation's gradients directly in FP8 (Triton on CUDA), instead of BF16 tensors cast afterwards",
+        True, "each SwiGLU block runs as one FP8 unit whose kernels write its activation and the activation's "
+        "gradients directly in FP8 (Triton on CUDA), instead of BF16 tensors cast afterwards", only_on="fused",
     )  # fmt: skip
     fp8_fast_accum_backward: bool = setting(
-        False,
-        "--fp8_path fused: fast (lower-precision) accumulation in the two backward FP8 GEMMs too (the forward "
-        "GEMM always uses it, as TorchAO does), except the lm_head's, whose gradient it would ruin",
-    )
+        False, "fast (lower-precision) accumulation in the two backward FP8 GEMMs too (the forward GEMM always uses "
+        "it, as TorchAO does), except the lm_head's, whose gradient it would ruin", only_on="fused",
+    )  # fmt: skip
     # Off by default, as in torchtitan: each weight shard is then cast once per all-gather, eagerly, outside the
-    # compiled blocks, which on one GPU of FSDP2 cost far more than FP8 saved (README, "Several GPUs"); what it saves,
+    # compiled blocks, which on one GPU of FSDP2 cost far more than FP8 saved (docs/several-gpus.md); what it saves,
     # half of each all-gather's bytes, counts on slow links.
     fp8_all_gather: bool = setting(
-        False, "under --parallel fsdp (TorchAO, tensorwise): all-gather the weights in FP8, half the bytes of BF16, "
-        "each shard cast to FP8 before its all-gather (torchao's enable_fsdp_float8_all_gather); off: BF16 "
-        "all-gather, the weights cast to FP8 inside the compiled blocks",
+        False, "under --parallel fsdp (tensorwise): all-gather the weights in FP8, half the bytes of BF16, each "
+        "shard cast to FP8 before its all-gather (torchao's enable_fsdp_float8_all_gather); off: BF16 all-gather, "
+        "the weights cast to FP8 inside the compiled blocks", only_on="torchao",
     )  # fmt: skip
 
-    def fused_only_flags(self) -> list[str]:
-        """The settings given that only the fused path has."""
-        return [
-            flag for flag, on in (
-                ("--fp8_scaling delayed", self.fp8_scaling == "delayed"),
-                ("--fp8_fast_accum_backward", self.fp8_fast_accum_backward),
-                ("--no_fp8_share_input_casts", not self.fp8_share_input_casts),
-                ("--no_fp8_fused_swiglu", not self.fp8_fused_swiglu),
-            ) if on
-        ]  # fmt: skip
-
-    def torchao_only_flags(self) -> list[str]:
-        """The settings given that only TorchAO's path has."""
-        return [
-            flag for flag, on in (
-                (f"--fp8_recipe {self.fp8_recipe}", self.fp8_recipe != "tensorwise"),
-                ("--fp8_all_gather", self.fp8_all_gather),
-            ) if on
-        ]  # fmt: skip
+    def only_flags(self, path: str) -> list[str]:
+        """The settings given that only `path` ("fused" or "torchao") has, as flags."""
+        flags = [
+            _flag(f.name, getattr(self, f.name))
+            for f in dataclasses.fields(self)
+            if f.metadata.get("only_on") == path and getattr(self, f.name) != f.default
+        ]
+        if path == "fused" and self.fp8_scaling == "delayed":  # a value of a setting both paths have
+            flags.insert(0, "--fp8_scaling delayed")
+        if path == "torchao" and self.fp8_recipe != "tensorwise":
+            flags.insert(0, f"--fp8_recipe {self.fp8_recipe}")
+        return flags
 
     def implied_path(self) -> tuple[str, list[str]] | None:
         """The path that settings only one path has name (and those settings), or None; both: ConfigError."""
-        fused_only, torchao_only = self.fused_only_flags(), self.torchao_only_flags()
+        fused_only, torchao_only = self.only_flags("fused"), self.only_flags("torchao")
         if fused_only and torchao_only:
             raise ConfigError(
                 f"{', '.join(fused_only)} needs the fused FP8 path and {', '.join(torchao_only)} TorchAO's; drop "
@@ -305,35 +320,9 @@ class FP8Config:
         return ("torchao", torchao_only) if torchao_only else None
 
     def __post_init__(self) -> None:
+        # Which options a path takes is that path's rule (precision/: each converter's check_options), applied
+        # once the path is chosen (precision/choice.py).
         validate_fields(self)
-        path = self.fp8_path
-        if path == "auto":  # settings only one path has name it (precision/choice.py chooses the same way)
-            implied = self.implied_path()
-            path = implied[0] if implied else "auto"
-        fused_only = self.fused_only_flags()
-        if path == "torchao":
-            if fused_only:
-                raise ConfigError(
-                    f"{', '.join(fused_only)} needs --fp8_path fused: TorchAO's path (torchao 0.18) has no delayed "
-                    "scaling (TorchAO removed it) and sets fast accumulation for its forward GEMM only."
-                )
-            if self.fp8_all_gather and self.fp8_recipe != "tensorwise":
-                raise ConfigError(
-                    f"--fp8_all_gather needs --fp8_recipe tensorwise: torchao 0.18 all-gathers FP8 weights with one "
-                    f"scale per tensor only (got --fp8_recipe {self.fp8_recipe}). Drop --fp8_all_gather (the weights "
-                    "are then all-gathered in BF16) or use the tensorwise recipe."
-                )
-        elif path == "fused" and self.fp8_recipe != "tensorwise":
-            raise ConfigError(
-                f"--fp8_path fused implements the tensorwise recipe only; got --fp8_recipe {self.fp8_recipe}. Use "
-                "--fp8_recipe tensorwise, or --fp8_path torchao for the rowwise recipes."
-            )
-        elif path == "fused" and self.fp8_all_gather:
-            raise ConfigError(
-                "--fp8_all_gather is TorchAO's FP8 all-gather under FSDP2; --fp8_path fused has no FP8 all-gather of "
-                "sharded weights (under FSDP2 it all-gathers them in BF16). Use --fp8_path torchao, or drop "
-                "--fp8_all_gather."
-            )
 
 
 @dataclass(frozen=True)

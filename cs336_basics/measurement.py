@@ -8,18 +8,19 @@ import tempfile
 
 import torch
 
-from cs336_basics.config import RunConfig
+from cs336_basics.build import Built
 from cs336_basics.training.trainer import Trainer, TrainResult
 
 
-def train_for_measurement(
-    model: torch.nn.Module, config: RunConfig, train_tokens, val_tokens, device: torch.device, log=print
-) -> tuple[Trainer, TrainResult]:
-    """Train `model` for config.train.max_steps as a measurement rather than a run to keep: no evaluation, no
+def train_for_measurement(built: Built, train_tokens, val_tokens, log=print) -> tuple[Trainer, TrainResult]:
+    """Train a built model for its config's max_steps as a measurement rather than a run to keep: no evaluation, no
     checkpoints, no resume, in a folder deleted afterwards. The returned Trainer can still take (profiled) steps."""
     with tempfile.TemporaryDirectory() as out_dir:
-        config = config.replace(train={"out_dir": out_dir, "eval_every": 0, "checkpoint_every": 0, "resume": False})
-        trainer = Trainer(model, config, train_tokens, val_tokens, device, log=log)
+        changes = {"out_dir": out_dir, "eval_every": 0, "checkpoint_every": 0, "resume": False}
+        config = built.config.replace(train=changes)
+        trainer = Trainer(
+            built.model, config, train_tokens, val_tokens, built.device, log=log, converter=built.converter
+        )
         return trainer, trainer.train()
 
 

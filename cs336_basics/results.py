@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from cs336_basics.atomic import write_json_atomic
-from cs336_basics.config import RunConfig
+from cs336_basics.config import LORA_FP8_PATH, RunConfig
 
 
 def _command_line() -> str:
@@ -50,9 +50,6 @@ REQUIRED_FIELDS = (
     "attention", "tokens_per_sec", "mfu", "peak_mem_gib", "compile_s", "loss", "status", "world_size", "parallel",
     "gradient_checkpointing", "fp8_shape_filter", "fp8_lm_head", "fp8_path", "fp8_scaling",
 )  # fmt: skip
-
-
-LORA_FP8_PATH = "lora-frozen"
 
 
 def schema_record(**fields: Any) -> dict[str, Any]:

@@ -13,6 +13,17 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_gpu)
 
 
+@pytest.fixture(autouse=True)
+def _fresh_compiler():
+    """Each test compiles in a fresh dynamo, as each program does (one model per process; the measuring programs
+    reset between models: measurement.release_memory). Left to accumulate, the graphs that dynamo traced through an
+    FP8 autograd.Function for one model's modules (a LoRA base's, say) broke its trace of the same Function for the
+    next model's (an assertion inside torch 2.11's autograd.Function tracing, seen on an H200 when the LoRA GPU
+    tests ran before the train CLI's in one process)."""
+    yield
+    torch._dynamo.reset()
+
+
 @pytest.fixture
 def token_files(tmp_path):
     """CLI flags for a small learnable token stream (ids < 64: a repeating pattern with 10% noise)."""

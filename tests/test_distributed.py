@@ -32,6 +32,7 @@ from cs336_basics.config_layers import build_config
 from cs336_basics.errors import ConfigError
 from cs336_basics.parallel import wrap
 from cs336_basics.parallel.world import World
+from cs336_basics.precision import choose_fp8
 from cs336_basics.training.checkpoint import (
     CHECKPOINT_FORMAT,
     CHECKPOINT_NAME,
@@ -369,10 +370,9 @@ def test_a_parallel_mode_without_torchrun_is_refused(mode):
 def test_the_fused_fp8_path_with_delayed_scaling_is_refused_on_several_processes():
     fused = config(parallel="fsdp").replace(fp8={"use_fp8": True, "fp8_path": "fused", "fp8_emulate": True})
     for mode in ("ddp", "fsdp"):
-        wrap.check_parallel_request(fused.replace(train={"parallel": mode}), TWO)  # dynamic scaling: allowed
-        delayed = fused.replace(train={"parallel": mode}, fp8={"fp8_scaling": "delayed"})
+        choose_fp8(fused.fp8, parallel_mode=mode, world_size=2)  # automatic scaling: dynamic there, allowed
         with pytest.raises(ConfigError, match="delayed on several processes"):
-            wrap.check_parallel_request(delayed, TWO)
+            choose_fp8(fused.replace(fp8={"fp8_scaling": "delayed"}).fp8, parallel_mode=mode, world_size=2)
 
 
 def test_ddp_all_reduces_in_buckets_of_the_configured_size(monkeypatch):
@@ -424,9 +424,9 @@ def test_fp8_all_gather_only_when_asked_under_fsdp_with_tensorwise():
     assert "not used here: --fp8_all_gather" in alone.summary_line()
     assert plan.unused_flags == () and "not used" not in plan.summary_line()
     with pytest.raises(ConfigError, match="needs --fp8_recipe tensorwise"):
-        asked.replace(fp8={"fp8_recipe": "rowwise"})
+        choose_fp8(asked.replace(fp8={"fp8_recipe": "rowwise"}).fp8, parallel_mode="fsdp", world_size=2)
     with pytest.raises(ConfigError, match="--fp8_path fused has no FP8 all-gather"):
-        asked.replace(fp8={"fp8_path": "fused"})
+        choose_fp8(asked.replace(fp8={"fp8_path": "fused"}).fp8, parallel_mode="fsdp", world_size=2)
     from cs336_basics.precision import torchao_float8_config
 
     assert torchao_float8_config(asked.fp8, fsdp_float8_all_gather=True).enable_fsdp_float8_all_gather

@@ -63,7 +63,7 @@ def test_where_the_choice_differs(where, fp8, expected):
 
 def test_flags_of_both_paths_together_are_refused():
     with pytest.raises(ConfigError, match="needs the fused FP8 path and --fp8_recipe rowwise TorchAO's"):
-        FP8Config(fp8_scaling="delayed", fp8_recipe="rowwise")
+        chosen(fp8_scaling="delayed", fp8_recipe="rowwise")
 
 
 def test_the_plan_resolves_the_choice_and_the_summary_names_it():
@@ -98,3 +98,15 @@ def test_the_readme_says_what_the_defaults_are():
         default = config_from_args(parser.parse_args(["--preset", preset, "--device", "cpu", "--use_fp8"])).fp8
         as_chosen = choose_fp8(default, parallel_mode="none", world_size=1).config
         assert as_chosen == with_flags, preset
+
+
+def test_settings_of_one_path_are_grouped_under_it_in_help_and_name_it():
+    from cs336_basics.cli import config_parser
+
+    help_text = config_parser("x").format_help()
+    fused_group = help_text.split("fused FP8 path only")[1].split("TorchAO's FP8 path only")[0]
+    assert "--fp8_margin" in fused_group and "--fp8_fast_accum_backward" in fused_group
+    assert "--fp8_all_gather" in help_text.split("TorchAO's FP8 path only")[1]
+    assert chosen(fp8_margin=1).fp8_path == "fused" and chosen(fp8_all_gather=True).fp8_path == "torchao"
+    with pytest.raises(ConfigError, match="--no_fp8_fused_swiglu needs --fp8_path fused"):
+        chosen(fp8_path="torchao", fp8_fused_swiglu=False)

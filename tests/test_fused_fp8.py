@@ -19,8 +19,8 @@ from cs336_basics.config import FP8Config
 from cs336_basics.config_layers import build_config
 from cs336_basics.errors import ConfigError
 from cs336_basics.model import TransformerLM
-from cs336_basics.precision import count_fp8_linears
-from cs336_basics.precision.fused.convert import convert_model_to_fused_fp8
+from cs336_basics.precision import FusedFP8, choose_fp8
+from cs336_basics.precision.fused.convert import count_fused_linears
 from cs336_basics.precision.fused.head import Fp8LMHead
 from cs336_basics.precision.fused.linear import Fp8Linear, Fp8SharedInputLinears, fp8_linears
 from cs336_basics.precision.fused.scaling import (
@@ -218,10 +218,10 @@ def test_scaling_state_round_trips_for_resume():
 def test_conversion_keeps_the_state_dict_and_shares_input_casts():
     model = tiny_lm()
     keys = list(model.state_dict())
-    report = convert_model_to_fused_fp8(model, FUSED)
+    report = FusedFP8(FUSED).convert(model)
     assert list(model.state_dict()) == keys
     assert report.n_converted == 14 and report.shared_input_groups == 2 and report.fused_swiglu_blocks == 2
-    assert count_fp8_linears(model) == 14
+    assert count_fused_linears(model) == 14
     attn, ffn = model.layers[0].attn, model.layers[0].ffn
     assert isinstance(attn.qkv, Fp8SharedInputLinears) and isinstance(ffn, Fp8SwiGLU)
     assert isinstance(attn.output_proj, Fp8Linear) and ffn.producers == "torch reference"
@@ -231,8 +231,8 @@ def test_conversion_keeps_the_state_dict_and_shares_input_casts():
 
     # Without the fused SwiGLU, w1/w3 share their input cast and w2 is a linear of its own.
     model = tiny_lm()
-    report = convert_model_to_fused_fp8(model, FP8Config(**{**vars(FUSED), "fp8_fused_swiglu": False}))
-    assert report.shared_input_groups == 4 and report.fused_swiglu_blocks == 0 and count_fp8_linears(model) == 14
+    report = FusedFP8(FP8Config(**{**vars(FUSED), "fp8_fused_swiglu": False})).convert(model)
+    assert report.shared_input_groups == 4 and report.fused_swiglu_blocks == 0 and count_fused_linears(model) == 14
     ffn = model.layers[0].ffn
     assert isinstance(ffn.w13, Fp8SharedInputLinears) and isinstance(ffn.w2, Fp8Linear)
 
@@ -240,27 +240,27 @@ def test_conversion_keeps_the_state_dict_and_shares_input_casts():
 def test_conversion_follows_the_filters_and_splits_groups_that_do_not_all_convert():
     model = tiny_lm()
     cfg = FP8Config(use_fp8=True, fp8_emulate=True, fp8_path="fused", fp8_lm_head=True, fp8_share_input_casts=False)
-    report = convert_model_to_fused_fp8(model, cfg)
+    report = FusedFP8(cfg).convert(model)
     assert report.n_converted == 15 and report.shared_input_groups == 0 and report.fused_loss_head
     assert model.layers[0].attn.qkv is None and isinstance(model.layers[0].attn.q_proj, Fp8Linear)
     assert isinstance(model.lm_head, Fp8LMHead)
     with pytest.raises(ConfigError, match="none of the model's 15 linear layers"):
-        convert_model_to_fused_fp8(tiny_lm(), FP8Config(use_fp8=True, fp8_emulate=True, fp8_path="fused",
-                                                        fp8_shape_filter=True))  # fmt: skip
+        FusedFP8(FP8Config(use_fp8=True, fp8_emulate=True, fp8_path="fused", fp8_shape_filter=True)).convert(tiny_lm())
     with pytest.raises(ConfigError, match="already converted"):
-        convert_model_to_fused_fp8(model, cfg)
+        FusedFP8(cfg).convert(model)
 
 
 def test_a_linear_with_a_bias_is_refused_not_dropped():
     model = nn.Sequential(nn.Linear(32, 32).to(torch.bfloat16))
     with pytest.raises(ConfigError, match="without bias; 0 have one"):
-        convert_model_to_fused_fp8(model, FUSED)
+        FusedFP8(FUSED).convert(model)
 
 
-def test_delayed_conversion_gives_each_linear_its_scaling_and_the_model_one_state():
+def test_delayed_conversion_gives_each_linear_its_scaling_and_the_converter_one_state():
     model = tiny_lm()
-    convert_model_to_fused_fp8(model, DELAYED)
-    assert isinstance(model.fp8_scaling, DelayedScalingState) and len(model.fp8_scaling.sites) == 14
+    converter = FusedFP8(DELAYED)
+    converter.convert(model)
+    assert isinstance(converter.scaling, DelayedScalingState) and len(converter.scaling.sites) == 14
     assert not any("fp8_scaling" in k or "scaling." in k for k in model.state_dict())
     # A weight's amax is recorded per row, one buffer entry per output feature.
     proj = model.layers[0].attn.output_proj
@@ -273,16 +273,17 @@ def test_the_trainer_sizes_the_recordings_for_its_micro_batches(tmp_path):
     from cs336_basics.training.trainer import Trainer
 
     model = tiny_lm()
-    convert_model_to_fused_fp8(model, DELAYED)
+    converter = FusedFP8(DELAYED)
+    converter.convert(model)
     train = dict(batch_size=3, max_steps=1, eval_every=0, out_dir=str(tmp_path), device="cpu", compile_model=False)
     config = build_config({"model": tiny_model().__dict__, "train": train, "fp8": vars(DELAYED)})
     data = np.random.default_rng(0).integers(0, 64, size=2000, dtype=np.uint16)
-    trainer = Trainer(model, config, data, data, torch.device("cpu"))
+    trainer = Trainer(model, config, data, data, torch.device("cpu"), converter=converter)
     site = model.layers[0].attn.output_proj.scaling
     tokens = 3 * config.model.context_length
     assert site.amax_input.shape == site.saturated_grad.shape == (tokens,)
     trainer.train_step()
-    recorded = trainer.fp8_scaling.history[:, :, 0]
+    recorded = converter.scaling.history[:, :, 0]
     # Every site's weight and gradient were recorded. Inputs: by the site that casts them, so in each of the two
     # blocks k, v (sharing q's cast) and w3 (sharing w1's) record none.
     assert recorded[:, WEIGHT:].min() > 0 and (recorded[:, INPUT] > 0).sum() == 2 * (7 - 3)
@@ -292,7 +293,7 @@ def test_converted_model_trains_close_to_bf16():
     torch.manual_seed(1)
     ids = torch.randint(0, 64, (4, 16))
     bf16, fp8 = tiny_lm(), tiny_lm()
-    convert_model_to_fused_fp8(fp8, FUSED)
+    FusedFP8(FUSED).convert(fp8)
     loss_bf16, loss_fp8 = bf16(ids, targets=ids), fp8(ids, targets=ids)
     assert loss_fp8.item() == pytest.approx(loss_bf16.item(), rel=0.02)
     loss_bf16.backward()
@@ -316,8 +317,8 @@ def test_converted_model_trains_close_to_bf16():
     ],
 )
 def test_impossible_combinations_are_refused(fp8, message):
-    with pytest.raises(ConfigError, match=message):
-        build_config({"fp8": fp8})
+    with pytest.raises(ConfigError, match=message):  # by the config's field checks, or by the chosen path
+        choose_fp8(build_config({"fp8": fp8}).fp8, parallel_mode="none", world_size=1)
 
 
 def test_the_fused_path_needs_no_torchao(monkeypatch):

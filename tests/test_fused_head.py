@@ -15,7 +15,7 @@ from torch import nn
 from cs336_basics.config import FinetuneConfig, FP8Config
 from cs336_basics.lora import apply_lora
 from cs336_basics.model import TransformerLM
-from cs336_basics.precision.fused.convert import convert_model_to_fused_fp8
+from cs336_basics.precision import FusedFP8
 from cs336_basics.precision.fused.head import Fp8LMHead, cross_entropy_from_logits, logits_grad
 from cs336_basics.precision.fused.scaling import E4M3, E5M2, SiteScaling
 
@@ -85,8 +85,7 @@ def test_fused_head_matches_a_bf16_head_and_cross_entropy():
 def test_conversion_gives_the_model_a_fused_loss_head_used_only_with_targets():
     torch.manual_seed(0)
     model = TransformerLM(tiny_model()).to(torch.bfloat16)
-    report = convert_model_to_fused_fp8(model, FP8Config(use_fp8=True, fp8_emulate=True, fp8_path="fused",
-                                                         fp8_lm_head=True))  # fmt: skip
+    report = FusedFP8(FP8Config(use_fp8=True, fp8_emulate=True, fp8_path="fused", fp8_lm_head=True)).convert(model)
     assert isinstance(model.lm_head, Fp8LMHead) and report.fused_loss_head
     assert "(lm_head's loss fused)" in report.summary_line()
     ids = torch.randint(0, model.config.vocab_size, (2, 16))
@@ -127,7 +126,7 @@ def test_the_heads_backward_gemms_never_accumulate_fast(lora_targets):
         report = apply_lora(model, FinetuneConfig(init_from="x", lora_rank=4, lora_targets=lora_targets), fp8)
         summary = dict(report.summary_lines())["LoRA base"]
     else:
-        summary = convert_model_to_fused_fp8(model, fp8).summary_line()
+        summary = FusedFP8(fp8).convert(model).summary_line()
     assert "fast backward accumulation (not the lm_head's)" in summary
     ids = torch.randint(0, vocab, (2, 16))
     loss = model(ids, targets=ids)

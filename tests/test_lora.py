@@ -17,7 +17,7 @@ import train_h100
 from cs336_basics.config import FinetuneConfig, FP8Config
 from cs336_basics.config_layers import build_config
 from cs336_basics.errors import ConfigError
-from cs336_basics.lora import apply_lora
+from cs336_basics.lora import LoRAConverter, LoRAReport, apply_lora
 from cs336_basics.lora.layers import FrozenFp8LMHead, FrozenFp8SwiGLU, FrozenLinear, FrozenSharedInput
 from cs336_basics.lora.merge import lora_model, merge_adapters, merged_state_dict
 from cs336_basics.model import TransformerLM
@@ -106,15 +106,16 @@ class CountOps(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def fp8_lora(targets: str, **fp8) -> tuple[TransformerLM, object]:
+def fp8_lora(targets: str, **fp8) -> tuple[TransformerLM, LoRAReport, LoRAConverter]:
     model = tiny_lm(dtype=torch.bfloat16)
     fp8_config = dataclasses.replace(FP8, fp8_path="fused", **fp8)  # the fused path's switches apply to the base too
-    report = apply_lora(model, FinetuneConfig(init_from="x", lora_rank=4, lora_targets=targets), fp8_config)
+    converter = LoRAConverter(FinetuneConfig(init_from="x", lora_rank=4, lora_targets=targets), fp8_config)
+    report = converter.convert(model)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("lora_b"):
                 p.normal_(0, 0.05)  # trained adapters, so that they take part in the outputs
-    return model, report
+    return model, report, converter
 
 
 def loss_and_grads(model: TransformerLM) -> tuple[torch.Tensor, dict[str, torch.Tensor], dict[str, int]]:
@@ -127,11 +128,11 @@ def loss_and_grads(model: TransformerLM) -> tuple[torch.Tensor, dict[str, torch.
 def test_the_fp8_base_shares_input_casts_and_makes_swiglu_in_fp8_with_the_same_numerics():
     """Grouped (q/k/v and w1/w3 inputs cast once, SwiGLU made in FP8) and per-layer FP8 bases cast the same tensors
     with the same scales: the same loss and adapter gradients, with fewer amax passes."""
-    grouped, report = fp8_lora("attn")
-    plain, plain_report = fp8_lora("attn", fp8_share_input_casts=False, fp8_fused_swiglu=False)
+    grouped, report, _ = fp8_lora("attn")
+    plain, plain_report, _ = fp8_lora("attn", fp8_share_input_casts=False, fp8_fused_swiglu=False)
     n = tiny_model().n_layers
-    assert (report.shared_input_groups, report.fp8_swiglu_blocks) == (n, n)
-    assert (plain_report.shared_input_groups, plain_report.fp8_swiglu_blocks) == (0, 0)
+    assert (report.base.shared_input_groups, report.base.fused_swiglu_blocks) == (n, n)
+    assert (plain_report.base.shared_input_groups, plain_report.base.fused_swiglu_blocks) == (0, 0)
     assert sum(isinstance(m, FrozenSharedInput) for m in grouped.modules()) == n
     assert sum(isinstance(m, FrozenFp8SwiGLU) for m in grouped.modules()) == n
     assert plain.state_dict().keys() == grouped.state_dict().keys()
@@ -168,19 +169,19 @@ def test_the_fp8_head_fuses_the_loss_and_matches_the_bf16_head():
     assert counter.calls["_scaled_mm"] == 2 and counter.calls["amax"] == 1  # x's amax only: the gradient has a bound
     torch.testing.assert_close(loss, reference, rtol=2e-2, atol=2e-2)
     assert sqnr_db(xs[1].grad.float(), xs[0].grad.float()) > 15
-    _, report = fp8_lora("attn", fp8_lm_head=True)
-    assert report.fused_loss_head
-    assert not fp8_lora("attn,lm_head", fp8_lm_head=True)[1].fused_loss_head  # adapters need the logits
+    _, report, _ = fp8_lora("attn", fp8_lm_head=True)
+    assert report.base.fused_loss_head
+    assert not fp8_lora("attn,lm_head", fp8_lm_head=True)[1].base.fused_loss_head  # adapters need the logits
 
 
 def test_a_delayed_fp8_base_scales_from_recorded_amaxes_without_an_amax_pass():
     """--fp8_scaling delayed: one DelayedScalingState over every FP8 base linear; casts read its scales (no amax pass:
     an evaluation, which records nothing, reduces no tensor); training records the amaxes, and once the update has
     turned them into scales the loss and adapter gradients are the dynamic base's, to FP8 rounding."""
-    delayed, report = fp8_lora("attn", fp8_scaling="delayed", fp8_lm_head=True)
-    dynamic_base, _ = fp8_lora("attn", fp8_lm_head=True)
-    state = delayed.fp8_scaling
-    assert len(state.sites) == len(report.fp8_layers) and "inputs and gradients scaled delayed" in str(
+    delayed, report, converter = fp8_lora("attn", fp8_scaling="delayed", fp8_lm_head=True)
+    dynamic_base, _, _ = fp8_lora("attn", fp8_lm_head=True)
+    state = converter.scaling
+    assert len(state.sites) == report.base.n_converted and "inputs and gradients scaled delayed" in str(
         report.summary_lines()
     )
     attention = delayed.layers[0].attn
@@ -212,9 +213,9 @@ def test_a_delayed_fp8_base_scales_from_recorded_amaxes_without_an_amax_pass():
 
 
 def test_adapters_on_the_mlp_keep_its_linears_apart_and_shared_casts_keep_adapters():
-    model, report = fp8_lora("all")
-    assert report.fp8_swiglu_blocks == 0  # an adapter needs the BF16 activation the FP8 SwiGLU never writes
-    assert report.shared_input_groups == 2 * tiny_model().n_layers  # q/k/v and w1/w3, each with its adapters
+    model, report, _ = fp8_lora("all")
+    assert report.base.fused_swiglu_blocks == 0  # an adapter needs the BF16 activation the FP8 SwiGLU never writes
+    assert report.base.shared_input_groups == 2 * tiny_model().n_layers  # q/k/v and w1/w3, each with its adapters
     _, grads, _ = loss_and_grads(model)
     assert all(g is not None and g.abs().sum() > 0 for g in grads.values())
 
@@ -394,8 +395,9 @@ def test_gpu_compiled_fp8_base_trains_its_adapters_like_the_bf16_base_and_never_
     for name, precision in (("bf16", None), ("fp8", fp8)):
         torch.manual_seed(0)
         model = TransformerLM(shape).cuda().to(torch.bfloat16)
-        report = apply_lora(model, FinetuneConfig(init_from="x", lora_rank=8, lora_targets="attn"), precision)
-        delayed = getattr(model, "fp8_scaling", None)
+        converter = LoRAConverter(FinetuneConfig(init_from="x", lora_rank=8, lora_targets="attn"), precision)
+        report = converter.convert(model)
+        delayed = converter.scaling
         compiled = torch.compile(model, fullgraph=True)
         adapters = [p for p in model.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(adapters, lr=1e-3)
@@ -416,7 +418,8 @@ def test_gpu_compiled_fp8_base_trains_its_adapters_like_the_bf16_base_and_never_
             losses.append(loss.item())
         runs[name] = (losses, grads, model, report)
     (bf16_losses, bf16_grads, _, _), (fp8_losses, fp8_grads, fp8_model, report) = runs["bf16"], runs["fp8"]
-    assert report.shared_input_groups == report.fp8_swiglu_blocks == shape.n_layers and report.fused_loss_head
+    base = report.base
+    assert base.shared_input_groups == base.fused_swiglu_blocks == shape.n_layers and base.fused_loss_head
     assert any(isinstance(m, FrozenFp8SwiGLU) and m.ops.__name__.endswith("swiglu_triton") for m in fp8_model.modules())
     for a, b in zip(bf16_losses, fp8_losses, strict=True):
         assert abs(a - b) < 0.02 * abs(a)

@@ -32,16 +32,18 @@ import sys
 import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
-from cs336_basics.benchmark.amdahl.law import linear_gemm_shapes
+from cs336_basics.benchmark.amdahl.law import GemmShape, linear_gemm_shapes
 from cs336_basics.benchmark.amdahl.measure import (
     breakdown_from_events,
     gpu_timeline,
     linear_gemm_calls,
+    measurement_plan,
+    measurement_tokens,
     profiled_steps,
     time_matmuls,
 )
@@ -49,6 +51,9 @@ from cs336_basics.config import RunConfig
 from cs336_basics.errors import ConfigError
 from cs336_basics.results import format_or_na, run_record
 from cs336_basics.timing import time_calls_ms
+
+if TYPE_CHECKING:
+    from cs336_basics.build import Plan
 
 RULE_OF_THUMB_SPEEDUP = 1.5  # what the users' formula assumes the non-adapter compute gains from FP8
 # Bytes moved per element by one cast of a BF16 tensor, per scaling: dynamic reads it for the amax (2), again to cast
@@ -120,69 +125,65 @@ def split_step(events: Iterable[Any], rank: int, converted: set[tuple[int, int, 
     return {name: us / 1e3 for name, us in ms.items()}
 
 
-def analyse_lora(
-    config: RunConfig, steps: int = 12, timing_steps: int = 10, log: Callable[[str], Any] = print
-) -> list[dict[str, Any]]:
-    """The BF16-base and FP8-base records of a LoRA configuration (sweep schema plus the step's split and, on the
-    FP8 record, the predictions), measured on this CUDA GPU."""
-    if not config.finetune.lora:
-        raise ConfigError("the LoRA analysis needs a LoRA configuration: --init_from BASE and --lora_rank R.")
-    if not torch.cuda.is_available():
-        raise ConfigError("the LoRA analysis needs a CUDA GPU with FP8 (sm_89+): it times and profiles real steps.")
-    from cs336_basics.build import build, plan
-    from cs336_basics.data import prepare_data
-    from cs336_basics.training.measure import release_memory, train_for_measurement
+def _measure_base(
+    fp8_plan: Plan,
+    use_fp8: bool,
+    tokens: tuple[np.ndarray, np.ndarray],
+    converted: set[tuple[int, int, int]],
+    *,
+    steps: int,
+    timing_steps: int,
+    log: Callable[[str], Any],
+) -> dict[str, Any]:
+    """The record of one base, FP8 or BF16 (`use_fp8`): trained `steps` steps (the sweep's measurements), then
+    `timing_steps` steps timed for the step's wall time and one profiled for its split (split_step) and the GPU's
+    idle time. The model and its trainer are freed before returning, so that the other base has the GPU's memory to
+    itself."""
+    from cs336_basics.build import build
+    from cs336_basics.measurement import release_memory, train_for_measurement
 
-    fp8_plan = plan(config.replace(train={"max_steps": steps, "log_every": steps}).with_fp8(True))
     config, device = fp8_plan.config, fp8_plan.device
-    data = prepare_data(config.data, config.model.vocab_size)
-    train_tokens, val_tokens = np.asarray(data.train), np.asarray(data.val)
-    batch, rank = config.train.batch_size, config.finetune.lora_rank
-    shapes = [s for s in linear_gemm_shapes(config.model, batch, config.fp8) if s.kind != "grad_weight"]
-    converted = {s.problem for s in shapes if s.converted}
-    tokens = batch * config.model.context_length * config.train.gradient_accumulation_steps
+    tokens_per_step = config.train.batch_size * config.model.context_length * config.train.gradient_accumulation_steps
+    name = "FP8" if use_fp8 else "BF16"
+    log(f"[lora] {name} base: {steps} steps, {timing_steps} timed, 1 profiled ...")
+    torch.cuda.reset_peak_memory_stats(device)
+    built = build(fp8_plan.with_fp8(use_fp8))
+    trainer, result = train_for_measurement(built, *tokens, log)
+    step_ms = statistics.median(time_calls_ms(trainer.train_step, timing_steps))
+    events = profiled_steps(trainer)
+    kernels = breakdown_from_events(events)
+    split = split_step(events, config.finetune.lora_rank, converted)
+    timeline = gpu_timeline(events)
+    gaps = ", ".join(f"{ms:.2f} ms after {before} before {after}" for ms, before, after in timeline.gaps[:5])
+    log(f"[lora] {name} base: GPU idle {timeline.idle_ms(step_ms):.1f} of {step_ms:.1f} ms; longest gaps: {gaps}")
+    gemm_ms = split["adapter_gemm_ms"] + split["base_gemm_ms"]
+    record = run_record(
+        built.config, tokens_per_sec=result.tokens_per_sec, mfu=result.mfu, compile_s=result.compile_s,
+        loss=result.loss, peak_mem_gib=torch.cuda.max_memory_allocated(device) / 2**30, steps=steps,
+        step_time_ms=1e3 * tokens_per_step / result.tokens_per_sec, profiled_step_ms=step_ms, **split,
+        non_gemm_kernel_ms=kernels.kernel_ms - gemm_ms, attention_ms=kernels.attention_ms,
+        gpu_idle_ms=timeline.idle_ms(step_ms),
+        cast_bytes_per_step=cast_bytes_per_token(built.model) * tokens_per_step if use_fp8 else 0,
+    )  # fmt: skip
+    del trainer, built, events
+    release_memory()
+    return record
 
-    records = []
-    for use_fp8 in (False, True):
-        name = "FP8" if use_fp8 else "BF16"
-        log(f"[lora] {name} base: {steps} steps, {timing_steps} timed, 1 profiled ...")
-        torch.cuda.reset_peak_memory_stats(device)
-        built = build(fp8_plan.with_fp8(use_fp8))
-        trainer, result = train_for_measurement(built.model, built.config, train_tokens, val_tokens, device, log)
-        step_ms = statistics.median(time_calls_ms(trainer.train_step, timing_steps))
-        events = profiled_steps(trainer)
-        kernels = breakdown_from_events(events)
-        split = split_step(events, rank, converted)
-        timeline = gpu_timeline(events)
-        gaps = ", ".join(f"{ms:.2f} ms after {before} before {after}" for ms, before, after in timeline.gaps[:5])
-        log(f"[lora] {name} base: GPU idle {timeline.idle_ms(step_ms):.1f} of {step_ms:.1f} ms; longest gaps: {gaps}")
-        gemm_ms = split["adapter_gemm_ms"] + split["base_gemm_ms"]
-        record = run_record(
-            built.config, tokens_per_sec=result.tokens_per_sec, mfu=result.mfu, compile_s=result.compile_s,
-            loss=result.loss, peak_mem_gib=torch.cuda.max_memory_allocated(device) / 2**30, steps=steps,
-            step_time_ms=1e3 * tokens / result.tokens_per_sec, profiled_step_ms=step_ms, **split,
-            non_gemm_kernel_ms=kernels.kernel_ms - gemm_ms, attention_ms=kernels.attention_ms,
-            gpu_idle_ms=timeline.idle_ms(step_ms),
-            cast_bytes_per_step=cast_bytes_per_token(built.model) * tokens if use_fp8 else 0,
-        )  # fmt: skip
-        records.append(record)
-        del trainer, built, events
-        release_memory()
 
-    bf16, fp8 = records
-    bf16["speedup_vs_bf16"] = 1.0
-    fp8["speedup_vs_bf16"] = fp8["tokens_per_sec"] / bf16["tokens_per_sec"]
-    if not all(r["adapter_gemm_ms"] + r["base_gemm_ms"] > 0 for r in records):
-        # CUDA graphs (compile mode reduce-overhead) replay kernels outside the ops that launched them.
-        note = "the profiler linked no GEMM kernel to its op (CUDA graphs?): no split, no predictions"
-        log(f"[lora] {note}")
-        for r in records:
-            r.update(dict.fromkeys(SPLIT_FIELDS), note=note)
-        return records
+def _split_casts_and_rest(bf16: dict[str, Any], fp8: dict[str, Any]) -> None:
+    """Complete both records' split of the step: the casts (FP8's extra non-GEMM kernel time over the BF16 base's;
+    none on the BF16 base) and the rest (the step's wall time minus the GEMMs and the casts)."""
     fp8["cast_ms"] = fp8["non_gemm_kernel_ms"] - bf16["non_gemm_kernel_ms"]
-    for r in records:
+    for r in (bf16, fp8):
         r.setdefault("cast_ms", 0.0)
         r["rest_ms"] = r["profiled_step_ms"] - r["adapter_gemm_ms"] - r["base_gemm_ms"] - r["cast_ms"]
+
+
+def _add_predictions(
+    bf16: dict[str, Any], fp8: dict[str, Any], shapes: list[GemmShape], device: torch.device, log: Callable[[str], Any]
+) -> None:
+    """The three predictions of the FP8 base's speedup (see the module's docstring) on the FP8 record, from the BF16
+    base's split, the converted base GEMMs timed alone and this GPU's copy bandwidth."""
     log("[lora] timing the converted base GEMMs alone (BF16 vs FP8) and the copy bandwidth ...")
     gemm_speedup = time_matmuls(shapes, device, "tensorwise").speedup
     bandwidth = copy_bandwidth(device)
@@ -202,6 +203,42 @@ def analyse_lora(
         predicted_speedup_ours=t_bf16 / ours_ms,
         profiled_speedup=t_bf16 / fp8["profiled_step_ms"],
     )
+
+
+def analyse_lora(
+    config: RunConfig, steps: int = 12, timing_steps: int = 10, log: Callable[[str], Any] = print
+) -> list[dict[str, Any]]:
+    """The BF16-base and FP8-base records of a LoRA configuration (sweep schema plus the step's split and, on the
+    FP8 record, the predictions), measured on this CUDA GPU."""
+    if not config.finetune.lora:
+        raise ConfigError("the LoRA analysis needs a LoRA configuration: --init_from BASE and --lora_rank R.")
+    if not torch.cuda.is_available():
+        raise ConfigError("the LoRA analysis needs a CUDA GPU with FP8 (sm_89+): it times and profiles real steps.")
+    fp8_plan = measurement_plan(config, steps)
+    config, device = fp8_plan.config, fp8_plan.device
+    tokens = measurement_tokens(config)
+    # The frozen base's GEMMs: forward and input gradient (a frozen weight has no weight gradient).
+    shapes = [
+        s for s in linear_gemm_shapes(config.model, config.train.batch_size, config.fp8) if s.kind != "grad_weight"
+    ]
+    converted = {s.problem for s in shapes if s.converted}
+    records = [
+        _measure_base(fp8_plan, use_fp8, tokens, converted, steps=steps, timing_steps=timing_steps, log=log)
+        for use_fp8 in (False, True)
+    ]
+
+    bf16, fp8 = records
+    bf16["speedup_vs_bf16"] = 1.0
+    fp8["speedup_vs_bf16"] = fp8["tokens_per_sec"] / bf16["tokens_per_sec"]
+    if not all(r["adapter_gemm_ms"] + r["base_gemm_ms"] > 0 for r in records):
+        # CUDA graphs (compile mode reduce-overhead) replay kernels outside the ops that launched them.
+        note = "the profiler linked no GEMM kernel to its op (CUDA graphs?): no split, no predictions"
+        log(f"[lora] {note}")
+        for r in records:
+            r.update(dict.fromkeys(SPLIT_FIELDS), note=note)
+        return records
+    _split_casts_and_rest(bf16, fp8)
+    _add_predictions(bf16, fp8, shapes, device, log)
     return records
 
 

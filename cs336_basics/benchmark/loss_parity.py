@@ -24,6 +24,7 @@ from typing import Any
 
 from cs336_basics.benchmark.sweep.plan import PRECISIONS, WITH_LM_HEAD, parse_choices, precision_settings
 from cs336_basics.cli import add_config_arguments, overrides_from_args
+from cs336_basics.config import RunConfig
 from cs336_basics.config_layers import build_config
 from cs336_basics.errors import ConfigError, report_error
 from cs336_basics.results import write_results
@@ -92,7 +93,7 @@ def run_variant(overrides: dict[str, Any]) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m cs336_basics.benchmark.loss_parity", description=__doc__.split("\n\n")[0], allow_abbrev=False
     )
@@ -102,25 +103,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tolerance", type=float, default=0.005, help="largest relative gap to BF16 allowed")
     parser.add_argument("--run_variant", help=argparse.SUPPRESS)  # internal: one variant's overrides as JSON
     add_config_arguments(parser)
-    args = parser.parse_args(argv)
-    if args.run_variant:
-        return run_variant(json.loads(args.run_variant))
-    try:
-        variants = parse_choices(args.variants, PRECISIONS + WITH_LM_HEAD, "--variants")
-        if BASELINE not in variants:
-            variants = (BASELINE, *variants)
-        base = overrides_from_args(args)
-        if "out_dir" not in base.get("train", {}):
-            raise ConfigError("--out_dir is required: the folder that will hold each variant's run and the results.")
-        out_dir = Path(base["train"].pop("out_dir"))
-        refused = [f"--{name}" for section, name in SET_PER_VARIANT if name in base.get(section, {})]
-        if refused:
-            raise ConfigError(f"{', '.join(refused)}: each variant sets this itself (--variants).")
-        planned = {v: variant_overrides(base, v, out_dir) for v in variants}
-        configs = {v: build_config(o) for v, o in planned.items()}  # every config checked before anything runs
-    except ConfigError as exc:
-        return report_error(exc)
+    return parser
 
+
+def plan_variants(args: argparse.Namespace) -> tuple[Path, dict[str, dict[str, Any]], dict[str, RunConfig]]:
+    """(out_dir, each variant's overrides, each variant's config), BF16 first if --variants left it out. Every config
+    is built, and so checked, before anything runs; a ConfigError for bad settings."""
+    variants = parse_choices(args.variants, PRECISIONS + WITH_LM_HEAD, "--variants")
+    if BASELINE not in variants:
+        variants = (BASELINE, *variants)
+    base = overrides_from_args(args)
+    if "out_dir" not in base.get("train", {}):
+        raise ConfigError("--out_dir is required: the folder that will hold each variant's run and the results.")
+    out_dir = Path(base["train"].pop("out_dir"))
+    refused = [f"--{name}" for section, name in SET_PER_VARIANT if name in base.get(section, {})]
+    if refused:
+        raise ConfigError(f"{', '.join(refused)}: each variant sets this itself (--variants).")
+    planned = {v: variant_overrides(base, v, out_dir) for v in variants}
+    configs = {v: build_config(o) for v, o in planned.items()}
+    return out_dir, planned, configs
+
+
+def run_variants(planned: dict[str, dict[str, Any]]) -> list[str]:
+    """Train each variant in a process of its own, one after the other; the variants whose process failed."""
     failed = []
     for variant, overrides in planned.items():
         print(f"== {variant}", flush=True)
@@ -133,11 +138,33 @@ def main(argv: list[str] | None = None) -> int:
         ]
         if subprocess.run(argv_child).returncode != 0:
             failed.append(variant)
+    return failed
+
+
+def print_verdicts(
+    curves: dict[str, list[tuple[int, float]]], verdicts: dict[str, dict[str, Any]], tolerance: float
+) -> None:
+    """One line per variant: its final validation loss, its largest relative gap to BF16 and whether it is within."""
+    print(f"{'variant':24s} {'final val':>10s} {'max |gap|':>10s}  within {tolerance:.2%}")
+    for variant, v in verdicts.items():
+        print(f"{variant:24s} {curves[variant][-1][1]:10.4f} {v['max_abs_rel_gap']:10.4%}  {v['within_tolerance']}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.run_variant:
+        return run_variant(json.loads(args.run_variant))
+    try:
+        out_dir, planned, configs = plan_variants(args)
+    except ConfigError as exc:
+        return report_error(exc)
+
+    failed = run_variants(planned)
     if failed:
         print(f"loss parity: {', '.join(failed)} failed; see the output above.", file=sys.stderr)
         return 1
 
-    runs = {v: Path(configs[v].train.out_dir) for v in variants}
+    runs = {v: Path(config.train.out_dir) for v, config in configs.items()}
     curves = {v: val_curve(run_dir) for v, run_dir in runs.items()}
     if not curves[BASELINE]:
         return report_error(ConfigError("no validation loss was recorded: set --eval_every (and --eval_batches)."))
@@ -151,10 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     title = f"{c.preset}: {c.train.max_steps} steps, batch {c.train.batch_size} x {c.model.context_length}"
     plot(curves, runs, out_dir / "parity.png", title)
 
-    print(f"{'variant':24s} {'final val':>10s} {'max |gap|':>10s}  within {args.tolerance:.2%}")
-    for variant in variants:
-        v = verdicts[variant]
-        print(f"{variant:24s} {curves[variant][-1][1]:10.4f} {v['max_abs_rel_gap']:10.4%}  {v['within_tolerance']}")
+    print_verdicts(curves, verdicts, args.tolerance)
     print(f"wrote {out_dir / 'parity.json'} and {out_dir / 'parity.png'}")
     return 0 if all(v["within_tolerance"] for v in verdicts.values()) else 1
 

@@ -112,24 +112,11 @@ def check_parallel_request(config: RunConfig, world: World) -> None:
             "not (no RANK/WORLD_SIZE/LOCAL_RANK in its environment). For one process pass --parallel auto (a run "
             "resumed from its folder keeps the --parallel it was started with)."
         )
-    if requested != "auto":
-        _refuse_unsupported(config, requested, world)
-
-
-def _refuse_unsupported(config: RunConfig, mode: str, world: World) -> None:
-    fp8 = config.fp8
-    fp8_maybe = fp8.use_fp8 is not False  # None: automatic, not decided yet (the plan checks before the build)
-    if world.world_size > 1 and fp8_maybe and fp8.fp8_path == "fused" and fp8.fp8_scaling == "delayed":
-        raise ConfigError(
-            "--fp8_scaling delayed on several processes: each rank would keep its own amax history and scales (they "
-            "are not reduced across ranks), and the checkpoint would keep rank 0's only, so resume would not be "
-            "exact. Use --fp8_scaling dynamic, or one process."
-        )
 
 
 def resolve_parallel(config: RunConfig, world: World, device: torch.device, n_params: int) -> ParallelPlan:
     """The mode --parallel asks for on this world, with the reason; a ConfigError saying what to do where it cannot
-    be honoured (ddp/fsdp without torchrun, delayed FP8 scaling on several processes). `config` has use_fp8 decided."""
+    be honoured (ddp/fsdp without torchrun). `config` has use_fp8 decided."""
     check_parallel_request(config, world)
     requested = config.train.parallel
     dtype = torch.bfloat16 if config.train.dtype == "bfloat16" else torch.float32
@@ -149,7 +136,6 @@ def resolve_parallel(config: RunConfig, world: World, device: torch.device, n_pa
         else:
             mode = DDP
             reason = f"auto: {world.world_size} processes and a replica's model state ({state_gib:.2f} GiB) fits"
-        _refuse_unsupported(config, mode, world)  # an explicit mode was checked by check_parallel_request
     else:
         mode, reason = requested, f"--parallel {requested}"
     per_rank = state_gib / world.world_size if mode == FSDP else state_gib
@@ -239,12 +225,3 @@ def gradient_sync(train_model: nn.Module, plan: ParallelPlan, last_micro_batch: 
     if plan.mode == DDP and not last_micro_batch:
         return train_model.no_sync()
     return contextlib.nullcontext()
-
-
-def after_optimizer_step(model: nn.Module, plan: ParallelPlan) -> None:
-    """With FP8 weight all-gather, compute every weight's FP8 scale once for the next forward (one all-reduce for all
-    of them), as torchao documents for FSDP2."""
-    if plan.fp8_all_gather:
-        from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
-
-        precompute_float8_dynamic_scale_for_fsdp(model)

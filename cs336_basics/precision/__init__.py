@@ -1,10 +1,17 @@
-"""Reduced-precision training: FP8 support checks and TorchAO float8 conversion.
+"""Reduced-precision training: one Converter per way a model's linears change precision (converter.py: what the
+build stage and the Trainer need of any of them), the path chosen in one place (choice.py), TorchAO's float8 path
+(fp8.py, which also holds the filters and the report both FP8 paths share), this package's fused path (fused/), and
+the FP8 support checks (support.py). A LoRA fine-tune's frozen base is converted by lora/apply.py's LoRAConverter.
 
-Order: create model -> move to CUDA + BF16 -> `require_fp8` + `convert_model_to_fp8` -> torch.compile.
+Order: create model -> move to CUDA + BF16 -> plan's `choose_fp8` + `require_fp8` -> the converter's convert, then
+its count -> torch.compile.
 """
 
+from cs336_basics.precision.choice import AUTO_SETTINGS, FP8Choice, choose_fp8, fp8_converter
+from cs336_basics.precision.converter import NO_CONVERSION, Converter
 from cs336_basics.precision.fp8 import (
     FP8ConversionReport,
+    TorchAOFP8,
     check_fp8_tokens,
     convert_model_to_fp8,
     count_float8_linears,
@@ -15,44 +22,25 @@ from cs336_basics.precision.fp8 import (
     skip_reason,
     torchao_float8_config,
 )
+from cs336_basics.precision.fused.convert import FusedFP8
 from cs336_basics.precision.support import FP8Support, check_fp8_support, require_fp8, require_fp8_gpu
 
-
-def convert_for_fp8(model, cfg, fsdp_float8_all_gather: bool = False) -> FP8ConversionReport:
-    """Convert `model` to FP8 by the path cfg.fp8_path names: "torchao" (Float8Linear) or "fused" (ours).
-    `fsdp_float8_all_gather`: the model will be sharded by FSDP2, which then all-gathers FP8 weights (torchao only;
-    the plan refuses FSDP2 with the fused path)."""
-    if cfg.fp8_path == "auto":
-        raise ValueError(
-            "convert_for_fp8 takes a resolved FP8Config: build.plan chooses the path (precision/choice.py)"
-        )
-    if cfg.fp8_path == "fused":
-        if fsdp_float8_all_gather:
-            raise ValueError("the fused FP8 path has no FSDP2 all-gather (the plan refuses this combination)")
-        from cs336_basics.precision.fused.convert import convert_model_to_fused_fp8
-
-        return convert_model_to_fused_fp8(model, cfg)
-    return convert_model_to_fp8(model, cfg, fsdp_float8_all_gather=fsdp_float8_all_gather)
-
-
-def count_fp8_linears(model) -> int:
-    """Linear layers whose GEMMs run in FP8, counted from the model's modules (independently of any conversion
-    report): TorchAO's Float8Linear and the fused path's FP8 linears."""
-    from cs336_basics.precision.fused.convert import count_fused_linears
-
-    return count_float8_linears(model) + count_fused_linears(model)
-
-
 __all__ = [
+    "AUTO_SETTINGS",
+    "NO_CONVERSION",
+    "Converter",
+    "FP8Choice",
     "FP8ConversionReport",
     "FP8Support",
+    "FusedFP8",
+    "TorchAOFP8",
     "check_fp8_support",
     "check_fp8_tokens",
-    "convert_for_fp8",
+    "choose_fp8",
     "convert_model_to_fp8",
     "count_float8_linears",
-    "count_fp8_linears",
     "describe_format",
+    "fp8_converter",
     "fp8_gemm_pays",
     "grad_weight_in_fp8",
     "module_filter",

@@ -7,8 +7,9 @@ TorchAO's path is chosen where only it runs or where it measured faster:
   - --fp8_emulate (emulation is TorchAO's; the fused path runs real FP8 casts even on the CPU);
   - FSDP2: on one rank of FSDP2 TorchAO's path measured faster (benchmarks/results/2026-11-23-fsdp-overheads-h200,
     item 5): the fused path's step is host-bound there.
-A setting given explicitly is kept; a setting that only one path has picks that path. The result is concrete (no
-"auto" left) and its notes are the summary's "auto-selected" words. A run folder's config.json keeps the request
+A setting given explicitly is kept; a setting that only one path has picks that path, and the chosen path's converter
+refuses, with the reason, a setting it does not have. The result is concrete (no "auto" left) and its notes are the
+summary's "auto-selected" words. A run folder's config.json keeps the request
 (AUTO_SETTINGS as asked, like --parallel auto), so a resumed run chooses again: the same choice on the same launch.
 """
 
@@ -19,7 +20,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from cs336_basics.config import FP8Config
+from cs336_basics.precision.converter import Converter
+from cs336_basics.precision.fp8 import TorchAOFP8
+from cs336_basics.precision.fused.convert import FusedFP8
 
+FP8_CONVERTERS = {"fused": FusedFP8, "torchao": TorchAOFP8}
 # The FP8 settings this module resolves when they are left automatic.
 AUTO_SETTINGS = ("fp8_path", "fp8_lm_head", "fp8_shape_filter", "fp8_scaling")
 
@@ -46,7 +51,22 @@ def choose_fp8(fp8: FP8Config, *, parallel_mode: str, world_size: int, lora: boo
     automatic = [f"{name}={value}" for name, value in changes.items() if name != "fp8_path"]
     if automatic:
         notes.append(f"{', '.join(automatic)} ({whose} defaults)")
-    return FP8Choice(dataclasses.replace(fp8, **changes), tuple(notes))
+    chosen = dataclasses.replace(fp8, **changes)
+    if not lora:  # a LoRA base runs its own FP8 linears, which take either path's settings
+        FP8_CONVERTERS[path].check_options(chosen, world_size)
+    return FP8Choice(chosen, tuple(notes))
+
+
+def fp8_converter(fp8: FP8Config, world_size: int = 1, fsdp_float8_all_gather: bool = False) -> Converter:
+    """The converter of the path a chosen FP8Config names (choose_fp8's result: no "auto" left).
+    `fsdp_float8_all_gather`: the model will be sharded by FSDP2, which then all-gathers FP8 weights (TorchAO's)."""
+    if fp8.fp8_path == "fused":
+        if fsdp_float8_all_gather:
+            raise ValueError("the fused FP8 path has no FSDP2 all-gather (its check_options refuses it)")
+        return FusedFP8(fp8, world_size)
+    if fp8.fp8_path == "torchao":
+        return TorchAOFP8(fp8, fsdp_float8_all_gather)
+    raise ValueError(f"fp8_converter takes a chosen FP8Config (choose_fp8), not fp8_path={fp8.fp8_path!r}")
 
 
 def _defaults(fp8: FP8Config, path: str, world_size: int, lora: bool) -> tuple[str, dict[str, Any]]:

@@ -22,6 +22,7 @@ from torch import nn
 from cs336_basics.compiled import compiled_submodules, unwrap
 from cs336_basics.config import FP8Config
 from cs336_basics.errors import ConfigError
+from cs336_basics.precision.converter import Converter
 from cs336_basics.precision.support import TORCHAO_INSTALL_HINT, import_torchao
 
 if TYPE_CHECKING:
@@ -441,3 +442,48 @@ def count_float8_linears(model: nn.Module) -> int:
     except ConfigError:
         return 0  # without torchao there can be no Float8Linear
     return sum(isinstance(m, Float8Linear) for _, m in unwrap(model).named_modules(remove_duplicate=False))
+
+
+class TorchAOFP8(Converter):
+    """TorchAO's path (`--fp8_path torchao`): convert_to_float8_training swaps the linears for Float8Linear.
+    `fsdp_float8_all_gather`: the model will be sharded by FSDP2, which then all-gathers FP8 weights."""
+
+    name = "torchao"
+
+    def __init__(self, fp8: FP8Config, fsdp_float8_all_gather: bool = False):
+        self.check_options(fp8)
+        self.fp8 = fp8
+        self.fsdp_float8_all_gather = fsdp_float8_all_gather
+        self.model: nn.Module | None = None
+
+    @staticmethod
+    def check_options(fp8: FP8Config, world_size: int = 1) -> None:
+        """Refuse, with the reason, the settings this path does not have."""
+        fused_only = fp8.only_flags("fused")
+        if fused_only:
+            raise ConfigError(
+                f"{', '.join(fused_only)} needs --fp8_path fused: TorchAO's path (torchao 0.18) has no delayed "
+                "scaling (TorchAO removed it) and sets fast accumulation for its forward GEMM only."
+            )
+        if fp8.fp8_all_gather and fp8.fp8_recipe != "tensorwise":
+            raise ConfigError(
+                f"--fp8_all_gather needs --fp8_recipe tensorwise: torchao 0.18 all-gathers FP8 weights with one "
+                f"scale per tensor only (got --fp8_recipe {fp8.fp8_recipe}). Drop --fp8_all_gather (the weights "
+                "are then all-gathered in BF16) or use the tensorwise recipe."
+            )
+
+    def convert(self, model: nn.Module) -> FP8ConversionReport:
+        report = convert_model_to_fp8(model, self.fp8, fsdp_float8_all_gather=self.fsdp_float8_all_gather)
+        self.model = model
+        return report
+
+    def count(self, model: nn.Module) -> int:
+        return count_float8_linears(model)
+
+    def after_optimizer_step(self) -> None:
+        """With FP8 weight all-gather, every weight's FP8 scale computed once for the next forward (one all-reduce
+        for all of them), as torchao documents for FSDP2."""
+        if self.fsdp_float8_all_gather and self.model is not None:
+            from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
+
+            precompute_float8_dynamic_scale_for_fsdp(self.model)

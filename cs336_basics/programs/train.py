@@ -121,11 +121,17 @@ def _run_locked(config: RunConfig, folder: RunFolder, world, results_json, log) 
 
     trainer = Trainer(
         built.model, config, data.train, data.val, built.device, log=log, resume_state=resume_state,
-        parallel=built.parallel,
+        parallel=built.parallel, converter=built.converter,
     )  # fmt: skip
     result = trainer.train()
-    if not world.is_main:
-        return result
+    if world.is_main:
+        _report(result, built, folder, data, results_json, log)
+    return result
+
+
+def _report(result: TrainResult, built: Built, folder: RunFolder, data, results_json, log) -> None:
+    """Rank 0, after training: the result, the run's record (result.json, and --results_json), and a sample."""
+    config, world = built.config, built.plan.world
     log(format_result(result))
     parallel = {"world_size": world.world_size, "parallel": built.parallel.mode}
     if world.world_size > 1:  # what the measurements mean on several GPUs, kept with them
@@ -146,10 +152,8 @@ def _run_locked(config: RunConfig, folder: RunFolder, world, results_json, log) 
         sample = sample_text(built.model, data.tokenizer, Sampling(prompt="def ", max_new_tokens=48))
         log(f"sample: {sample!r}")
     elif data.tokenizer is not None:  # every rank would have to run the sharded model's forward passes in step
-        log(
-            f"sample: run python -m cs336_basics.programs.generate --out_dir {t.out_dir} (reads the sharded checkpoint)"
-        )
-    return result
+        out_dir = config.train.out_dir
+        log(f"sample: run python -m cs336_basics.programs.generate --out_dir {out_dir} (reads the sharded checkpoint)")
 
 
 def _parameter_counts(built: Built) -> dict[str, Any]:

@@ -38,9 +38,9 @@ from cs336_basics.build import Built, build, plan
 from cs336_basics.config import RunConfig
 from cs336_basics.data import get_batch, prepare_data, require_windows
 from cs336_basics.devices import resolve_device
+from cs336_basics.measurement import release_memory, train_for_measurement
 from cs336_basics.precision.fp8 import grad_weight_in_fp8
 from cs336_basics.results import result_record
-from cs336_basics.training.measure import release_memory, train_for_measurement
 from cs336_basics.training.trainer import Trainer
 
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
@@ -170,15 +170,15 @@ def _converted_gemms_check(built: Built, trainer: Trainer, on_gpu: bool) -> Chec
 def _lora_linears_check(built: Built) -> Check:
     """Check 1: frozen FP8 linears counted in the model (the build stage counts them too) against the LoRA report."""
     report = built.lora
-    expected = len(report.fp8_layers)
+    expected = report.base.n_converted
     return _check(
         "fp8_linears",
         built.fp8_linears == expected > 0,
-        f"{built.fp8_linears} frozen FP8 base linears counted, {expected} expected; {len(report.bf16_layers)} in "
+        f"{built.fp8_linears} frozen FP8 base linears counted, {expected} expected; {len(report.base.skipped)} in "
         f"BF16, {len(report.adapter_layers)} with adapters; {report.trainable:,} trainable, {report.frozen:,} frozen",
         counted=built.fp8_linears,
         expected=expected,
-        bf16_layers=report.bf16_layers,
+        bf16_layers=report.base.skipped,
         adapter_layers=report.adapter_layers,
         trainable=report.trainable,
         frozen=report.frozen,
@@ -300,7 +300,7 @@ def verify_fp8(config: RunConfig, loss_tolerance: float = 0.02, min_speedup: flo
 
     # 4 + 5. the same steps, seed and data in both precisions; FP8 first is as fair as BF16 first (both warm up)
     log("training FP8 ...")
-    fp8_trainer, fp8_result = train_for_measurement(model, config, data.train, data.val, device, log)
+    fp8_trainer, fp8_result = train_for_measurement(built, data.train, data.val, log)
 
     # 2. FP8 GEMMs in a (now warm) training step, after the training (a LoRA base's weight casts counted across it)
     if lora:
@@ -313,9 +313,9 @@ def verify_fp8(config: RunConfig, loss_tolerance: float = 0.02, min_speedup: flo
 
     log("training BF16 ...")
     bf16 = build(fp8_plan.with_fp8(False))  # the twin: same seed, same initial weights (a LoRA base: in BF16)
-    bf16_config, bf16_model = bf16.config, bf16.model
-    bf16_trainer, bf16_result = train_for_measurement(bf16_model, bf16_config, data.train, data.val, device, log)
-    del bf16_trainer, bf16_model, bf16
+    bf16_config = bf16.config
+    bf16_trainer, bf16_result = train_for_measurement(bf16, data.train, data.val, log)
+    del bf16_trainer, bf16
     release_memory()
 
     gap = abs(fp8_result.loss - bf16_result.loss) / bf16_result.loss

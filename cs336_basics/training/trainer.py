@@ -20,7 +20,7 @@ import signal
 import statistics
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,12 +38,11 @@ from cs336_basics.parallel.wrap import (
     FSDP,
     SINGLE_PROCESS,
     ParallelPlan,
-    after_optimizer_step,
     compile_for_training,
     gradient_sync,
     parallelize,
 )
-from cs336_basics.precision.fused.scaling import DelayedScalingState
+from cs336_basics.precision import NO_CONVERSION, Converter
 from cs336_basics.timing import StepTimer
 from cs336_basics.training.checkpoint import CHECKPOINT_NAME, remove_stale_shards, save_checkpoint
 from cs336_basics.training.metrics import (
@@ -87,6 +86,19 @@ class TrainResult:
     checkpoint_path: str | None  # None when the run writes no checkpoints (checkpoint_every 0)
 
 
+@dataclass
+class _Progress:
+    """What the loop has measured since it started (the host reads the device only at log points)."""
+
+    first_step: int
+    step_times: list[float] = field(default_factory=list)  # per step, after the warm-up steps: the throughput
+    interval_times: list[float] = field(default_factory=list)  # per step since the last log point
+    compile_s: float | None = None
+    peak_bytes: int = 0
+    loss: float = float("nan")  # the last log interval's mean
+    val_loss: float | None = None
+
+
 class Trainer:
     def __init__(
         self,
@@ -98,10 +110,12 @@ class Trainer:
         log=print,
         resume_state: dict[str, Any] | None = None,
         parallel: ParallelPlan | None = None,
+        converter: Converter = NO_CONVERSION,
     ):
         """`resume_state`: a checkpoint read with training.checkpoint.read_checkpoint (the run folder checks it
         fits `config` first); the model, optimizer, step, sampler, RNG and log interval continue from it.
-        `parallel`: the data-parallel plan (build.Plan.parallel); default one process."""
+        `parallel`: the data-parallel plan (build.Built.parallel); default one process. `converter`: what converted
+        the model's precision (build.Built.converter), whose step hooks the loop calls."""
         if is_compiled(model):
             raise ConfigError(
                 "the Trainer compiles the model itself (after any FP8 conversion); pass the uncompiled module."
@@ -135,10 +149,8 @@ class Trainer:
             train_data, t.batch_size, m.context_length, device, seed=t.seed, rank=self.world.rank,
             world_size=self.world.world_size,
         )  # fmt: skip
-        # Delayed FP8 scaling (--fp8_path fused --fp8_scaling delayed): amax histories that advance once per step.
-        self.fp8_scaling: DelayedScalingState | None = getattr(model, "fp8_scaling", None)
-        if self.fp8_scaling is not None:  # before the first (compiled) step: its graph keeps these sizes
-            self.fp8_scaling.size_row_buffers(t.batch_size * m.context_length)
+        self.converter = converter
+        self.converter.prepare(t.batch_size * m.context_length)  # before the first compiled step
         self.step = 0
         self.saved_step: int | None = None  # the step of the checkpoint on disk that this run knows is good
         self.flops_per_token = flops_per_token(
@@ -166,9 +178,7 @@ class Trainer:
         if interval:
             self._loss_sum = interval["loss_sum"].to(self.device)
             self._loss_count = interval["count"]
-        # A checkpoint of a run without delayed scaling (BF16, dynamic FP8) leaves the scales to start afresh.
-        if self.fp8_scaling is not None and extra.get("fp8_scaling") is not None:
-            self.fp8_scaling.load_scaling_state(extra["fp8_scaling"])
+        self.converter.load_state_dict(extra.get("fp8_scaling"))
 
     def save(self, stop: GracefulStop | None = None) -> Path:
         """Write a checkpoint of the state at this step boundary: only a finite one, atomically."""
@@ -181,8 +191,9 @@ class Trainer:
         # The running loss of the interval so far, over all ranks (a copy: the ranks keep summing their own).
         loss_sum = dist.all_reduce_(self._loss_sum.detach().clone(), "avg")
         extra = {"log_interval": {"loss_sum": loss_sum.cpu(), "count": self._loss_count}}
-        if self.fp8_scaling is not None:
-            extra["fp8_scaling"] = self.fp8_scaling.scaling_state()
+        precision_state = self.converter.state_dict()
+        if precision_state is not None:  # the key of checkpoints written before converters: they still resume
+            extra["fp8_scaling"] = precision_state
         contents = dict(
             model=self.model,
             optimizer=self.optimizer,
@@ -251,9 +262,7 @@ class Trainer:
             total += loss.detach().float()
         grad_norm = self.optimizer.step(max_grad_norm=self.config.optim.max_grad_norm)
         self.optimizer.zero_grad(set_to_none=True)
-        after_optimizer_step(self.model, self.parallel)
-        if self.fp8_scaling is not None:
-            self.fp8_scaling.update()  # this step's amaxes become the next step's scales
+        self.converter.after_optimizer_step()
         return total / accum, grad_norm
 
     @torch.no_grad()
@@ -283,17 +292,9 @@ class Trainer:
         main = self.world.is_main  # rank 0 alone prints, logs metrics and plots
         metrics = MetricsLog(metrics_path, resume_from_step=self.step if resumed else None) if main else None
         timer = StepTimer(self.device)
-        on_cuda = self.device.type == "cuda"
-        if on_cuda:
+        if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
-
-        first_step = self.step
-        step_times: list[float] = []
-        interval_times: list[float] = []
-        compile_s = None
-        train_peak_bytes = 0
-        last_loss = float("nan")
-        val_loss = None
+        progress = _Progress(first_step=self.step)
 
         self.model.train()
         # Not disable=False on rank 0: that would override $TQDM_DISABLE.
@@ -304,21 +305,7 @@ class Trainer:
             with GracefulStop(log=self._say(bar) if main else lambda message: None) as stop:
                 while self.step < t.max_steps and not stopping:
                     lr = self._set_lr()
-                    wall0 = time.perf_counter()
-                    started = timer.start()
-                    loss, grad_norm = self.train_step()
-                    timer.stop(self.step, started)
-                    if self.step == first_step and t.compile_model:
-                        loss.item()  # the first step compiles; wait for it so its time is reported apart
-                        compile_s = time.perf_counter() - wall0
-                    bad = ~(torch.isfinite(loss) & torch.isfinite(grad_norm))
-                    self._first_bad_step = torch.where(
-                        bad & (self._first_bad_step < 0), self.step, self._first_bad_step
-                    )
-                    self._loss_sum += loss
-                    self._loss_count += 1
-                    self.step += 1
-
+                    grad_norm = self._timed_step(timer, progress)
                     is_last = self.step == t.max_steps
                     do_eval = t.eval_every > 0 and (self.step % t.eval_every == 0 or is_last)
                     do_ckpt = t.checkpoint_every > 0 and (is_last or self.step % t.checkpoint_every == 0)
@@ -327,40 +314,7 @@ class Trainer:
                         # Ranks may get a signal at different steps: they agree at the next log point instead.
                         stopping = stop.requested and not self.world.launched
                         continue
-
-                    # ---- log point: the only place the host waits for the device ----
-                    for step, seconds in timer.collect():
-                        interval_times.append(seconds)
-                        if step >= first_step + WARMUP_STEPS_EXCLUDED:
-                            step_times.append(seconds)
-                    self._raise_if_diverged()
-                    dist.all_reduce_(self._loss_sum, "avg")
-                    last_loss = (self._loss_sum / self._loss_count).item()
-                    self._loss_sum.zero_()
-                    self._loss_count = 0
-                    tok_s = self.tokens_per_step / statistics.median(interval_times)
-                    interval_times.clear()
-                    if on_cuda:  # the largest over the ranks: what the run needs of each GPU
-                        peak_here = dist.reduce_max(torch.cuda.max_memory_allocated(self.device))
-                        train_peak_bytes = max(train_peak_bytes, int(peak_here))
-                    record = {
-                        "step": self.step,
-                        "tokens": self.step * self.tokens_per_step,
-                        "loss": last_loss,
-                        "val_loss": None,
-                        "lr": lr,
-                        "grad_norm": grad_norm.item(),
-                        "tokens_per_sec": tok_s,
-                        "mfu": mfu(tok_s, self.flops_per_token, self.peak_flops),
-                        "peak_mem_gib": train_peak_bytes / 2**30 if on_cuda else None,
-                    }
-                    if self.fp8_scaling is not None:  # values clamped at the FP8 max since the last record
-                        record["fp8_saturated"] = self.fp8_scaling.take_saturated()
-                    if do_eval:
-                        val_loss = self.evaluate()
-                        record["val_loss"] = val_loss
-                        if on_cuda:  # keep eval's activations out of the training peak
-                            torch.cuda.reset_peak_memory_stats(self.device)
+                    record = self._log_point(timer, progress, lr, grad_norm, do_eval)
                     if metrics is not None:
                         with writing(metrics_path, self._kept()):
                             metrics.write(record)
@@ -382,16 +336,79 @@ class Trainer:
         if main:
             with writing(plot_path, f"{self._kept()} {metrics_path} is complete."):
                 plot_loss_curve(metrics_path, plot_path, title=str(self.out_dir.name))
-        tok_s = self.tokens_per_step / statistics.median(step_times) if step_times else None
+        return self._result(progress, metrics_path, plot_path)
+
+    def _timed_step(self, timer: StepTimer, progress: _Progress) -> torch.Tensor:
+        """One optimizer step, timed on the device; its loss and finiteness tracked on the device (no wait). Returns
+        the gradient norm, a device tensor."""
+        wall0 = time.perf_counter()
+        started = timer.start()
+        loss, grad_norm = self.train_step()
+        timer.stop(self.step, started)
+        if self.step == progress.first_step and self.config.train.compile_model:
+            loss.item()  # the first step compiles; wait for it so its time is reported apart
+            progress.compile_s = time.perf_counter() - wall0
+        bad = ~(torch.isfinite(loss) & torch.isfinite(grad_norm))
+        self._first_bad_step = torch.where(bad & (self._first_bad_step < 0), self.step, self._first_bad_step)
+        self._loss_sum += loss
+        self._loss_count += 1
+        self.step += 1
+        return grad_norm
+
+    def _log_point(
+        self, timer: StepTimer, progress: _Progress, lr: float, grad_norm: torch.Tensor, do_eval: bool
+    ) -> dict[str, Any]:
+        """The only place the host waits for the device: the interval's step times, divergence (agreed by every
+        rank), the mean loss, peak memory, and an evaluation when due. Returns the metrics record."""
+        for step, seconds in timer.collect():
+            progress.interval_times.append(seconds)
+            if step >= progress.first_step + WARMUP_STEPS_EXCLUDED:
+                progress.step_times.append(seconds)
+        self._raise_if_diverged()
+        dist.all_reduce_(self._loss_sum, "avg")
+        progress.loss = (self._loss_sum / self._loss_count).item()
+        self._loss_sum.zero_()
+        self._loss_count = 0
+        tok_s = self.tokens_per_step / statistics.median(progress.interval_times)
+        progress.interval_times.clear()
+        on_cuda = self.device.type == "cuda"
+        if on_cuda:  # the largest over the ranks: what the run needs of each GPU
+            peak_here = dist.reduce_max(torch.cuda.max_memory_allocated(self.device))
+            progress.peak_bytes = max(progress.peak_bytes, int(peak_here))
+        record = {
+            "step": self.step,
+            "tokens": self.step * self.tokens_per_step,
+            "loss": progress.loss,
+            "val_loss": None,
+            "lr": lr,
+            "grad_norm": grad_norm.item(),
+            "tokens_per_sec": tok_s,
+            "mfu": mfu(tok_s, self.flops_per_token, self.peak_flops),
+            "peak_mem_gib": progress.peak_bytes / 2**30 if on_cuda else None,
+        }
+        # Values clamped at the FP8 maximum since the last record (None: the path does not count them).
+        saturated = self.converter.take_saturated()
+        if saturated is not None:
+            record["fp8_saturated"] = saturated
+        if do_eval:
+            progress.val_loss = record["val_loss"] = self.evaluate()
+            if on_cuda:  # keep eval's activations out of the training peak
+                torch.cuda.reset_peak_memory_stats(self.device)
+        return record
+
+    def _result(self, progress: _Progress, metrics_path: Path, plot_path: Path) -> TrainResult:
+        on_cuda = self.device.type == "cuda"
+        times = progress.step_times
+        tok_s = self.tokens_per_step / statistics.median(times) if times else None
         return TrainResult(
             steps=self.step,
             tokens=self.step * self.tokens_per_step,
-            loss=last_loss,
-            val_loss=val_loss,
+            loss=progress.loss,
+            val_loss=progress.val_loss,
             tokens_per_sec=tok_s,
             mfu=mfu(tok_s, self.flops_per_token, self.peak_flops) if tok_s else None,
-            peak_mem_gib=train_peak_bytes / 2**30 if on_cuda else None,
-            compile_s=compile_s,
+            peak_mem_gib=progress.peak_bytes / 2**30 if on_cuda else None,
+            compile_s=progress.compile_s,
             metrics_path=str(metrics_path),
             plot_path=str(plot_path),
             checkpoint_path=str(self.checkpoint_path) if self.saved_step is not None else None,

@@ -10,7 +10,7 @@ import re
 import statistics
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -30,6 +30,10 @@ from cs336_basics.config import FP8_RECIPES, FP8Config, ModelConfig, RunConfig
 from cs336_basics.errors import ConfigError
 from cs336_basics.precision.support import MIN_FP8_CAPABILITY
 from cs336_basics.timing import calls_per_round, time_calls_ms
+
+if TYPE_CHECKING:
+    from cs336_basics.build import Plan
+    from cs336_basics.precision import FP8ConversionReport
 
 # CPU ops whose kernels are nn.Linear GEMMs (eager and inductor's extern_kernels.mm both dispatch to these).
 LINEAR_GEMM_OPS = ("aten::mm", "aten::addmm", "aten::_scaled_mm")
@@ -288,6 +292,111 @@ def gpu_timeline(events: Iterable[Any], steps: int = 1) -> GpuTimeline:
     return GpuTimeline(busy_ms=busy_us / 1e3 / max(1, steps), gaps=sorted(gaps, reverse=True))
 
 
+@dataclass
+class _GemmTimes:
+    """A profile's GEMM and attention kernel time in us (all profiled steps together), classified one way
+    (`method`); bf16_linear keeps each BF16 linear GEMM call as (problem key or None, kernel us) so that its time can
+    be attributed to the converted linears afterwards."""
+
+    method: str
+    fp8_us: float = 0.0
+    other_gemm_us: float = 0.0
+    attention_us: float = 0.0
+    n_linear: int = 0
+    n_scaled: int = 0
+    bf16_linear: list[tuple[tuple[int, int, int] | None, float]] = field(default_factory=list)
+
+    @property
+    def linear_us(self) -> float:
+        return self.fp8_us + sum(us for _, us in self.bf16_linear)
+
+
+def _gemm_times_by_op(cpu_ops: list[Any], linear_ops: list[Any], other_ops: list[Any]) -> _GemmTimes:
+    """Classify by the CPU op each kernel was launched from (the profiler linked them): exact, and the recorded input
+    shapes give each BF16 GEMM its problem."""
+    times = _GemmTimes(method="cpu-op")
+    for e in linear_ops:
+        times.n_linear += 1
+        if e.name == FP8_GEMM_OP:
+            times.n_scaled += 1
+            times.fp8_us += _kernel_us(e)
+        else:
+            times.bf16_linear.append((_gemm_problem(e), _kernel_us(e)))
+    times.other_gemm_us = sum(_kernel_us(e) for e in other_ops)
+    times.attention_us = sum(
+        _kernel_us(e) for e in cpu_ops if e.name not in LINEAR_GEMM_OPS and _matches(e.name, ATTENTION_OP_PATTERNS)
+    )
+    return times
+
+
+def _gemm_times_by_kernel_name(device_events: list[Any]) -> _GemmTimes:
+    """The fallback when no kernel is linked to its CPU op: classify the kernels by name. No shapes are known, and
+    batched GEMMs cannot be told from linear ones (they count as linear)."""
+    times = _GemmTimes(method="kernel-name")
+    for e in device_events:
+        if _matches(e.name, ATTENTION_KERNEL_PATTERNS):
+            times.attention_us += _duration_us(e)
+        elif _matches(e.name, GEMM_KERNEL_PATTERNS):
+            times.n_linear += 1
+            if FP8_KERNEL_RE.search(e.name):
+                times.n_scaled += 1
+                times.fp8_us += _duration_us(e)
+            else:
+                times.bf16_linear.append((None, _duration_us(e)))
+    return times
+
+
+def _converted_counts(shapes: list[GemmShape]) -> dict[tuple[int, int, int], list[int]]:
+    """problem -> [converted count, total count] over the step's GEMMs: BF16 time on a problem that converted and
+    unconverted linears share is attributed to the converted ones in that proportion."""
+    table: dict[tuple[int, int, int], list[int]] = {}
+    for s in shapes:
+        entry = table.setdefault(s.problem, [0, 0])
+        entry[0] += s.count if s.converted else 0
+        entry[1] += s.count
+    return table
+
+
+def _converted_flops_share(shapes: list[GemmShape]) -> float:
+    """The converted GEMMs' share of the linear GEMM FLOPs: the split of a BF16 GEMM whose shape was not recorded."""
+    total_flops = sum(s.flops * s.count for s in shapes)
+    return sum(s.flops * s.count for s in shapes if s.converted) / total_flops if total_flops else 0.0
+
+
+def _converted_gemm_us(times: _GemmTimes, shapes: list[GemmShape]) -> tuple[float, str, float]:
+    """(converted us, attribution, unmatched us): which linear GEMM time belongs to the linears FP8 converts (see
+    StepBreakdown.attribution), and the BF16 GEMM time whose shape matches no linear."""
+    table = _converted_counts(shapes)
+    flops_share = _converted_flops_share(shapes)
+    unmatched_us = 0.0
+    if times.n_scaled:  # an FP8 model: its converted GEMMs are the FP8 ones, every BF16 GEMM is an unconverted linear
+        converted_us, attribution = times.fp8_us, "fp8-ops"
+        unmatched_us = sum(us for p, us in times.bf16_linear if p is not None and table and p not in table)
+    elif not shapes:
+        converted_us, attribution = 0.0, "none"
+    elif any(p is not None for p, _ in times.bf16_linear):
+        converted_us, attribution = 0.0, "shape"
+        for problem, us in times.bf16_linear:
+            if problem is None:
+                converted_us += us * flops_share
+            elif problem in table:
+                converted, total = table[problem]
+                converted_us += us * converted / total
+            else:
+                unmatched_us += us
+    else:
+        converted_us, attribution = sum(us for _, us in times.bf16_linear) * flops_share, "flops"
+    return converted_us, attribution, unmatched_us
+
+
+def _top_kernels_us(device_events: list[Any], n: int = 8) -> list[tuple[str, float]]:
+    """The `n` kernels (by name) with the most total time, in us, most first."""
+    per_kernel: dict[str, float] = {}
+    for e in device_events:
+        per_kernel[e.name] = per_kernel.get(e.name, 0.0) + _duration_us(e)
+    return sorted(per_kernel.items(), key=lambda kv: -kv[1])[:n]
+
+
 def breakdown_from_events(
     events: Iterable[Any],
     shapes: Iterable[GemmShape] = (),
@@ -303,72 +412,13 @@ def breakdown_from_events(
 
     linear_ops = [e for e in cpu_ops if e.name in LINEAR_GEMM_OPS]
     other_ops = [e for e in cpu_ops if e.name in OTHER_GEMM_OPS]
-    attributed = any(_kernel_us(e) > 0 for e in linear_ops + other_ops)
-
-    fp8_us = other_gemm_us = attention_us = 0.0
-    n_scaled = n_linear = 0
-    bf16_linear: list[tuple[tuple[int, int, int] | None, float]] = []  # (problem, kernel us) per call
-    if attributed:
-        method = "cpu-op"
-        for e in linear_ops:
-            n_linear += 1
-            if e.name == FP8_GEMM_OP:
-                n_scaled += 1
-                fp8_us += _kernel_us(e)
-            else:
-                bf16_linear.append((_gemm_problem(e), _kernel_us(e)))
-        other_gemm_us = sum(_kernel_us(e) for e in other_ops)
-        attention_us = sum(
-            _kernel_us(e) for e in cpu_ops if e.name not in LINEAR_GEMM_OPS and _matches(e.name, ATTENTION_OP_PATTERNS)
-        )
+    if any(_kernel_us(e) > 0 for e in linear_ops + other_ops):
+        times = _gemm_times_by_op(cpu_ops, linear_ops, other_ops)
     else:
-        method = "kernel-name"
-        for e in device_events:
-            if _matches(e.name, ATTENTION_KERNEL_PATTERNS):
-                attention_us += _duration_us(e)
-            elif _matches(e.name, GEMM_KERNEL_PATTERNS):
-                n_linear += 1
-                if FP8_KERNEL_RE.search(e.name):
-                    n_scaled += 1
-                    fp8_us += _duration_us(e)
-                else:
-                    bf16_linear.append((None, _duration_us(e)))
-
+        times = _gemm_times_by_kernel_name(device_events)
     # Without device rows in this profiler's event list, the kernels attached to the CPU ops.
-    device_us = [_duration_us(e) for e in device_events] or [_kernel_us(e) for e in cpu_ops]
-    kernel_us = sum(device_us)
-
-    # Which linear GEMM time belongs to the linears FP8 converts.
-    table: dict[tuple[int, int, int], list[int]] = {}  # problem -> [converted count, total count]
-    for s in shapes:
-        entry = table.setdefault(s.problem, [0, 0])
-        entry[0] += s.count if s.converted else 0
-        entry[1] += s.count
-    total_flops = sum(s.flops * s.count for s in shapes)
-    flops_share = sum(s.flops * s.count for s in shapes if s.converted) / total_flops if total_flops else 0.0
-    unmatched_us = 0.0
-    if n_scaled:  # an FP8 model: its converted GEMMs are the FP8 ones, every BF16 GEMM is an unconverted linear
-        converted_us, attribution = fp8_us, "fp8-ops"
-        unmatched_us = sum(us for p, us in bf16_linear if p is not None and table and p not in table)
-    elif not shapes:
-        converted_us, attribution = 0.0, "none"
-    elif any(p is not None for p, _ in bf16_linear):
-        converted_us, attribution = 0.0, "shape"
-        for problem, us in bf16_linear:
-            if problem is None:
-                converted_us += us * flops_share
-            elif problem in table:
-                converted, total = table[problem]
-                converted_us += us * converted / total
-            else:
-                unmatched_us += us
-    else:
-        converted_us, attribution = sum(us for _, us in bf16_linear) * flops_share, "flops"
-
-    per_kernel: dict[str, float] = {}
-    for e in device_events:
-        per_kernel[e.name] = per_kernel.get(e.name, 0.0) + _duration_us(e)
-    top = sorted(per_kernel.items(), key=lambda kv: -kv[1])[:8]
+    kernel_us = sum([_duration_us(e) for e in device_events] or [_kernel_us(e) for e in cpu_ops])
+    converted_us, attribution, unmatched_us = _converted_gemm_us(times, shapes)
 
     steps = max(1, steps)
     ms = lambda us: us / 1e3 / steps
@@ -376,19 +426,19 @@ def breakdown_from_events(
     return StepBreakdown(
         step_ms=statistics.median(samples) if samples else math.nan,
         kernel_ms=ms(kernel_us),
-        linear_gemm_ms=ms(fp8_us + sum(us for _, us in bf16_linear)),
+        linear_gemm_ms=ms(times.linear_us),
         converted_gemm_ms=ms(converted_us),
-        fp8_gemm_ms=ms(fp8_us),
-        attention_ms=ms(attention_us),
-        other_gemm_ms=ms(other_gemm_us),
+        fp8_gemm_ms=ms(times.fp8_us),
+        attention_ms=ms(times.attention_us),
+        other_gemm_ms=ms(times.other_gemm_us),
         unmatched_gemm_ms=ms(unmatched_us),
-        n_linear_gemm_calls=n_linear // steps,
-        n_scaled_mm_calls=n_scaled // steps,
-        method=method,
+        n_linear_gemm_calls=times.n_linear // steps,
+        n_scaled_mm_calls=times.n_scaled // steps,
+        method=times.method,
         attribution=attribution,
         steps_profiled=steps,
         step_ms_samples=samples,
-        top_kernels=[(name[:100], ms(us)) for name, us in top],
+        top_kernels=[(name[:100], ms(us)) for name, us in _top_kernels_us(device_events)],
     )
 
 
@@ -428,6 +478,118 @@ def profiled_steps(trainer: Any, steps: int = 1) -> list[Any]:
     return list(prof.events())
 
 
+def measurement_plan(config: RunConfig, steps: int, device: torch.device | str | None = None) -> Plan:
+    """The build plan of a measurement of both precisions: `steps` training steps (logged at the last), FP8 on, so
+    that planning makes the FP8 checks train_h100.py makes; `.with_fp8(False)` gives its BF16 twin."""
+    from cs336_basics.build import plan
+
+    train = {"max_steps": steps, "log_every": steps}
+    if device is not None:
+        train["device"] = str(device)
+    return plan(config.replace(train=train).with_fp8(True))
+
+
+def measurement_tokens(config: RunConfig, data: Any = None) -> tuple[np.ndarray, np.ndarray]:
+    """(train, val) token arrays from `data`: a PreparedData, a (train, val) pair of token arrays, or None for
+    prepare_data(config.data, vocab)."""
+    from cs336_basics.data import PreparedData, prepare_data
+
+    if data is None:
+        data = prepare_data(config.data, config.model.vocab_size)
+    train_tokens, val_tokens = (data.train, data.val) if isinstance(data, PreparedData) else data
+    return np.asarray(train_tokens), np.asarray(val_tokens)
+
+
+def _check_analysis_request(device: torch.device | str | None, steps: int) -> None:
+    """Refuse, before any work, a machine without CUDA, a device that is not a GPU, and too few steps to warm up."""
+    if not torch.cuda.is_available() or (device is not None and torch.device(device).type != "cuda"):
+        raise ConfigError(
+            "the Amdahl analysis needs a CUDA GPU with FP8 (sm_89+): it profiles real BF16 and FP8 training steps "
+            f"(device {device or 'auto'}, torch.cuda.is_available() is {torch.cuda.is_available()})."
+        )
+    if steps < 3:
+        raise ConfigError(f"steps must be at least 3 (the first compiles, the second settles), got {steps}.")
+
+
+def _measure_precision(
+    precision_plan: Plan,
+    tokens: tuple[np.ndarray, np.ndarray],
+    shapes: list[GemmShape],
+    log: Callable[[str], Any],
+    *,
+    profile_steps: int,
+    timing_steps: int,
+) -> tuple[StepBreakdown, FP8ConversionReport | None]:
+    """Build one precision's model (seeded: the BF16 and FP8 twins start from the same weights), train it (compile,
+    warm-up), then time and profile its steps; (its StepBreakdown, its FP8 conversion report). The model and its
+    trainer are freed before returning, so that the other precision has the GPU's memory to itself."""
+    from cs336_basics.build import build
+    from cs336_basics.measurement import release_memory, train_for_measurement
+
+    built = build(precision_plan)
+    trainer, _ = train_for_measurement(built, *tokens, log)
+    breakdown = profile_step_breakdown(trainer, shapes, profile_steps=profile_steps, timing_steps=timing_steps)
+    conversion = built.conversion
+    del trainer, built
+    release_memory()
+    return breakdown, conversion
+
+
+def _clamped_share(bf16: StepBreakdown, notes: list[str]) -> float:
+    """X, the converted GEMMs' share of the BF16 step, clamped to [0, 1] (noted in `notes` when it was outside): its
+    kernel time comes from the profiled steps, its wall time from the unprofiled ones."""
+    x = bf16.converted_share
+    if not 0.0 <= x <= 1.0:
+        notes.append(f"X measured as {x:.4f}, clamped to [0, 1] (profiled kernel time vs unprofiled wall time)")
+        x = min(max(x, 0.0), 1.0)
+    return x
+
+
+def _amdahl_row(
+    config: RunConfig,
+    device: torch.device,
+    bf16: StepBreakdown,
+    fp8: StepBreakdown,
+    conversion: FP8ConversionReport,
+    timings: MatmulTimings,
+    notes: list[str],
+) -> AmdahlRow:
+    """The prediction from X (the BF16 profile) and s (the GEMM microbenchmark) set beside the measured FP8 step."""
+    s = timings.speedup
+    x = _clamped_share(bf16, notes)
+    if bf16.unmatched_gemm_ms > 0:
+        notes.append(f"{bf16.unmatched_gemm_ms:.2f} ms/step of BF16 mm kernels matched no linear shape (not in X)")
+    t_bf16, t_fp8 = bf16.step_ms, fp8.step_ms
+    in_situ = bf16.converted_gemm_ms / fp8.fp8_gemm_ms if fp8.fp8_gemm_ms > 0 else math.nan
+    return AmdahlRow(
+        preset=config.preset,
+        batch_size=config.train.batch_size,
+        linear_share=x,
+        matmul_speedup=s,
+        predicted_speedup=amdahl_prediction(x, s),
+        measured_speedup=t_bf16 / t_fp8,
+        predicted_fp8_step_ms=predicted_step_ms(t_bf16, x, s),
+        measured_fp8_step_ms=t_fp8,
+        cast_overhead_ms=cast_overhead_ms(t_bf16, t_fp8, x, s),
+        n_converted=conversion.n_converted,
+        n_linear=conversion.n_linear,
+        recipe=config.fp8.fp8_recipe,
+        seq_len=config.model.context_length,
+        bf16_step_ms=t_bf16,
+        all_linear_share=bf16.linear_share,
+        in_situ_matmul_speedup=in_situ,
+        profiled_fp8_extra_ms=fp8.non_gemm_kernel_ms - bf16.non_gemm_kernel_ms,
+        method=bf16.method if bf16.method == fp8.method else f"bf16 {bf16.method}, fp8 {fp8.method}",
+        attribution=bf16.attribution,
+        compile=config.train.compile_mode if config.train.compile_model else False,
+        gpu=torch.cuda.get_device_name(device),
+        notes=notes,
+        shapes=timings.rows(),
+        bf16_breakdown=bf16.to_dict(),
+        fp8_breakdown=fp8.to_dict(),
+    )
+
+
 def analyse(
     config: RunConfig,
     device: torch.device | str | None = None,
@@ -444,85 +606,26 @@ def analyse(
     converted with config.fp8 (use_fp8 forced on); then the GEMM microbenchmark at the linears' shapes.
     `data`: a PreparedData, a (train, val) pair of token arrays, or None for prepare_data(config.data, vocab).
     """
-    if not torch.cuda.is_available() or (device is not None and torch.device(device).type != "cuda"):
-        raise ConfigError(
-            "the Amdahl analysis needs a CUDA GPU with FP8 (sm_89+): it profiles real BF16 and FP8 training steps "
-            f"(device {device or 'auto'}, torch.cuda.is_available() is {torch.cuda.is_available()})."
-        )
-    if steps < 3:
-        raise ConfigError(f"steps must be at least 3 (the first compiles, the second settles), got {steps}.")
-    from cs336_basics.build import build, plan
-    from cs336_basics.data import PreparedData, prepare_data
-    from cs336_basics.training.measure import release_memory, train_for_measurement
-
-    train = {"max_steps": steps, "log_every": steps}
-    if device is not None:
-        train["device"] = str(device)
-    fp8_plan = plan(config.replace(train=train).with_fp8(True))  # the checks train_h100.py makes
+    _check_analysis_request(device, steps)
+    fp8_plan = measurement_plan(config, steps, device)
     config, device = fp8_plan.config, fp8_plan.device
     if device.type != "cuda":
         raise ConfigError(f"the Amdahl analysis needs a CUDA GPU; the config resolves to {device}.")
-    batch, seq = config.train.batch_size, config.model.context_length
     notes = []
     if not config.train.compile_model:
         notes.append("eager (no torch.compile): FP8 casts are not fused, so the overhead is far larger than compiled")
+    tokens = measurement_tokens(config, data)
+    shapes = linear_gemm_shapes(config.model, config.train.batch_size, config.fp8)
 
-    if data is None:
-        data = prepare_data(config.data, config.model.vocab_size)
-    train_tokens, val_tokens = (data.train, data.val) if isinstance(data, PreparedData) else data
-    train_tokens, val_tokens = np.asarray(train_tokens), np.asarray(val_tokens)
-    shapes = linear_gemm_shapes(config.model, batch, config.fp8)
-
-    def measure(use_fp8: bool):
-        built = build(fp8_plan.with_fp8(use_fp8))  # twins: the same initial weights for both precisions
-        trainer, _ = train_for_measurement(built.model, built.config, train_tokens, val_tokens, device, log)
-        breakdown = profile_step_breakdown(trainer, shapes, profile_steps=profile_steps, timing_steps=timing_steps)
-        conversion = built.conversion
-        del trainer, built
-        release_memory()
-        return breakdown, conversion
+    def measure(use_fp8: bool) -> tuple[StepBreakdown, FP8ConversionReport | None]:
+        twin = fp8_plan.with_fp8(use_fp8)
+        return _measure_precision(twin, tokens, shapes, log, profile_steps=profile_steps, timing_steps=timing_steps)
 
     log(f"[amdahl] BF16: {steps} steps, then {timing_steps} timed and {profile_steps} profiled ...")
     bf16, _ = measure(use_fp8=False)
     log(f"[amdahl] FP8 ({config.fp8.fp8_recipe}): {steps} steps, then {timing_steps} timed and {profile_steps} ...")
-    fp8, report = measure(use_fp8=True)
-    log(f"[amdahl] {report.summary_line()}")
+    fp8, conversion = measure(use_fp8=True)
+    log(f"[amdahl] {conversion.summary_line()}")
     log(f"[amdahl] GEMM microbenchmark: {len(shapes)} distinct shapes ...")
     timings = time_matmuls(shapes, device, config.fp8.fp8_recipe)
-
-    s = timings.speedup
-    x = bf16.converted_share
-    if not 0.0 <= x <= 1.0:
-        notes.append(f"X measured as {x:.4f}, clamped to [0, 1] (profiled kernel time vs unprofiled wall time)")
-        x = min(max(x, 0.0), 1.0)
-    if bf16.unmatched_gemm_ms > 0:
-        notes.append(f"{bf16.unmatched_gemm_ms:.2f} ms/step of BF16 mm kernels matched no linear shape (not in X)")
-    t_bf16, t_fp8 = bf16.step_ms, fp8.step_ms
-    in_situ = bf16.converted_gemm_ms / fp8.fp8_gemm_ms if fp8.fp8_gemm_ms > 0 else math.nan
-    return AmdahlRow(
-        preset=config.preset,
-        batch_size=batch,
-        linear_share=x,
-        matmul_speedup=s,
-        predicted_speedup=amdahl_prediction(x, s),
-        measured_speedup=t_bf16 / t_fp8,
-        predicted_fp8_step_ms=predicted_step_ms(t_bf16, x, s),
-        measured_fp8_step_ms=t_fp8,
-        cast_overhead_ms=cast_overhead_ms(t_bf16, t_fp8, x, s),
-        n_converted=report.n_converted,
-        n_linear=report.n_linear,
-        recipe=config.fp8.fp8_recipe,
-        seq_len=seq,
-        bf16_step_ms=t_bf16,
-        all_linear_share=bf16.linear_share,
-        in_situ_matmul_speedup=in_situ,
-        profiled_fp8_extra_ms=fp8.non_gemm_kernel_ms - bf16.non_gemm_kernel_ms,
-        method=bf16.method if bf16.method == fp8.method else f"bf16 {bf16.method}, fp8 {fp8.method}",
-        attribution=bf16.attribution,
-        compile=config.train.compile_mode if config.train.compile_model else False,
-        gpu=torch.cuda.get_device_name(device),
-        notes=notes,
-        shapes=timings.rows(),
-        bf16_breakdown=bf16.to_dict(),
-        fp8_breakdown=fp8.to_dict(),
-    )
+    return _amdahl_row(config, device, bf16, fp8, conversion, timings, notes)

@@ -18,6 +18,7 @@ from cs336_basics.config_layers import build_config
 from cs336_basics.errors import ConfigError
 from cs336_basics.parallel.world import World
 from cs336_basics.parallel.wrap import DDP, FSDP, NONE, check_parallel_request
+from cs336_basics.precision import choose_fp8
 
 # fp8: train_h100.py's default FP8 (no FP8 flag but --use_fp8: the path and its settings as precision/choice.py
 # chooses them); fp8-<recipe>: TorchAO's path; fp8-fused-<scaling>: this package's (--fp8_path fused).
@@ -283,11 +284,14 @@ def plan_sweep(options: SweepOptions) -> list[Planned]:
     for point in expand_grid(options.grid):
         overrides = point.overrides(options.base_overrides, options.steps)
         config = build_config(overrides, options.from_file)
-        if point.world_size > 1:  # what the ranks would refuse (e.g. FSDP2 with the fused FP8 path), before any run
-            try:
+        # What the ranks would refuse (e.g. delayed FP8 scaling on several processes), before any run.
+        try:
+            if point.world_size > 1:
                 check_parallel_request(config, World(world_size=point.world_size, launched=True))
-            except ConfigError as exc:
-                raise ConfigError(f"{point.label}: {exc} (narrow --precisions or --parallel)") from exc
+            mode = config.train.parallel if point.world_size > 1 else NONE
+            choose_fp8(config.fp8, parallel_mode=mode, world_size=point.world_size, lora=config.finetune.lora)
+        except ConfigError as exc:
+            raise ConfigError(f"{point.label}: {exc} (narrow --precisions or --parallel)") from exc
         plan.append(Planned(point, overrides, options.from_file, config))
     return plan
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import csv
 import io
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -266,6 +266,37 @@ def _group_label(record: dict[str, Any], show_attention: bool, show_ac: bool, sh
     return label
 
 
+def _plot_labels(
+    ok: Sequence[tuple[dict[str, Any], float | None]],
+) -> tuple[Callable[[dict[str, Any]], str], Callable[[dict[str, Any]], str]]:
+    """(group label, variant label) functions of a record for the plot: they name the compile mode, attention, AC and
+    GPUs only where the plotted runs differ in them."""
+    vary = lambda key: len({r.get(key) for r, _ in ok}) > 1  # noqa: E731
+    show_compile, show_attention, show_ac = vary("compile"), vary("attention"), vary("gradient_checkpointing")
+    show_gpus = vary("world_size") or vary("parallel")
+    group_of = lambda r: _group_label(r, show_attention, show_ac, show_gpus)  # noqa: E731
+    variant_of = lambda r: _variant_label(r, show_compile)  # noqa: E731
+    return group_of, variant_of
+
+
+def _scale_panel(ax: Any, values: list[float], ylabel: str, *, speedups: bool, any_ok: bool) -> str:
+    """The y axis of one panel for the bar heights `values`; returns its label. Without bars, a line saying why;
+    speedups differ by a few percent, so their axis is zoomed in around 1.0 (the bars are labelled with their
+    values); other values get an axis from 0."""
+    if not values:
+        reason = "no successful runs" if not any_ok else "n/a (no baseline in the sweep, or no known peak here)"
+        ax.text(0.5, 0.5, reason, ha="center", va="center", transform=ax.transAxes)
+    elif speedups:
+        ax.axhline(1.0, color="gray", linewidth=0.8, linestyle="--")
+        low, high = min([*values, 1.0]), max([*values, 1.0])
+        pad = max(0.05, 0.15 * (high - low))
+        ax.set_ylim(max(0.0, low - pad), high + pad)
+        ylabel += "\n(axis zoomed around 1.0)"
+    else:
+        ax.set_ylim(0, max(values) * 1.15)
+    return ylabel
+
+
 def write_plot(path: Path, records: Sequence[dict[str, Any]], speedups: Sequence[float | None], title: str) -> Path:
     """Two bar panels, grouped by preset/batch (and attention/AC where those vary): speedup over the BF16 +
     compile(default) baseline, and MFU. One bar (one colour) per precision, and compile mode where that varies."""
@@ -275,12 +306,9 @@ def write_plot(path: Path, records: Sequence[dict[str, Any]], speedups: Sequence
     import matplotlib.pyplot as plt
 
     ok = [(r, s) for r, s in zip(records, speedups, strict=True) if r.get("status") == "ok"]
-    vary = lambda key: len({r.get(key) for r, _ in ok}) > 1  # noqa: E731
-    show_compile, show_attention, show_ac = vary("compile"), vary("attention"), vary("gradient_checkpointing")
-    show_gpus = vary("world_size") or vary("parallel")
-    group_of = lambda r: _group_label(r, show_attention, show_ac, show_gpus)  # noqa: E731
+    group_of, variant_of = _plot_labels(ok)
     groups = list(dict.fromkeys(group_of(r) for r, _ in ok))
-    variants = list(dict.fromkeys(_variant_label(r, show_compile) for r, _ in ok))
+    variants = list(dict.fromkeys(variant_of(r) for r, _ in ok))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     width = 0.8 / max(1, len(variants))
     fig, axes = plt.subplots(2, 1, figsize=(max(7.0, 1.5 + 0.4 * len(groups) * max(1, len(variants))), 8.5))
@@ -301,7 +329,7 @@ def write_plot(path: Path, records: Sequence[dict[str, Any]], speedups: Sequence
             points = [
                 (groups.index(group_of(r)) + offset, value_of(r, s))
                 for r, s in ok
-                if _variant_label(r, show_compile) == variant and value_of(r, s) is not None
+                if variant_of(r) == variant and value_of(r, s) is not None
             ]
             if points:
                 xs, ys = zip(*points, strict=True)
@@ -309,18 +337,7 @@ def write_plot(path: Path, records: Sequence[dict[str, Any]], speedups: Sequence
                 ax.bar_label(bars, labels=[fmt.format(y) for y in ys], fontsize=7, padding=1)
                 handles.setdefault(variant, bars)
                 values += ys
-        if not values:
-            reason = "no successful runs" if not ok else "n/a (no baseline in the sweep, or no known peak here)"
-            ax.text(0.5, 0.5, reason, ha="center", va="center", transform=ax.transAxes)
-        elif ax is axes[0]:
-            # Speedups differ by a few percent: zoom in around 1.0 (the bars are labelled with their values).
-            ax.axhline(1.0, color="gray", linewidth=0.8, linestyle="--")
-            low, high = min([*values, 1.0]), max([*values, 1.0])
-            pad = max(0.05, 0.15 * (high - low))
-            ax.set_ylim(max(0.0, low - pad), high + pad)
-            ylabel += "\n(axis zoomed around 1.0)"
-        else:
-            ax.set_ylim(0, max(values) * 1.15)
+        ylabel = _scale_panel(ax, values, ylabel, speedups=ax is axes[0], any_ok=bool(ok))
         ax.set_xticks(range(len(groups)), groups, fontsize=8)
         ax.set_ylabel(ylabel, fontsize=9)
         ax.grid(axis="y", alpha=0.3)

@@ -5,12 +5,14 @@ TorchAO path's (fp8.py), so both paths convert the same layers by the same rules
 Layers a model declares as reading one input (a module's SHARED_INPUT, e.g. attention's q/k/v) are run together
 by an Fp8SharedInputLinears, which casts that input once, when every one of them converts. A SwiGLU block whose
 three linears all convert becomes one Fp8SwiGLU (--fp8_fused_swiglu), whose kernels write its activation and the
-activation's gradients in FP8. Each FP8 linear has its
-own SiteScaling; with delayed scaling the model also gains one DelayedScalingState (`model.fp8_scaling`) that keeps
-their amax histories and updates their scales once per step.
+activation's gradients in FP8. Each FP8 linear has its own SiteScaling; with delayed scaling the converter keeps one
+DelayedScalingState that holds their amax histories and updates their scales once per step (the Trainer's hooks,
+precision/converter.py).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -18,10 +20,11 @@ from torch import nn
 from cs336_basics.config import FP8Config
 from cs336_basics.errors import ConfigError
 from cs336_basics.model.layers import SwiGLU
+from cs336_basics.precision.converter import Converter, delayed_scaling
 from cs336_basics.precision.fp8 import ORDER, FP8ConversionReport, check_model_ready, decide_conversions, is_lm_head
 from cs336_basics.precision.fused.head import Fp8LMHead
 from cs336_basics.precision.fused.linear import Fp8Linear, Fp8SharedInputLinears
-from cs336_basics.precision.fused.scaling import E4M3, E5M2, DelayedScalingState, SiteScaling
+from cs336_basics.precision.fused.scaling import E4M3, E5M2, SiteScaling
 from cs336_basics.precision.fused.swiglu import Fp8SwiGLU
 
 FUSED_MODULES = (Fp8Linear, Fp8SharedInputLinears, Fp8SwiGLU)  # Fp8LMHead is an Fp8Linear
@@ -55,84 +58,124 @@ def set_child(model: nn.Module, fqn: str, module: nn.Module) -> None:
     setattr(model.get_submodule(parent) if parent else model, name, module)
 
 
-def convert_model_to_fused_fp8(model: nn.Module, cfg: FP8Config) -> FP8ConversionReport:
-    """Swap the model's eligible linears for FP8 ones, in place; linears that share an input share its cast.
+def fp8_units(
+    model: nn.Module, fp8: FP8Config, in_fp8: Callable[[str], bool], fusable: Callable[[str], bool] | None = None
+) -> tuple[list[str], list[tuple[str, str, tuple[str, ...]]]]:
+    """Which FP8 linears run together, by the rules both of this package's FP8 paths share (the fused pretraining
+    path and a LoRA fine-tune's frozen base):
+      - the SwiGLU blocks whose three linears are all `fusable` (default: all `in_fp8`) run as one FP8 unit each
+        (--fp8_fused_swiglu): their fqns;
+      - outside those blocks, each group of linears a module declares as reading one input (its SHARED_INPUT, e.g.
+        attention's q/k/v) whose members are all `in_fp8` casts that input once (--fp8_share_input_casts):
+        (owner fqn, the attribute the group is set as, the members' attribute names).
+    The predicates take a linear's fqn."""
+    fusable = fusable or in_fp8
 
-    The model must be uncompiled, in BF16 on CUDA (CPU with cfg.fp8_emulate: the same FP8 casts and GEMMs run on the
-    CPU, slowly). Parameter names and the state dict are unchanged. Raises ConfigError when nothing would convert.
-    """
-    check_model_ready(model, cfg)
-    if count_fused_linears(model):
-        raise ConfigError(f"the model is already converted to FP8; convert once (order: {ORDER}).")
-    dtypes = fused_dtypes(cfg)
-    fmt = f"{_NAMES[dtypes[0]]} fwd / {_NAMES[dtypes[2]]} grad"
-    report = FP8ConversionReport(
-        recipe="tensorwise", format=fmt, format_short=fmt, emulate=cfg.fp8_emulate, path="fused",
-        scaling=cfg.fp8_scaling, fast_accum_backward=cfg.fp8_fast_accum_backward,
-    )  # fmt: skip
-    decide_conversions(model, cfg, report)
-    biased = [name for name in report.converted if model.get_submodule(name).bias is not None]
-    if biased:
-        raise ConfigError(
-            f"--fp8_path fused converts linear layers without bias; {', '.join(biased[:3])} have one. Use --fp8_path "
-            "torchao for this model."
-        )
+    def fqns(owner: str, members) -> list[str]:
+        return [f"{owner}.{m}" if owner else m for m in members]
 
-    converted = set(report.converted)
-    device = next(model.parameters()).device
-    delayed = cfg.fp8_scaling == "delayed"
-    linears = {name: model.get_submodule(name) for name in report.converted}
-    scalings = {
-        name: SiteScaling(
-            dtypes, fast_accum_backward(cfg, linear, name), delayed, device, weight_rows=linear.out_features
-        )
-        for name, linear in linears.items()
-    }
-    keys_before = list(model.state_dict().keys())
+    modules = list(model.named_modules())
+    blocks = [
+        fqn for fqn, module in modules
+        if fp8.fp8_fused_swiglu and isinstance(module, SwiGLU) and all(map(fusable, fqns(fqn, ("w1", "w2", "w3"))))
+    ]  # fmt: skip
+    in_block = set(blocks)
+    groups = [
+        (fqn, attr, tuple(members))
+        for fqn, module in modules if fp8.fp8_share_input_casts and fqn not in in_block
+        for attr, members in getattr(module, "SHARED_INPUT", {}).items() if all(map(in_fp8, fqns(fqn, members)))
+    ]  # fmt: skip
+    return blocks, groups
 
-    # SwiGLU blocks whose three linears all convert run as one FP8 unit.
-    fused_blocks = []
-    if cfg.fp8_fused_swiglu:
-        for fqn, module in model.named_modules():
+
+class FusedFP8(Converter):
+    """This package's FP8 path (`--fp8_path fused`)."""
+
+    name = "fused"
+
+    def __init__(self, fp8: FP8Config, world_size: int = 1):
+        self.check_options(fp8, world_size)
+        self.fp8 = fp8
+
+    @staticmethod
+    def check_options(fp8: FP8Config, world_size: int = 1) -> None:
+        """Refuse, with the reason, the settings this path does not have."""
+        if fp8.fp8_recipe != "tensorwise":
+            raise ConfigError(
+                f"--fp8_path fused implements the tensorwise recipe only; got --fp8_recipe {fp8.fp8_recipe}. Use "
+                "--fp8_recipe tensorwise, or --fp8_path torchao for the rowwise recipes."
+            )
+        if fp8.fp8_all_gather:
+            raise ConfigError(
+                "--fp8_all_gather is TorchAO's FP8 all-gather under FSDP2; --fp8_path fused has no FP8 all-gather of "
+                "sharded weights (under FSDP2 it all-gathers them in BF16). Use --fp8_path torchao, or drop "
+                "--fp8_all_gather."
+            )
+        if world_size > 1 and fp8.fp8_scaling == "delayed":
+            raise ConfigError(
+                "--fp8_scaling delayed on several processes: each rank would keep its own amax history and scales "
+                "(they are not reduced across ranks), and the checkpoint would keep rank 0's only, so resume would "
+                "not be exact. Use --fp8_scaling dynamic, or one process."
+            )
+
+    def convert(self, model: nn.Module) -> FP8ConversionReport:
+        """Swap the model's eligible linears for FP8 ones, in place; linears that share an input share its cast.
+
+        The model must be uncompiled, in BF16 on CUDA (CPU with --fp8_emulate: the same FP8 casts and GEMMs run on
+        the CPU, slowly). Parameter names and the state dict are unchanged. Raises ConfigError when nothing would
+        convert."""
+        cfg = self.fp8
+        check_model_ready(model, cfg)
+        if count_fused_linears(model):
+            raise ConfigError(f"the model is already converted to FP8; convert once (order: {ORDER}).")
+        dtypes = fused_dtypes(cfg)
+        fmt = f"{_NAMES[dtypes[0]]} fwd / {_NAMES[dtypes[2]]} grad"
+        report = FP8ConversionReport(
+            recipe="tensorwise", format=fmt, format_short=fmt, emulate=cfg.fp8_emulate, path="fused",
+            scaling=cfg.fp8_scaling, fast_accum_backward=cfg.fp8_fast_accum_backward,
+        )  # fmt: skip
+        decide_conversions(model, cfg, report)
+        biased = [name for name in report.converted if model.get_submodule(name).bias is not None]
+        if biased:
+            raise ConfigError(
+                f"--fp8_path fused converts linear layers without bias; {', '.join(biased[:3])} have one. Use "
+                "--fp8_path torchao for this model."
+            )
+        device = next(model.parameters()).device
+        delayed = cfg.fp8_scaling == "delayed"
+        scalings = {
+            name: SiteScaling(dtypes, fast_accum_backward(cfg, linear, name), delayed, device, linear.out_features)
+            for name, linear in ((name, model.get_submodule(name)) for name in report.converted)
+        }
+        keys_before = list(model.state_dict().keys())
+        blocks, groups = fp8_units(model, cfg, set(report.converted).__contains__)
+        grouped = set()
+        for fqn in blocks:
+            block = model.get_submodule(fqn)
             names = [f"{fqn}.{m}" if fqn else m for m in ("w1", "w3", "w2")]
-            if isinstance(module, SwiGLU) and all(name in converted for name in names):
-                fused_blocks.append((fqn, names))
-    in_block = {name for _, names in fused_blocks for name in names}
-    for fqn, names in fused_blocks:
-        block = model.get_submodule(fqn)
-        set_child(model, fqn, Fp8SwiGLU(block.w1, block.w2, block.w3, tuple(scalings[n] for n in names)))
+            set_child(model, fqn, Fp8SwiGLU(block.w1, block.w2, block.w3, tuple(scalings[n] for n in names)))
+            grouped.update(names)
+        for owner, attr, members in groups:
+            names = [f"{owner}.{m}" if owner else m for m in members]
+            linears = tuple(model.get_submodule(name) for name in names)
+            member_scalings = tuple(scalings[n] for n in names)
+            set_child(model, f"{owner}.{attr}" if owner else attr, Fp8SharedInputLinears(linears, member_scalings))
+            grouped.update(names)
+        for name in report.converted:
+            if name not in grouped:
+                linear = model.get_submodule(name)
+                head = is_lm_head(linear, name)
+                set_child(model, name, (Fp8LMHead if head else Fp8Linear)(linear, scalings[name]))
+                report.fused_loss_head |= head
+        if delayed:
+            self.scaling = delayed_scaling([scalings[name] for name in report.converted], cfg)
+        report.shared_input_groups = len(groups)
+        report.fused_swiglu_blocks = len(blocks)
+        if blocks:
+            report.producers = model.get_submodule(blocks[0]).producers
+        if list(model.state_dict().keys()) != keys_before:
+            raise RuntimeError("FP8 conversion changed the model's state-dict keys; BF16/FP8 checkpoints wouldn't load")
+        return report
 
-    # Shared-input groups whose members all convert: (owner fqn, attribute, member fqns).
-    groups = []
-    if cfg.fp8_share_input_casts:
-        for fqn, module in model.named_modules():
-            for attr, members in getattr(module, "SHARED_INPUT", {}).items():
-                names = [f"{fqn}.{m}" if fqn else m for m in members]
-                if all(name in converted for name in names):
-                    groups.append((fqn, attr, names))
-    for owner, attr, names in groups:
-        linears = tuple(model.get_submodule(name) for name in names)
-        set_child(
-            model,
-            f"{owner}.{attr}" if owner else attr,
-            Fp8SharedInputLinears(linears, tuple(scalings[n] for n in names)),
-        )
-    grouped = in_block | {name for _, _, names in groups for name in names}
-    for name in report.converted:
-        if name not in grouped:
-            linear = model.get_submodule(name)
-            head = is_lm_head(linear, name)
-            set_child(model, name, (Fp8LMHead if head else Fp8Linear)(linear, scalings[name]))
-            report.fused_loss_head |= head
-    if delayed:
-        sites = [scalings[name] for name in report.converted]
-        model.fp8_scaling = DelayedScalingState(
-            sites, cfg.fp8_amax_history_len, cfg.fp8_amax_compute_algo, cfg.fp8_margin
-        )
-    report.shared_input_groups = len(groups)
-    report.fused_swiglu_blocks = len(fused_blocks)
-    if fused_blocks:
-        report.producers = model.get_submodule(fused_blocks[0][0]).producers
-    if list(model.state_dict().keys()) != keys_before:
-        raise RuntimeError("FP8 conversion changed the model's state-dict keys; BF16/FP8 checkpoints would not load")
-    return report
+    def count(self, model: nn.Module) -> int:
+        return count_fused_linears(model)

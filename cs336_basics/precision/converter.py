@@ -1,0 +1,64 @@
+"""What every precision path gives the build stage and the Trainer: one Converter per path.
+
+The build stage calls `convert(model)` once, on the uncompiled model in BF16 on its device, then `count(model)` as
+the independent check of the report (build.py). The Trainer calls the step hooks and nothing else: it never imports
+a path's classes. A path whose scales advance once per step (delayed scaling) keeps that state here, in its
+converter, not on the model: `prepare` sizes it before the first compiled step, `after_optimizer_step` advances it,
+`take_saturated` reads its saturation count for the metrics, and `state_dict` / `load_state_dict` carry it in a
+checkpoint's extras for exact resume (it is not in the model's state dict, so checkpoints interchange across paths).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from cs336_basics.config import FP8Config
+from cs336_basics.precision.fused.scaling import DelayedScalingState, SiteScaling
+
+
+class Converter:
+    """One way a model's linear layers change precision. This base class converts nothing: a BF16 or FP32 run."""
+
+    name = "none"
+    scaling: DelayedScalingState | None = None  # delayed scaling's amax histories, once convert() made them
+
+    def convert(self, model: nn.Module) -> Any:
+        """Change `model`'s linears in place and return the path's report of what was converted and skipped."""
+        return None
+
+    def count(self, model: nn.Module) -> int:
+        """The linears of `model` whose GEMMs this path runs in FP8, counted from its modules, not from a report."""
+        return 0
+
+    def prepare(self, tokens_per_micro_batch: int) -> None:
+        """Before the first (compiled) step: its graph keeps the sizes of the per-row recordings."""
+        if self.scaling is not None:
+            self.scaling.size_row_buffers(tokens_per_micro_batch)
+
+    def after_optimizer_step(self) -> None:
+        """Once per optimizer step, after it: this step's amaxes become the next step's scales."""
+        if self.scaling is not None:
+            self.scaling.update()
+
+    def take_saturated(self) -> int | None:
+        """Values clamped at the FP8 maximum since the last call (None where the path does not count them)."""
+        return self.scaling.take_saturated() if self.scaling is not None else None
+
+    def state_dict(self) -> dict | None:
+        """What a checkpoint must keep of this path's state for an exact resume (None: nothing)."""
+        return self.scaling.scaling_state() if self.scaling is not None else None
+
+    def load_state_dict(self, state: dict | None) -> None:
+        """Restore `state_dict()`'s result. A checkpoint without it (BF16, dynamic scaling) leaves the state fresh."""
+        if self.scaling is not None and state is not None:
+            self.scaling.load_scaling_state(state)
+
+
+NO_CONVERSION = Converter()
+
+
+def delayed_scaling(sites: list[SiteScaling], fp8: FP8Config) -> DelayedScalingState:
+    """The amax histories of these delayed-scaling sites, with the history settings fp8 gives."""
+    return DelayedScalingState(sites, fp8.fp8_amax_history_len, fp8.fp8_amax_compute_algo, fp8.fp8_margin)
