@@ -5,7 +5,7 @@
 
 The spec is {"overrides": <config.build_config overrides, preset included>, "from_file": <optional config-file
 layer>, "extra": <fields copied into the record>}. The run takes the same path as train_h100.py
-(`training.run.run_training`: resolve -> data -> model -> device/dtype -> FP8 conversion -> Trainer compiles), in a
+(`programs.train.run_training`: resolve -> data -> model -> device/dtype -> FP8 conversion -> Trainer compiles), in a
 temporary run folder, with its log going to this process's stdout (the sweep sends it to a log file).
 
 The record is results.run_record / result_record plus `status`:
