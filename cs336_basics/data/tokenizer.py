@@ -37,6 +37,9 @@ _MIN_BATCH_BYTES = 4 << 20
 # ASCII word breaks at all, e.g. some CJK text); see _iter_file_chunks.
 _MAX_CARRY_CHUNKS = 8
 
+# (text, n_bytes, is_last_chunk_of_its_file): a piece of one document, as encode_files batches it.
+_Chunk = tuple[str, int, bool]
+
 
 def _safe_cut(buf: bytes) -> int:
     """The last offset at which ``buf`` can be split without changing its tokenisation, or -1.
@@ -227,7 +230,7 @@ class BPETokenizer:
         out_path = Path(out_path)
         out_path.parent.mkdir(parents=True, exist_ok=True)
         dtype = token_dtype_for_vocab(self.vocab_size)
-        eot = np.array([self._eot_id], dtype=dtype)
+        eot = np.array([self._eot_id], dtype=dtype) if append_eot else None
         total_bytes = sum(p.stat().st_size for p in paths)
 
         batch_bytes = max(_MIN_BATCH_BYTES, _CHUNKS_PER_CORE * usable_cores() * _CHUNK_BYTES)
@@ -247,51 +250,67 @@ class BPETokenizer:
                 ) as bar,
             ):
                 n_tokens = 0
-                # (text, n_bytes, is_last_chunk_of_its_file) waiting for the next encode_batch call.
-                pending: list[tuple[str, int, bool]] = []
-                pending_bytes = 0
-
-                def flush() -> None:
-                    nonlocal n_tokens, pending, pending_bytes
-                    encodings = self._tok.encode_batch_fast([t for t, _, _ in pending], add_special_tokens=False)
-                    for enc, (_, nbytes, last) in zip(encodings, pending, strict=True):
-                        ids = np.array(enc.ids, dtype=dtype)
-                        raw.write(ids.tobytes())
-                        n_tokens += len(ids)
-                        if last and append_eot:
-                            raw.write(eot.tobytes())
-                            n_tokens += 1
-                        bar.update(nbytes)
-                    pending, pending_bytes = [], 0
-
-                for path in paths:
-                    chunks = _iter_file_chunks(path)
-                    prev = next(chunks, None)
-                    if prev is None:  # empty file: still one (empty) document
-                        pending.append(("", 0, True))
-                    # Look one chunk ahead so the last chunk of each file is known (it gets the EOT).
-                    while prev is not None:
-                        nxt = next(chunks, None)
-                        pending.append((prev[0], prev[1], nxt is None))
-                        pending_bytes += prev[1]
-                        if pending_bytes >= batch_bytes:
-                            flush()
-                        prev = nxt
-                if pending:
-                    flush()
-
-            # Wrap the raw stream as .npy: the header needs the final length, known only now. A plain
-            # sequential copy, cheap next to encoding (about a second per GB).
-            header = {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False, "shape": (n_tokens,)}
-            with open(npy_name, "wb") as dst, open(raw_name, "rb") as src:
-                np.lib.format.write_array_header_1_0(dst, header)
-                shutil.copyfileobj(src, dst, 16 << 20)
+                for batch in _batches(_document_chunks(paths), batch_bytes):
+                    n_tokens += self._write_batch(batch, raw, dtype, eot, bar)
+            _wrap_as_npy(raw_name, npy_name, dtype, n_tokens)
             os.replace(npy_name, out_path)
         finally:
             for leftover in (raw_name, npy_name):
                 with contextlib.suppress(FileNotFoundError):
                     os.remove(leftover)
         return out_path
+
+    def _write_batch(self, batch: list[_Chunk], raw, dtype: np.dtype, eot: np.ndarray | None, bar: tqdm) -> int:
+        """Encode one batch of chunks in parallel and append their tokens to ``raw``, ``eot`` (if any) after each
+        document's last chunk; returns how many tokens were written."""
+        n_tokens = 0
+        encodings = self._tok.encode_batch_fast([t for t, _, _ in batch], add_special_tokens=False)
+        for enc, (_, nbytes, last) in zip(encodings, batch, strict=True):
+            ids = np.array(enc.ids, dtype=dtype)
+            raw.write(ids.tobytes())
+            n_tokens += len(ids)
+            if last and eot is not None:
+                raw.write(eot.tobytes())
+                n_tokens += 1
+            bar.update(nbytes)
+        return n_tokens
+
+
+def _document_chunks(paths: list[Path]) -> Iterator[_Chunk]:
+    """Every file's chunks in order, each marked whether it ends its file's document (and so gets the EOT)."""
+    for path in paths:
+        chunks = _iter_file_chunks(path)
+        prev = next(chunks, None)
+        if prev is None:  # empty file: still one (empty) document
+            yield ("", 0, True)
+        # Look one chunk ahead so the last chunk of each file is known (it gets the EOT).
+        while prev is not None:
+            nxt = next(chunks, None)
+            yield (prev[0], prev[1], nxt is None)
+            prev = nxt
+
+
+def _batches(chunks: Iterable[_Chunk], batch_bytes: int) -> Iterator[list[_Chunk]]:
+    """Chunks grouped for one encode_batch call each: a batch ends once it holds ``batch_bytes`` of text."""
+    pending: list[_Chunk] = []
+    pending_bytes = 0
+    for chunk in chunks:
+        pending.append(chunk)
+        pending_bytes += chunk[1]
+        if pending_bytes >= batch_bytes:
+            yield pending
+            pending, pending_bytes = [], 0
+    if pending:
+        yield pending
+
+
+def _wrap_as_npy(raw_name: str, npy_name: str, dtype: np.dtype, n_tokens: int) -> None:
+    """Write the raw token stream as ``.npy``: the header needs the final length, known only once every batch
+    is written. A plain sequential copy, cheap next to encoding (about a second per GB)."""
+    header = {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False, "shape": (n_tokens,)}
+    with open(npy_name, "wb") as dst, open(raw_name, "rb") as src:
+        np.lib.format.write_array_header_1_0(dst, header)
+        shutil.copyfileobj(src, dst, 16 << 20)
 
 
 def _training_texts(paths: list[Path]) -> Iterator[str]:

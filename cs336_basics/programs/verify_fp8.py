@@ -34,14 +34,14 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from cs336_basics.build import Built, build, plan
+from cs336_basics.build import Built, Plan, build, plan
 from cs336_basics.config import RunConfig
-from cs336_basics.data import get_batch, prepare_data, require_windows
+from cs336_basics.data import PreparedData, get_batch, prepare_data, require_windows
 from cs336_basics.devices import resolve_device
 from cs336_basics.measurement import release_memory, train_for_measurement
 from cs336_basics.precision.fp8 import grad_weight_in_fp8
 from cs336_basics.results import result_record
-from cs336_basics.training.trainer import Trainer
+from cs336_basics.training.trainer import Trainer, TrainResult
 
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 ADAPTER_NAMES = ("lora_a", "lora_b")  # the last part of an adapter parameter's name (lora/layers.py)
@@ -264,86 +264,119 @@ def _lora_step_checks(built: Built, trainer: Trainer, batch, on_gpu: bool) -> li
 # ---- both ----
 
 
+def _for_this_machine(config: RunConfig, on_gpu: bool) -> RunConfig:
+    """On a GPU the config as asked; on the CPU, without compile and with the FP8 that runs there."""
+    if not on_gpu:
+        # Compile would only add minutes here. Pretraining FP8 needs torchao's emulation (FP8 numerics without FP8
+        # hardware); a LoRA base runs real FP8 GEMMs on the CPU, so its settings stay as asked.
+        emulate = {} if config.finetune.lora else {"fp8_emulate": True}
+        config = config.replace(fp8=emulate, train={"compile_model": False, "dtype": "bfloat16"})
+    return config
+
+
+def _linears_check(built: Built, log) -> Check:
+    """Check 1: FP8 really is in the model (the build stage converts or builds the frozen base, then counts the FP8
+    linears). A LoRA fine-tune logs its summary rows first: whose FP8, the base (and its hash), which layers are FP8,
+    which carry adapters."""
+    if not built.config.finetune.lora:
+        return _converted_linears_check(built)
+    for label, text in [("FP8", built.fp8_line), *built.finetune_rows]:
+        log(f"{label}: {text}")
+    return _lora_linears_check(built)
+
+
+def _graph_breaks_check(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> Check:
+    """Check 3: one graph, no breaks."""
+    breaks, graphs = count_graph_breaks(model, batch)
+    return _check(
+        "no_graph_breaks", breaks == 0, f"{breaks} graph breaks, {graphs} graph(s)", breaks=breaks, graphs=graphs
+    )
+
+
+def _step_checks(built: Built, trainer: Trainer, batch, on_gpu: bool) -> list[Check]:
+    """Check 2 (and for a LoRA fine-tune the two beside it) in a step of the trained, now warm, trainer."""
+    if built.config.finetune.lora:
+        return _lora_step_checks(built, trainer, batch, on_gpu)
+    return [_converted_gemms_check(built, trainer, on_gpu)]
+
+
+def _train_bf16_twin(fp8_plan: Plan, data: PreparedData, log) -> tuple[RunConfig, TrainResult]:
+    """The FP8 run's twin in BF16: same seed, same initial weights (a LoRA base: in BF16), same steps and data. Its
+    memory is handed back before returning."""
+    log("training BF16 ...")
+    bf16 = build(fp8_plan.with_fp8(False))
+    bf16_config = bf16.config
+    bf16_trainer, bf16_result = train_for_measurement(bf16, data.train, data.val, log)
+    del bf16_trainer, bf16
+    release_memory()
+    return bf16_config, bf16_result
+
+
+def _loss_check(fp8: TrainResult, bf16: TrainResult, loss_tolerance: float) -> Check:
+    """Check 4: FP8's final loss within `loss_tolerance` (relative) of BF16's."""
+    gap = abs(fp8.loss - bf16.loss) / bf16.loss
+    return _check(
+        "loss_matches_bf16",
+        gap <= loss_tolerance,
+        f"FP8 {fp8.loss:.4f} vs BF16 {bf16.loss:.4f} after {fp8.steps} steps: "
+        f"{100 * gap:.2f}% apart (tolerance {100 * loss_tolerance:.1f}%)",
+        fp8_loss=fp8.loss,
+        bf16_loss=bf16.loss,
+        relative_gap=gap,
+    )
+
+
+def _speedup_check(fp8: TrainResult, bf16: TrainResult, min_speedup: float, on_gpu: bool) -> Check:
+    """Check 5: FP8 tokens/s over BF16 tokens/s; skipped on the CPU."""
+    if on_gpu:
+        speedup = fp8.tokens_per_sec / bf16.tokens_per_sec
+        return _check(
+            "fp8_speedup",
+            speedup >= min_speedup,
+            f"{speedup:.3f}x: FP8 {fp8.tokens_per_sec:,.0f} vs BF16 {bf16.tokens_per_sec:,.0f} "
+            f"tokens/s (>= {min_speedup:.2f}x required); peak memory FP8 {fp8.peak_mem_gib:.1f} GiB, "
+            f"BF16 {bf16.peak_mem_gib:.1f} GiB",
+            speedup=speedup,
+        )
+    return Check("fp8_speedup", "SKIP", "needs a GPU: FP8 on CPU says nothing about speed")
+
+
 def verify_fp8(config: RunConfig, loss_tolerance: float = 0.02, min_speedup: float = 1.0, log=print) -> Verification:
     """Run the checks for `config`'s model and batch (a LoRA fine-tune's for one). On CPU checks 1-4 run: pretraining
     FP8 emulated, a LoRA fine-tune's frozen FP8 base on torch._scaled_mm's CPU kernels."""
     on_gpu = resolve_device(config.train.device).type == "cuda"
-    lora = config.finetune.lora
-    if not on_gpu:
-        # Compile would only add minutes here. Pretraining FP8 needs torchao's emulation (FP8 numerics without FP8
-        # hardware); a LoRA base runs real FP8 GEMMs on the CPU, so its settings stay as asked.
-        emulate = {} if lora else {"fp8_emulate": True}
-        config = config.replace(fp8=emulate, train={"compile_model": False, "dtype": "bfloat16"})
-    fp8_plan = plan(config.with_fp8(True))  # the same checks as train_h100.py: FP8 support, batch shape, attention
+    # the same checks as train_h100.py: FP8 support, batch shape, attention
+    fp8_plan = plan(_for_this_machine(config, on_gpu).with_fp8(True))
     config, device = fp8_plan.config, fp8_plan.device
     log(fp8_plan.fp8_support.format())
     data = prepare_data(config.data, config.model.vocab_size)
     require_windows(len(data.train), config.model.context_length, "the training data")
 
-    # 1. FP8 really is in the model (the build stage converts or builds the frozen base, then counts the FP8 linears)
     built = build(fp8_plan)
-    model = built.model
-    if lora:  # the summary's rows: whose FP8, the base (and its hash), which layers are FP8, which carry adapters
-        for label, text in [("FP8", built.fp8_line), *built.finetune_rows]:
-            log(f"{label}: {text}")
-    checks = [_lora_linears_check(built) if lora else _converted_linears_check(built)]
-
-    # 3. one graph, no breaks (before training so a break is reported even if compile would then fail)
+    linears = _linears_check(built, log)
+    # Check 3 before training, so that a break is reported even if compile would then fail.
     rng = np.random.default_rng(config.train.seed)
     batch = get_batch(data.train, config.train.batch_size, config.model.context_length, device, rng)
-    breaks, graphs = count_graph_breaks(model, batch)
-    checks.append(
-        _check(
-            "no_graph_breaks", breaks == 0, f"{breaks} graph breaks, {graphs} graph(s)", breaks=breaks, graphs=graphs
-        )
-    )
+    graph_breaks = _graph_breaks_check(built.model, batch)
 
-    # 4 + 5. the same steps, seed and data in both precisions; FP8 first is as fair as BF16 first (both warm up)
+    # Checks 4 + 5 compare the same steps, seed and data in both precisions; FP8 first is as fair as BF16 first (both
+    # warm up).
     log("training FP8 ...")
     fp8_trainer, fp8_result = train_for_measurement(built, data.train, data.val, log)
-
-    # 2. FP8 GEMMs in a (now warm) training step, after the training (a LoRA base's weight casts counted across it)
-    if lora:
-        checks[1:1] = _lora_step_checks(built, fp8_trainer, batch, on_gpu)
-    else:
-        checks.insert(1, _converted_gemms_check(built, fp8_trainer, on_gpu))
+    # Check 2 in a (now warm) training step, after the training (a LoRA base's weight casts counted across it).
+    step_checks = _step_checks(built, fp8_trainer, batch, on_gpu)
     # Free the FP8 run before the BF16 one so BF16's peak memory is its own.
-    del fp8_trainer, model, built
+    del fp8_trainer, built
     release_memory()
+    bf16_config, bf16_result = _train_bf16_twin(fp8_plan, data, log)
 
-    log("training BF16 ...")
-    bf16 = build(fp8_plan.with_fp8(False))  # the twin: same seed, same initial weights (a LoRA base: in BF16)
-    bf16_config = bf16.config
-    bf16_trainer, bf16_result = train_for_measurement(bf16, data.train, data.val, log)
-    del bf16_trainer, bf16
-    release_memory()
-
-    gap = abs(fp8_result.loss - bf16_result.loss) / bf16_result.loss
-    checks.append(
-        _check(
-            "loss_matches_bf16",
-            gap <= loss_tolerance,
-            f"FP8 {fp8_result.loss:.4f} vs BF16 {bf16_result.loss:.4f} after {fp8_result.steps} steps: "
-            f"{100 * gap:.2f}% apart (tolerance {100 * loss_tolerance:.1f}%)",
-            fp8_loss=fp8_result.loss,
-            bf16_loss=bf16_result.loss,
-            relative_gap=gap,
-        )
-    )
-    if on_gpu:
-        speedup = fp8_result.tokens_per_sec / bf16_result.tokens_per_sec
-        checks.append(
-            _check(
-                "fp8_speedup",
-                speedup >= min_speedup,
-                f"{speedup:.3f}x: FP8 {fp8_result.tokens_per_sec:,.0f} vs BF16 {bf16_result.tokens_per_sec:,.0f} "
-                f"tokens/s (>= {min_speedup:.2f}x required); peak memory FP8 {fp8_result.peak_mem_gib:.1f} GiB, "
-                f"BF16 {bf16_result.peak_mem_gib:.1f} GiB",
-                speedup=speedup,
-            )
-        )
-    else:
-        checks.append(Check("fp8_speedup", "SKIP", "needs a GPU: FP8 on CPU says nothing about speed"))
-
+    # Listed by number (1, 2 with a LoRA fine-tune's two beside it, 3, 4, 5), not in the order they ran.
+    checks = [
+        linears,
+        *step_checks,
+        graph_breaks,
+        _loss_check(fp8_result, bf16_result, loss_tolerance),
+        _speedup_check(fp8_result, bf16_result, min_speedup, on_gpu),
+    ]
     runs = [result_record(c, r) for c, r in ((bf16_config, bf16_result), (config, fp8_result))]
     return Verification(checks=checks, runs=runs, support=fp8_plan.fp8_support.format())

@@ -72,74 +72,103 @@ def suboptimal_choices(config: RunConfig, facts: RunFacts) -> list[str]:
     return warnings
 
 
-def format_summary(config: RunConfig, facts: RunFacts) -> str:
-    t, m, o = config.train, config.model, config.optim
-    auto = ", ".join(facts.auto_choices) or "none"
-    par = facts.parallel
+def _batch_and_parallel_rows(config: RunConfig, par: ParallelPlan) -> list[tuple[str, str]]:
+    """The parallel rows, then the batch row. Under torchrun: the mode and why, and the global batch over every rank.
+    One process: no parallel row, unless FSDP2 flags were asked for that it does not use."""
+    t, m = config.train, config.model
     world = par.world.world_size
     tokens = t.batch_size * m.context_length * t.gradient_accumulation_steps
-    if par.world.launched:  # under torchrun: the mode and why, and the global batch over every rank
+    if par.world.launched:
         batch_row = (
             "global batch",
             f"{t.batch_size} x {m.context_length} x {t.gradient_accumulation_steps} accumulation x {world} processes "
             f"= {tokens * world:,} tokens per step",
         )
-        parallel_rows = [("parallel", par.summary_line()), ("per-GPU memory", par.memory_line())]
-    else:
-        batch_row = (
-            "tokens per step",
-            f"{t.batch_size} x {m.context_length} x {t.gradient_accumulation_steps} accumulation = {tokens:,}",
-        )
-        # One process: no parallel row, unless FSDP2 flags were asked for that it does not use.
-        parallel_rows = [("parallel", par.summary_line())] if par.unused_flags else []
-    compile_row = f"on (mode {t.compile_mode}, fullgraph" + (", per block" if par.mode == FSDP else "") + ")"
-    rows = [
+        return [("parallel", par.summary_line()), ("per-GPU memory", par.memory_line()), batch_row]
+    batch_row = (
+        "tokens per step",
+        f"{t.batch_size} x {m.context_length} x {t.gradient_accumulation_steps} accumulation = {tokens:,}",
+    )
+    return [("parallel", par.summary_line()), batch_row] if par.unused_flags else [batch_row]
+
+
+def _model_line(config: RunConfig) -> str:
+    m = config.model
+    return (
+        f"preset {config.preset}: dim {m.dim}, {m.n_layers} layers, {m.n_heads} heads (kv {m.kv_heads}), "
+        f"ffn {m.intermediate_size}, vocab {m.vocab_size}, context {m.context_length}"
+        + (", tied embeddings" if m.tie_embeddings else "")
+    )
+
+
+def _precision_line(config: RunConfig, device: torch.device) -> str:
+    t = config.train
+    return (
+        f"{t.dtype} weights"
+        + (", fp32 master weights and AdamW moments" if t.dtype != "float32" else ", fp32 AdamW")
+        + (" (fused Triton update)" if fused_by_default(device) else "")
+    )
+
+
+def _compile_line(config: RunConfig, par: ParallelPlan) -> str:
+    t = config.train
+    if not t.compile_model:
+        return "off (eager)"
+    return f"on (mode {t.compile_mode}, fullgraph" + (", per block" if par.mode == FSDP else "") + ")"
+
+
+def _optimizer_line(config: RunConfig) -> str:
+    o = config.optim
+    return (
+        f"AdamW lr {o.lr:g} -> {o.min_lr:g} cosine (warmup {o.warmup_steps}, min_lr from step "
+        f"{o.lr_decay_steps}), weight decay {o.weight_decay:g}, clip {o.max_grad_norm:g}"
+    )
+
+
+def _output_line(config: RunConfig) -> str:
+    t = config.train
+    return t.out_dir + (" (resuming)" if t.resume else " (replacing the earlier run)" if t.overwrite else "")
+
+
+def _summary_rows(config: RunConfig, facts: RunFacts) -> list[tuple[str, str]]:
+    """The summary's (label, value) rows, in the order printed."""
+    t, m = config.train, config.model
+    return [
         ("device", _device_line(facts.device)),
-        (
-            "model",
-            f"preset {config.preset}: dim {m.dim}, {m.n_layers} layers, {m.n_heads} heads (kv {m.kv_heads}), "
-            f"ffn {m.intermediate_size}, vocab {m.vocab_size}, context {m.context_length}"
-            + (", tied embeddings" if m.tie_embeddings else ""),
-        ),
-        (
-            "parameters",
-            f"{facts.total_params:,} total, {facts.non_embedding_params:,} without the token embedding",
-        ),
-        (
-            "precision",
-            f"{t.dtype} weights"
-            + (", fp32 master weights and AdamW moments" if t.dtype != "float32" else ", fp32 AdamW")
-            + (" (fused Triton update)" if fused_by_default(facts.device) else ""),
-        ),
+        ("model", _model_line(config)),
+        ("parameters", f"{facts.total_params:,} total, {facts.non_embedding_params:,} without the token embedding"),
+        ("precision", _precision_line(config, facts.device)),
         ("FP8", facts.fp8_line),
         *facts.finetune_rows,
-        ("compile", compile_row if t.compile_model else "off (eager)"),
+        ("compile", _compile_line(config, facts.parallel)),
         ("attention", f"{m.attention}: {facts.attention_kernel}"),
         ("activation ckpt", "on" if m.gradient_checkpointing else "off"),
-        *parallel_rows,
-        batch_row,
+        *_batch_and_parallel_rows(config, facts.parallel),
         ("steps", f"{t.max_steps}, eval every {t.eval_every}, checkpoint every {t.checkpoint_every}"),
-        (
-            "optimizer",
-            f"AdamW lr {o.lr:g} -> {o.min_lr:g} cosine (warmup {o.warmup_steps}, min_lr from step "
-            f"{o.lr_decay_steps}), weight decay {o.weight_decay:g}, clip {o.max_grad_norm:g}",
-        ),
+        ("optimizer", _optimizer_line(config)),
         ("data", facts.data_description),
-        ("output", t.out_dir + (" (resuming)" if t.resume else " (replacing the earlier run)" if t.overwrite else "")),
+        ("output", _output_line(config)),
         *(("resume", note) for note in facts.resume_notes),
-        ("auto-selected", auto),
+        ("auto-selected", ", ".join(facts.auto_choices) or "none"),
     ]
+
+
+def _verdict_lines(config: RunConfig, facts: RunFacts) -> list[str]:
+    """Each sub-optimal choice with what to do about it, or, with none, the optimal verdict."""
+    warnings = suboptimal_choices(config, facts)
+    if warnings:
+        return ["SUB-OPTIMAL CONFIGURATION:", *(f"  - {w}" for w in warnings)]
+    return [f"OPTIMAL CONFIGURATION: {verdict(config, facts)}"]
+
+
+def format_summary(config: RunConfig, facts: RunFacts) -> str:
+    rows = _summary_rows(config, facts)
     width = max(len(k) for k, _ in rows)
     bar = "=" * 78
     lines = [bar, "FINAL CONFIGURATION SUMMARY", bar]
     lines += [f"  {k:<{width}}  {v}" for k, v in rows]
     lines.append(bar)
-    warnings = suboptimal_choices(config, facts)
-    if warnings:
-        lines.append("SUB-OPTIMAL CONFIGURATION:")
-        lines += [f"  - {w}" for w in warnings]
-    else:
-        lines.append(f"OPTIMAL CONFIGURATION: {verdict(config, facts)}")
+    lines += _verdict_lines(config, facts)
     lines.append(bar)
     return "\n".join(lines)
 
