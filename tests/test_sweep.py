@@ -175,6 +175,8 @@ def test_quick_plan_and_dry_run_runs_nothing(tmp_path, capsys, monkeypatch):
         (["--dim", "30", "--n_heads", "4"], "must be divisible by n_heads"),  # checked for every config up front
         (["--world_sizes", "1,0"], "--world_sizes must be comma-separated positive integers"),
         (["--parallel", "ddp"], "--parallel sets the mode of world sizes above 1"),
+        (["--repeats", "0"], "--repeats must be at least 1"),
+        (["--lora_ranks", "8", "--cold"], "--repeats and --cold apply to the throughput sweep"),
         (["--world_sizes", "2", "--parallel", "ddp,zero"], "--parallel: unknown value(s) 'zero'; choose from ddp"),
         # what the ranks would refuse is refused before anything runs, naming the configuration
         (
@@ -427,8 +429,16 @@ FAKE_WORKER = textwrap.dedent(
         pid_file = pathlib.Path(snapshot_to).with_name(f"pid-{os.environ.get('RANK', 0)}")
         pid_file.write_text(str(os.getpid()))
         time.sleep(60)
+    caches = [os.environ.get(name) for name in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")]
+    if all(caches):  # --cold: note each cache folder and whether it started empty, then fill it as a compile would
+        with open(pathlib.Path(snapshot_to).with_name("caches.txt"), "a") as f:
+            for cache in caches:
+                f.write(f"{cache} {not os.path.exists(cache) or not os.listdir(cache)}\\n")
+                os.makedirs(cache, exist_ok=True)
+                pathlib.Path(cache, "compiled").write_text("x")
+    tokens = float(mode.split(":")[1]) if ":" in mode else 1000.0
     with open(out, "w") as f:
-        json.dump({"status": "ok", "tokens_per_sec": 1000.0, "step_time_ms": 64.0, "loss": 4.0}, f)
+        json.dump({"status": "ok", "tokens_per_sec": tokens, "step_time_ms": 64.0, "loss": 4.0}, f)
     """
 )
 
@@ -481,6 +491,29 @@ def test_timeout_and_crashed_oom_are_classified(tmp_path, token_files, capsys, f
     assert runs[1]["error"].startswith("torch.OutOfMemoryError: CUDA out of memory")
     assert runs[2]["tokens_per_sec"] == 1000.0 and runs[2]["dim"] == 32  # the planned shape fills the record
     assert "| error: timeout after 3 s" in (out / "sweep.md").read_text()
+
+
+def test_repeats_report_the_median_run_and_the_range_each_run_with_empty_caches(
+    tmp_path, token_files, capsys, fake_workers
+):
+    fake_workers += ["ok:900", "ok:1200", "ok:1000", "fail", "ok:500", "ok:700"]
+    out = tmp_path / "sweep"
+    argv = [*TINY_GRID, "--precisions", "fp32", "--batch_sizes", "4,8", *TINY, *token_files, "--repeats", "3"]
+    code, stdout, _ = run_main([*argv, "--cold", "--out_dir", out], capsys)
+    assert code == 0, stdout  # a failed run among finished ones does not fail its configuration
+    first, second = json.loads((out / "sweep.json").read_text())["runs"]
+    assert first["tokens_per_sec"] == 1000.0 and first["tokens_per_sec_runs"] == [900.0, 1200.0, 1000.0]
+    assert (first["tokens_per_sec_min"], first["tokens_per_sec_max"], first["repeats_ok"]) == (900.0, 1200.0, 3)
+    assert first["cold"] and first["logs"][2].endswith(".3.log") and (out / first["logs"][2]).exists()
+    # two finished: the lower middle one, so that every field is one real run's
+    assert second["tokens_per_sec"] == 500.0 and second["repeats_ok"] == 2 and second["status"] == "ok"
+    assert second["repeat_errors"] == ["RuntimeError: simulated crash"]
+    report = (out / "sweep.md").read_text()
+    assert "1,000 (900–1,200, 3 of 3)" in report and "500 (500–700, 2 of 3)" in report and "eager, cold" in report
+    caches = [line.split() for line in (tmp_path / "caches.txt").read_text().splitlines()]
+    assert len(caches) == 2 * 5 and len({folder for folder, _ in caches}) == 10  # a new folder for every run
+    assert all(empty == "True" for _, empty in caches)
+    assert not any(Path(folder).exists() for folder, _ in caches)  # and removed afterwards
 
 
 def alive(pid: int) -> bool:

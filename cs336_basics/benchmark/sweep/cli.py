@@ -53,6 +53,8 @@ examples:
   optimize_performance.py --presets 366m,1.3b --precisions bf16,fp8-tensorwise --compile default \\
       --attention sdpa --ac off --batch_sizes 4,8
   optimize_performance.py --presets 1.3b --fp8_lm_head off,on --dry_run   # print the plan only
+  optimize_performance.py --presets gpt2-small --precisions bf16,fp8 --compile default --repeats 3 --cold
+      # three first runs of each (fresh processes, empty compile caches): the median and the range
   optimize_performance.py --presets 1.3b --precisions bf16,fp8-tensorwise --compile default --attention sdpa \\
       --ac off --batch_sizes 4 --world_sizes 1,2 --parallel ddp,fsdp   # 1 GPU vs 2 (torchrun), DDP and FSDP2
 """
@@ -116,6 +118,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="after the sweep, for each preset/batch with an FP8 + compile configuration: where the time goes "
         "(profiled GEMM share X, FP8 GEMM speedup s, Amdahl prediction vs measured, cast cost in ms); on with --quick",
     )
+    run.add_argument(
+        "--repeats", type=int, default=1,
+        help="run each configuration N times, each in a fresh process; its row is the median run, with the range of "
+        "tokens/s beside it (default 1)",
+    )  # fmt: skip
+    run.add_argument(
+        "--cold", action="store_true",
+        help="give every run empty compile caches (TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR), as on a machine's first "
+        "run: compile times and first-run speeds are then a user's",
+    )  # fmt: skip
     run.add_argument("--dry_run", action="store_true", help="print the planned configurations and exit")
     return parser
 
@@ -165,6 +177,10 @@ def parse_options(argv: Sequence[str] | None = None) -> SweepOptions:
     timeout_s = args.timeout_s if args.timeout_s is not None else defaults["timeout_s"]
     if timeout_s <= 0:
         raise ConfigError(f"--timeout_s must be positive, got {timeout_s:g}.")
+    if args.repeats < 1:
+        raise ConfigError(f"--repeats must be at least 1, got {args.repeats}.")
+    if lora_ranks and (args.repeats != 1 or args.cold):
+        raise ConfigError("--repeats and --cold apply to the throughput sweep; LoRA mode measures each rank once.")
     return SweepOptions(
         grid=grid,
         steps=steps,
@@ -177,6 +193,8 @@ def parse_options(argv: Sequence[str] | None = None) -> SweepOptions:
         amdahl=args.amdahl or args.quick,
         lora_ranks=lora_ranks,
         lora_targets=lora_targets,
+        repeats=args.repeats,
+        cold=args.cold,
     )
 
 
@@ -199,6 +217,8 @@ def format_plan(plan: Sequence[Planned], options: SweepOptions, out_dir: Path) -
     lines = [
         f"sweep plan{mode}: {len(plan)} configuration{'s' * (len(plan) != 1)}, {options.steps} steps each, "
         f"each in its own process with a {options.timeout_s:g} s limit"
+        + (f", {options.repeats} times each (the median run reported)" if options.repeats > 1 else "")
+        + (", every run with empty compile caches" if options.cold else "")
     ]
     width = len(str(len(plan)))
     for i, planned in enumerate(plan, 1):

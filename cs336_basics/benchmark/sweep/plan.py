@@ -277,6 +277,8 @@ class SweepOptions:
     amdahl: bool = False
     lora_ranks: tuple[int, ...] = ()  # LoRA mode when set (sweep/lora.py)
     lora_targets: tuple[str, ...] = ("attn",)
+    repeats: int = 1  # fresh processes per configuration; its row is their median run (sweep/report.py)
+    cold: bool = False  # each of them with empty compile caches: a user's first run
 
 
 def plan_sweep(options: SweepOptions) -> list[Planned]:

@@ -116,6 +116,39 @@ def latest_runs(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return [latest[key] for key in order]
 
 
+def combine_repeats(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One configuration's record from its runs in fresh processes (--repeats): the median run by tokens/s (for an
+    even count the lower of the middle two, so every field is one real run's), with the spread beside it:
+    tokens_per_sec_min / _max, and each run's tokens/s and compile time in run order. Failed runs are counted and
+    their errors kept; the row is "ok" if any run was."""
+    if len(runs) == 1:
+        return {**runs[0], "repeats": 1}
+    ok = sorted((r for r in runs if r.get("status") == "ok"), key=lambda r: r["tokens_per_sec"])
+    record = dict(ok[(len(ok) - 1) // 2] if ok else runs[-1])
+    record.update(
+        repeats=len(runs),
+        repeats_ok=len(ok),
+        tokens_per_sec_runs=[r.get("tokens_per_sec") for r in runs],
+        compile_s_runs=[r.get("compile_s") for r in runs],
+        tokens_per_sec_min=ok[0]["tokens_per_sec"] if ok else None,
+        tokens_per_sec_max=ok[-1]["tokens_per_sec"] if ok else None,
+        logs=[r.get("log") for r in runs],
+    )
+    failed = [r.get("error") for r in runs if r.get("status") != "ok"]
+    if ok and failed:
+        record["repeat_errors"] = failed
+    return record
+
+
+def _tokens_cell(record: dict[str, Any]) -> str:
+    """tokens/s; for repeated runs the median run's, with the range of all runs that finished."""
+    cell = format_or_na(record.get("tokens_per_sec"), ",.0f")
+    if record.get("repeats", 1) > 1 and record.get("tokens_per_sec_min") is not None:
+        low, high = record["tokens_per_sec_min"], record["tokens_per_sec_max"]
+        cell += f" ({low:,.0f}–{high:,.0f}, {record['repeats_ok']} of {record['repeats']})"
+    return cell
+
+
 def _pct(fraction: float | None) -> str:
     return format_or_na(None if fraction is None else 100 * fraction, ".1f", "%")
 
@@ -173,12 +206,12 @@ def format_table(
             str(r.get("batch_size")),
             str(r.get("precision")),
             on_off(bool(r.get("fp8_lm_head"))) if fp8 else "-",
-            compile_label(r),
+            compile_label(r) + (", cold" if r.get("cold") else ""),
             str(r.get("attention")),
             on_off(bool(r.get("gradient_checkpointing"))),
             _status_cell(r),
             format_or_na(r.get("step_time_ms"), ".1f"),
-            format_or_na(r.get("tokens_per_sec"), ",.0f"),
+            _tokens_cell(r),
             _pct(r.get("mfu")),
             format_or_na(r.get("peak_mem_gib"), ".2f"),
             format_or_na(r.get("compile_s"), ".1f"),
@@ -216,6 +249,14 @@ def format_report(
         "attention, AC and GPUs in this file; n/a without that baseline.",
         "- loss: mean training loss over the last log interval; peak mem: torch.cuda.max_memory_allocated.",
     ]
+    if any(r.get("repeats", 1) > 1 for r in records):
+        lines += [
+            "- repeated configurations (--repeats): each run a fresh process; the row is the median run by tokens/s "
+            "(the lower middle one for an even count), its range over the runs that finished in brackets; vs "
+            "BF16+compile compares the two median runs.",
+        ]
+    if any(r.get("cold") for r in records):
+        lines += ["- cold: every run started with empty compile caches (--cold), as a machine's first run does."]
     if any(world_size_of(r) > 1 for r in records):
         lines += [
             "- GPUs: processes (one per GPU, launched by torchrun) and the parallel mode; batch is per GPU. tokens/s "

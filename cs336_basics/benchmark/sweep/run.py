@@ -19,7 +19,15 @@ from pathlib import Path
 from typing import Any
 
 from cs336_basics.benchmark.sweep.plan import Planned, SweepOptions, on_off
-from cs336_basics.benchmark.sweep.report import _pct, _status_cell, latest_runs, scaling_for, speedup_for, write_outputs
+from cs336_basics.benchmark.sweep.report import (
+    _pct,
+    _status_cell,
+    combine_repeats,
+    latest_runs,
+    scaling_for,
+    speedup_for,
+    write_outputs,
+)
 from cs336_basics.benchmark.worker import classify_failure, last_line
 from cs336_basics.config_layers import merge_layers
 from cs336_basics.data import prepare_data
@@ -81,16 +89,19 @@ def _tail(path: Path, n_bytes: int = 20000) -> str:
         return ""
 
 
-def run_logged(command: list[str], log_path: Path, timeout_s: float, grace_s: float = 0.0) -> tuple[int, bool]:
+def run_logged(
+    command: list[str], log_path: Path, timeout_s: float, grace_s: float = 0.0, env: dict[str, str] | None = None
+) -> tuple[int, bool]:
     """Run command in its own session with its output in log_path; (return code, timed out). Never leaves it
-    running: on timeout or Ctrl-C the whole process group is killed (after `grace_s`, see _kill_group)."""
+    running: on timeout or Ctrl-C the whole process group is killed (after `grace_s`, see _kill_group). `env`:
+    variables set for it on top of the worker environment."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     timed_out = False
     with log_path.open("w") as log:
         log.write("$ " + " ".join(shlex.quote(part) for part in command) + "\n")
         log.flush()
         proc = subprocess.Popen(
-            command, stdout=log, stderr=subprocess.STDOUT, env=_worker_env(), start_new_session=True
+            command, stdout=log, stderr=subprocess.STDOUT, env={**_worker_env(), **(env or {})}, start_new_session=True
         )
         try:
             proc.wait(timeout=timeout_s)
@@ -102,14 +113,25 @@ def run_logged(command: list[str], log_path: Path, timeout_s: float, grace_s: fl
     return proc.returncode, timed_out
 
 
-def run_isolated(planned: Planned, work_dir: Path, log_path: Path, timeout_s: float) -> dict[str, Any]:
+def cold_cache_env(cache_dir: Path) -> dict[str, str]:
+    """Compile caches in `cache_dir`, a new empty folder: inductor's and Triton's (both otherwise persist across
+    processes, so a run after the first compiles from the cache, faster than a user's first run)."""
+    return {"TORCHINDUCTOR_CACHE_DIR": str(cache_dir / "inductor"), "TRITON_CACHE_DIR": str(cache_dir / "triton")}
+
+
+def run_isolated(
+    planned: Planned, work_dir: Path, log_path: Path, timeout_s: float, cold: bool = False
+) -> dict[str, Any]:
     """Run one configuration in a fresh worker process (under torchrun: one per rank; rank 0 writes the record), its
-    output going to log_path; return its record (never raises for a failed run)."""
+    output going to log_path; return its record (never raises for a failed run). `cold`: with empty compile caches,
+    deleted afterwards."""
     out_path = work_dir / f"result-{time.monotonic_ns()}.json"
     started = time.perf_counter()
     p = planned.point
     grace_s = TORCHRUN_GRACE_S if p.world_size > 1 else 0.0
-    returncode, timed_out = run_logged(launch_command(planned, out_path), log_path, timeout_s, grace_s)
+    with tempfile.TemporaryDirectory(dir=work_dir, prefix="caches-") if cold else contextlib.nullcontext() as caches:
+        env = cold_cache_env(Path(caches)) if cold else None
+        returncode, timed_out = run_logged(launch_command(planned, out_path), log_path, timeout_s, grace_s, env)
     wall_s = time.perf_counter() - started
 
     base = run_record(planned.config, status="error", world_size=p.world_size, parallel=p.parallel)
@@ -121,6 +143,7 @@ def run_isolated(planned: Planned, work_dir: Path, log_path: Path, timeout_s: fl
         status, message = classify_failure(_tail(log_path), returncode, timed_out=timed_out, timeout_s=timeout_s)
         record = {**base, "status": status, "error": message}
     record["wall_s"] = wall_s
+    record["cold"] = cold
     return record
 
 
@@ -152,6 +175,13 @@ def _progress_line(i: int, n: int, record: dict[str, Any]) -> str:
     )
 
 
+def _run_summary(record: dict[str, Any]) -> str:
+    if record.get("status") != "ok":
+        return _status_cell(record, width=160)
+    tok_s, compile_s = format_or_na(record.get("tokens_per_sec"), ",.0f"), format_or_na(record.get("compile_s"), ".1f")
+    return f"{tok_s} tokens/s, compile {compile_s} s"
+
+
 def _log_name(label: str) -> str:
     # Letters, digits, dots and dashes only: other characters (a "+lm_head" variant's "+") trip tools that copy results.
     return re.sub(r"[^A-Za-z0-9.-]+", "_", label) + ".log"
@@ -171,9 +201,16 @@ def run_sweep(plan: Sequence[Planned], options: SweepOptions, out_dir: Path, log
     with tempfile.TemporaryDirectory(prefix="cs336-sweep-") as work:
         for i, planned in enumerate(plan, 1):
             log(f"[{i}/{len(plan)}] {planned.point.label}: running ...")
-            log_name = f"logs/{_log_name(planned.point.label)}"
-            record = run_isolated(planned, Path(work), out_dir / log_name, options.timeout_s)
-            record["log"] = log_name  # relative to the results folder, which may be moved or committed
+            runs = []
+            for k in range(1, options.repeats + 1):
+                suffix = f".{k}" if options.repeats > 1 else ""
+                log_name = f"logs/{_log_name(planned.point.label + suffix)}"
+                run = run_isolated(planned, Path(work), out_dir / log_name, options.timeout_s, options.cold)
+                run["log"] = log_name  # relative to the results folder, which may be moved or committed
+                runs.append(run)
+                if options.repeats > 1:
+                    log(f"  run {k}/{options.repeats}: {_run_summary(run)}")
+            record = combine_repeats(runs)
             latest = latest_runs([*previous, *records, record])
             record["speedup_vs_bf16"] = speedup_for(record, latest)
             record["scaling_vs_1gpu"] = scaling_for(record, latest)
