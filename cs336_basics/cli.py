@@ -25,6 +25,17 @@ PATH_GROUPS = {
 }
 
 
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number of at least 1 (a count of steps or runs), refused otherwise."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number of at least 1, got {text!r}")
+    return value
+
+
 def load_config_file(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     try:

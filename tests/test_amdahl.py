@@ -373,3 +373,13 @@ def test_analyse_a_tiny_model_end_to_end():
         assert not any(name.startswith("## ") for name, _ in breakdown["top_kernels"])
     json.dumps(result.to_dict(), allow_nan=False)
     assert "tiny" in format_table([result])
+
+
+def test_step_counts_below_one_are_refused_by_the_analyses(capsys):
+    from cs336_basics.benchmark import lora_analysis
+    from cs336_basics.benchmark.amdahl.__main__ import main as amdahl_main
+
+    for main in (amdahl_main, lora_analysis.main):
+        with pytest.raises(SystemExit) as stop:
+            main(["--timing_steps", "0"])
+        assert stop.value.code == 2 and "must be a whole number of at least 1, got '0'" in capsys.readouterr().err

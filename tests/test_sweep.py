@@ -175,7 +175,6 @@ def test_quick_plan_and_dry_run_runs_nothing(tmp_path, capsys, monkeypatch):
         (["--dim", "30", "--n_heads", "4"], "must be divisible by n_heads"),  # checked for every config up front
         (["--world_sizes", "1,0"], "--world_sizes must be comma-separated positive integers"),
         (["--parallel", "ddp"], "--parallel sets the mode of world sizes above 1"),
-        (["--repeats", "0"], "--repeats must be at least 1"),
         (["--lora_ranks", "8", "--cold"], "--repeats and --cold apply to the throughput sweep"),
         (["--world_sizes", "2", "--parallel", "ddp,zero"], "--parallel: unknown value(s) 'zero'; choose from ddp"),
         # what the ranks would refuse is refused before anything runs, naming the configuration
@@ -190,6 +189,14 @@ def test_invalid_values_stop_with_a_clear_error(argv, message, capsys):
     assert code == 2
     assert message in err
     assert "sweep plan" not in stdout
+
+
+def test_a_repeat_count_below_one_is_refused(capsys):
+    with pytest.raises(SystemExit) as stop:
+        run_main(["--repeats", "0", "--dry_run"], capsys)
+    assert (
+        stop.value.code == 2 and "--repeats: must be a whole number of at least 1, got '0'" in capsys.readouterr().err
+    )
 
 
 # ---- world sizes: the plan and the torchrun launches ----

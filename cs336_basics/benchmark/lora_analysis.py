@@ -322,7 +322,7 @@ def write_random_base(args: argparse.Namespace, path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from cs336_basics.cli import config_from_args, config_parser
+    from cs336_basics.cli import config_from_args, config_parser, positive_int
     from cs336_basics.errors import report_error
     from cs336_basics.results import append_runs
 
@@ -331,7 +331,9 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m cs336_basics.benchmark.lora_analysis",
     )
     parser.add_argument("--steps", type=int, default=12, help="training steps per base (compile included)")
-    parser.add_argument("--timing_steps", type=int, default=10, help="CUDA-event-timed steps for the split (median)")
+    parser.add_argument(
+        "--timing_steps", type=positive_int, default=10, help="CUDA-event-timed steps for the split (median)"
+    )
     parser.add_argument("--json", help="append both records to this results file")
     parser.add_argument(
         "--random_base",

@@ -11,15 +11,15 @@ from cs336_basics.results import write_results
 
 
 def main(argv: list[str] | None = None) -> int:
-    from cs336_basics.cli import config_from_args, config_parser
+    from cs336_basics.cli import config_from_args, config_parser, positive_int
 
     parser = config_parser(
         "Where the time goes: Amdahl's-law prediction of the FP8 speedup vs the measured one.",
         prog="python -m cs336_basics.benchmark.amdahl",
     )
     parser.add_argument("--steps", type=int, default=8, help="training steps per precision before timing (>= 3)")
-    parser.add_argument("--timing_steps", type=int, default=5, help="CUDA-event-timed steps (median)")
-    parser.add_argument("--profile_steps", type=int, default=1, help="profiled steps (averaged)")
+    parser.add_argument("--timing_steps", type=positive_int, default=5, help="CUDA-event-timed steps (median)")
+    parser.add_argument("--profile_steps", type=positive_int, default=1, help="profiled steps (averaged)")
     parser.add_argument("--json", help="write the result here ({gpu, torch, torchao, command, runs: [row]})")
     args = parser.parse_args(argv)
     try:

@@ -463,7 +463,7 @@ def profile_step_breakdown(
             if isinstance(model_config, ModelConfig)
             else []
         )
-    samples = time_calls_ms(trainer.train_step, max(1, timing_steps))
+    samples = time_calls_ms(trainer.train_step, timing_steps)
     events = profiled_steps(trainer, profile_steps)
     return breakdown_from_events(events, shapes, steps=profile_steps, step_ms_samples=samples)
 

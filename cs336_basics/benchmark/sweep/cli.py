@@ -35,7 +35,7 @@ from cs336_basics.benchmark.sweep.plan import (
     plan_sweep,
 )
 from cs336_basics.benchmark.sweep.report import format_amdahl, write_outputs
-from cs336_basics.cli import add_config_arguments, load_config_file, overrides_from_args
+from cs336_basics.cli import add_config_arguments, load_config_file, overrides_from_args, positive_int
 from cs336_basics.config import ATTENTION_BACKENDS, PRESETS, lora_target_list
 from cs336_basics.errors import ConfigError, run_program
 from cs336_basics.output_paths import check_output_path
@@ -119,7 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
         "(profiled GEMM share X, FP8 GEMM speedup s, Amdahl prediction vs measured, cast cost in ms); on with --quick",
     )
     run.add_argument(
-        "--repeats", type=int, default=1,
+        "--repeats", type=positive_int, default=1,
         help="run each configuration N times, each in a fresh process; its row is the median run, with the range of "
         "tokens/s beside it (default 1)",
     )  # fmt: skip
@@ -177,8 +177,6 @@ def parse_options(argv: Sequence[str] | None = None) -> SweepOptions:
     timeout_s = args.timeout_s if args.timeout_s is not None else defaults["timeout_s"]
     if timeout_s <= 0:
         raise ConfigError(f"--timeout_s must be positive, got {timeout_s:g}.")
-    if args.repeats < 1:
-        raise ConfigError(f"--repeats must be at least 1, got {args.repeats}.")
     if lora_ranks and (args.repeats != 1 or args.cold):
         raise ConfigError("--repeats and --cold apply to the throughput sweep; LoRA mode measures each rank once.")
     return SweepOptions(
