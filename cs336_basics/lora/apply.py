@@ -126,7 +126,9 @@ class LoRAConverter(Converter):
         if fp8 is not None:
             _group_fp8_layers(model, fp8, report)
         if delayed:  # the Trainer advances the scales once per step, through this converter's hooks
-            self.scaling = delayed_scaling([model.get_submodule(fqn).scaling for fqn in base.converted], fp8)
+            # In the model's module order, the order the checkpoints of earlier runs keep their histories in.
+            sites = [m.scaling for m in model.modules() if isinstance(m, FrozenLinear) and m.fp8]
+            self.scaling = delayed_scaling(sites, fp8)
         seen = {id(p): p for p in model.parameters()}.values()  # tied weights once
         report.trainable = sum(p.numel() for p in seen if p.requires_grad)
         report.frozen = sum(p.numel() for p in seen if not p.requires_grad)

@@ -60,9 +60,7 @@ def choose_fp8(fp8: FP8Config, *, parallel_mode: str, world_size: int, lora: boo
 def fp8_converter(fp8: FP8Config, world_size: int = 1, fsdp_float8_all_gather: bool = False) -> Converter:
     """The converter of the path a chosen FP8Config names (choose_fp8's result: no "auto" left).
     `fsdp_float8_all_gather`: the model will be sharded by FSDP2, which then all-gathers FP8 weights (TorchAO's)."""
-    if fp8.fp8_path == "fused":
-        if fsdp_float8_all_gather:
-            raise ValueError("the fused FP8 path has no FSDP2 all-gather (its check_options refuses it)")
+    if fp8.fp8_path == "fused":  # its check_options refuses --fp8_all_gather, which fsdp_float8_all_gather needs
         return FusedFP8(fp8, world_size)
     if fp8.fp8_path == "torchao":
         return TorchAOFP8(fp8, fsdp_float8_all_gather)

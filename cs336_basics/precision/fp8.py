@@ -463,7 +463,8 @@ class TorchAOFP8(Converter):
         if fused_only:
             raise ConfigError(
                 f"{', '.join(fused_only)} needs --fp8_path fused: TorchAO's path (torchao 0.18) has no delayed "
-                "scaling (TorchAO removed it) and sets fast accumulation for its forward GEMM only."
+                "scaling (TorchAO removed it), no shared input casts or FP8 SwiGLU, and fast accumulation in its "
+                "forward GEMM only. Drop the setting, or use --fp8_path fused (or auto)."
             )
         if fp8.fp8_all_gather and fp8.fp8_recipe != "tensorwise":
             raise ConfigError(
