@@ -306,6 +306,8 @@ def test_a_checkpoint_written_before_checksums_were_checked_still_resumes(tmp_pa
         ("-m cs336_basics.programs.generate", lambda d: ["--prompt", ""], 2),
         ("-m cs336_basics.programs.merge_lora", lambda d: [d / "no-run", "--output", d / "merged.pt"], 2),
         ("-m cs336_basics.programs.export", lambda d: [d / "no-run", "--output", d], 2),
+        # the merge program's old command: says where it moved instead of importing and doing nothing
+        ("-m cs336_basics.lora.merge", lambda d: [d / "no-run", "--output", d / "merged.pt"], 2),
     ],
 )
 def test_no_program_shows_a_traceback(tmp_path, program, make_argv, exit_code):

@@ -71,8 +71,6 @@ class LoRAConverter(Converter):
     """A LoRA fine-tune's conversion: every parameter frozen, every linear a FrozenLinear (FP8 where `fp8` is given
     and its filters take the layer), adapters on the target layers."""
 
-    name = LORA_FP8_PATH
-
     def __init__(self, ft: FinetuneConfig, fp8: FP8Config | None):
         self.ft = ft
         self.fp8 = fp8

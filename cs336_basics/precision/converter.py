@@ -21,7 +21,6 @@ from cs336_basics.precision.fused.scaling import DelayedScalingState, SiteScalin
 class Converter:
     """One way a model's linear layers change precision. This base class converts nothing: a BF16 or FP32 run."""
 
-    name = "none"
     scaling: DelayedScalingState | None = None  # delayed scaling's amax histories, once convert() made them
 
     def convert(self, model: nn.Module) -> Any:

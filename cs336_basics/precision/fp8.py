@@ -448,8 +448,6 @@ class TorchAOFP8(Converter):
     """TorchAO's path (`--fp8_path torchao`): convert_to_float8_training swaps the linears for Float8Linear.
     `fsdp_float8_all_gather`: the model will be sharded by FSDP2, which then all-gathers FP8 weights."""
 
-    name = "torchao"
-
     def __init__(self, fp8: FP8Config, fsdp_float8_all_gather: bool = False):
         self.check_options(fp8)
         self.fp8 = fp8

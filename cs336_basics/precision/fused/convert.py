@@ -91,8 +91,6 @@ def fp8_units(
 class FusedFP8(Converter):
     """This package's FP8 path (`--fp8_path fused`)."""
 
-    name = "fused"
-
     def __init__(self, fp8: FP8Config, world_size: int = 1):
         self.check_options(fp8, world_size)
         self.fp8 = fp8
