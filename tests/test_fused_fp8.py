@@ -6,6 +6,10 @@ casts and _scaled_mm on CPU, so these are the real numerics; GPU tests are marke
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -210,6 +214,28 @@ def test_scaling_state_round_trips_for_resume():
     assert torch.equal(torch.stack(fresh_sites[0].scale_inv_buffers()), torch.stack(sites[0].scale_inv_buffers()))
     with pytest.raises(ValueError, match="does not fit"):
         delayed_sites(history_len=8)[1].load_scaling_state(saved)
+
+
+def test_scale_update_in_one_launch_matches_the_op_by_op_update_in_the_triton_interpreter():
+    # The kernel's arithmetic on the CPU, for CI: the interpreter must be on before triton is imported.
+    pytest.importorskip("triton")
+    tests = Path(__file__).parent
+    env = {
+        **os.environ,
+        "TRITON_INTERPRET": "1",
+        "PYTHONPATH": os.pathsep.join([str(tests), os.environ.get("PYTHONPATH", "")]),
+    }
+    code = "import scale_update_check; scale_update_check.check('cpu'); print('update ok')"
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "update ok" in done.stdout, done.stderr[-3000:]
+
+
+@pytest.mark.gpu
+def test_scale_update_in_one_launch_matches_the_op_by_op_update_on_the_gpu():
+    import scale_update_check
+
+    scale_update_check.check("cuda")
+    assert DelayedScalingState([SiteScaling(DTYPES, delayed=True, device="cuda")])._launch is not None  # the default
 
 
 # ---- conversion ----

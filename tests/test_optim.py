@@ -350,21 +350,29 @@ def test_mismatched_shape_or_format_is_a_config_error():
 _INTERPRETED_KERNEL_CHECK = """
 import torch
 from cs336_basics.optim.adamw import adamw_update
-from cs336_basics.optim.adamw_kernel import fused_adamw_update
+from cs336_basics.optim.adamw_kernel import AdamWLaunch
 gen = torch.Generator().manual_seed(0)
+shapes = [(3, 2000), (5,), (2048,), (7, 300)]  # several blocks, one short block, exactly one block, a remainder
 for low_precision in (True, False):
-    grad = torch.randn(3, 2000, generator=gen).to(torch.bfloat16)  # 6000: not a multiple of the block
-    master = torch.randn(3, 2000, generator=gen)
-    exp_avg, exp_avg_sq = torch.randn(3, 2000, generator=gen) * 0.1, torch.rand(3, 2000, generator=gen) * 0.01
-    expected = [t.clone() for t in (master, exp_avg, exp_avg_sq)]
-    param = master.to(torch.bfloat16) if low_precision else None
-    scalars = (torch.tensor(3.0), torch.tensor(1e-2), torch.tensor(0.5), 0.9, 0.95, 1e-8, 0.1)
-    fused_adamw_update(grad, master, exp_avg, exp_avg_sq, *scalars, param)
-    adamw_update(grad, *expected, *scalars, None)
-    for got, want in zip((master, exp_avg, exp_avg_sq), expected):
-        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-7)
-    if low_precision:
-        torch.testing.assert_close(param.float(), master, rtol=2**-7, atol=0)
+    launch = AdamWLaunch()
+    for call in range(2):  # the second call reuses the address tables and the block layout
+        grads = [torch.randn(s, generator=gen).to(torch.bfloat16) for s in shapes]
+        masters = [torch.randn(s, generator=gen) for s in shapes]
+        exp_avgs = [torch.randn(s, generator=gen) * 0.1 for s in shapes]
+        exp_avg_sqs = [torch.rand(s, generator=gen) * 0.01 for s in shapes]
+        steps = [torch.tensor(float(3 + i + call)) for i in range(len(shapes))]  # each tensor its own step
+        expected = [[t.clone() for t in ts] for ts in (masters, exp_avgs, exp_avg_sqs)]
+        params = [m.to(torch.bfloat16) for m in masters] if low_precision else None
+        scalars = (torch.tensor(1e-2), torch.tensor(0.5), 0.9, 0.95, 1e-8, 0.1)
+        launch(grads, masters, exp_avgs, exp_avg_sqs, steps, *scalars, params)
+        for i, grad in enumerate(grads):
+            adamw_update(grad, expected[0][i], expected[1][i], expected[2][i], steps[i], *scalars, None)
+        for got, want in zip((masters, exp_avgs, exp_avg_sqs), expected):
+            for g, w in zip(got, want):
+                torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-7)
+        if low_precision:
+            for param, master in zip(params, masters):
+                torch.testing.assert_close(param.float(), master, rtol=2**-7, atol=0)
 print("kernel ok")
 """
 

@@ -8,8 +8,9 @@ step. FP32 parameters (the CPU path) are optimised in place: there is nothing to
 
 Why our own update rather than torch.optim.AdamW on the masters: that needs the BF16 grads cast into fp32
 copies, a clipping pass over them, AdamW's kernel, and a copy back into the BF16 weights: four passes over
-memory, about 52 bytes per parameter. On CUDA, adamw_kernel.py does the whole update of one tensor in one pass
-(read the BF16 grad, master and moments; write master, moments and the BF16 weight: 28 bytes per parameter).
+memory, about 52 bytes per parameter. On CUDA, adamw_kernel.py does the whole update in one pass (read the BF16
+grad, master and moments; write master, moments and the BF16 weight: 28 bytes per parameter), in one launch per
+parameter group rather than one per parameter.
 `adamw_update` below is the same formula op by op: the CPU path, and the reference the kernel is tested against;
 it is itself tested against torch.optim.AdamW. The gain is measured by cs336_basics/benchmark/optimizer_step.py.
 
@@ -90,7 +91,8 @@ class MasterWeightAdamW:
         named_params: `(name, parameter)` pairs, normally `model.named_parameters()` of the uncompiled
             model. Names key the state dict, so checkpoints survive a change of model precision.
         lr, betas, eps, weight_decay: as in torch.optim.AdamW (decoupled weight decay).
-        fused: run the update as one Triton kernel per tensor (adamw_kernel.py). None (default): on CUDA; on
+        fused: run the update as one Triton kernel launch per parameter group (adamw_kernel.py). None (default):
+            on CUDA; on
             CPU the same formula runs op by op (`adamw_update`).
 
     Weight decay applies only to parameters with ndim >= 2 (linear weights, embeddings); 1-D parameters
@@ -162,16 +164,16 @@ class MasterWeightAdamW:
             if not all(p.is_contiguous() for p in self.locals):
                 raise ConfigError("the fused AdamW kernel needs contiguous parameters (it writes them as flat arrays).")
             try:
-                from cs336_basics.optim.adamw_kernel import fused_adamw_update  # imports triton
+                from cs336_basics.optim.adamw_kernel import AdamWLaunch  # imports triton
             except ImportError as exc:
                 raise ConfigError(
                     f"the fused AdamW kernel needs triton ({exc}); it ships with torch's Linux CUDA wheels. "
                     "Install triton, or build the optimizer with fused=False (op by op: several times slower steps)."
                 ) from exc
 
-            self._update = fused_adamw_update
-        else:
-            self._update = adamw_update
+            self._new_launch = AdamWLaunch
+        # The fused kernel's launches, one per parameter group and dtype, each keeping its address tables.
+        self._launches: dict[tuple, Any] = {}
         # Device scalars refreshed in place each step (a fill_ is a kernel launch, never a host sync).
         self._lr = torch.zeros((), device=self.device)
         self._one = torch.ones((), device=self.device)
@@ -229,19 +231,33 @@ class MasterWeightAdamW:
         torch._foreach_add_([s["step"] for s in states.values()], 1.0)  # one launch for every step counter
         for group in self.param_groups:
             self._lr.fill_(group["lr"])  # reusable: kernels run in stream order, the last group read it already
-            beta1, beta2 = group["betas"]
-            for name in group["param_names"]:
-                if name not in states:
-                    continue
-                i, s = self._index[name], states[name]
-                local, master = self.locals[i], self.masters[i]
-                if local.numel() == 0:  # a rank whose shard of a small parameter is empty
-                    continue
-                self._update(
-                    local_tensor(self.params[i].grad), master, s["exp_avg"], s["exp_avg_sq"], s["step"], self._lr,
-                    grad_scale, beta1, beta2, group["eps"], group["weight_decay"], None if master is local else local,
-                )  # fmt: skip
+            hparams = (*group["betas"], group["eps"], group["weight_decay"])
+            # Per tensor: (grad, master, exp_avg, exp_avg_sq, step, the low-precision weight to write or None).
+            tensors = [
+                (local_tensor(self.params[i].grad), self.masters[i], s["exp_avg"], s["exp_avg_sq"], s["step"],
+                 None if self.masters[i] is self.locals[i] else self.locals[i])
+                for i, s in ((self._index[name], states.get(name)) for name in group["param_names"])
+                if s is not None and self.locals[i].numel() > 0  # an empty shard: a rank's part of a small parameter
+            ]  # fmt: skip
+            if self.fused:
+                self._launch_fused(group["group_name"], tensors, grad_scale, hparams)
+            else:
+                for grad, master, exp_avg, exp_avg_sq, step, param in tensors:
+                    adamw_update(grad, master, exp_avg, exp_avg_sq, step, self._lr, grad_scale, *hparams, param)
         return norm
+
+    def _launch_fused(self, group_name: str, tensors: list[tuple], grad_scale: torch.Tensor, hparams: tuple) -> None:
+        """A group's update in one kernel launch per (gradient dtype, weight dtype) among its tensors: one, as a
+        rule."""
+        launches: dict[tuple, list[tuple]] = {}
+        for row in tensors:
+            kind = (group_name, row[0].dtype, None if row[-1] is None else row[-1].dtype)
+            launches.setdefault(kind, []).append(row)
+        for kind, rows in launches.items():
+            grads, masters, exp_avgs, exp_avg_sqs, steps, params = map(list, zip(*rows, strict=True))
+            launch = self._launches.setdefault(kind, self._new_launch())
+            launch(grads, masters, exp_avgs, exp_avg_sqs, steps, self._lr, grad_scale, *hparams,
+                   None if kind[2] is None else params)  # fmt: skip
 
     @torch.no_grad()
     def state_is_finite(self) -> bool:

@@ -1,11 +1,14 @@
-"""The fused master-weight AdamW update as one Triton kernel per tensor (CUDA).
+"""The fused master-weight AdamW update as one Triton kernel launch for a whole list of tensors (CUDA).
 
 One pass over memory per parameter: read the BF16 gradient, the fp32 master and both fp32 moments; write the
 master, the moments and the rounded BF16 weight (28 bytes per parameter). torch's fused AdamW cannot take BF16
 gradients for fp32 masters or write a second copy of the weight, so with it the step needs separate passes to
 cast, clip and copy back (52 bytes per parameter).
 
-What it saves, and what the alternatives cost: benchmarks/results/2026-11-21-optimizer-step-h200.json (this kernel
+One launch covers every tensor of a list (multi_tensor.py: the kernel reads each through a table of addresses), so
+the host pays one launch per parameter group instead of one per parameter, which a short FP8 step waits for.
+
+What it saves, and what the alternatives cost: benchmarks/results/2026-11-21-optimizer-step-h200.json (the update
 against the separate passes and against torch's fused AdamW on BF16 weights without masters) and
 2026-11-21-optimizer-step-alternatives-h200.json (torch.compile of the same update: compiling one call over a whole
 parameter group takes minutes per run, and a compiled call per tensor pays dynamo's per-call overhead on every
@@ -22,9 +25,12 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["fused_adamw_update"]
+from cs336_basics.multi_tensor import BlockLayout, DeviceInts, addresses
+
+__all__ = ["AdamWLaunch"]
 
 _BLOCK_SIZE = 2048
+_TENSORS = ("grad", "master", "exp_avg", "exp_avg_sq", "step", "param")
 
 
 def _log2(beta: float) -> float:
@@ -33,15 +39,19 @@ def _log2(beta: float) -> float:
 
 @triton.jit
 def _adamw_kernel(
-    grad_ptr,
-    master_ptr,
-    exp_avg_ptr,
-    exp_avg_sq_ptr,
-    param_ptr,
-    step_ptr,
+    grad_addresses,
+    master_addresses,
+    exp_avg_addresses,
+    exp_avg_sq_addresses,
+    step_addresses,
+    param_addresses,
+    tensor_of_block,
+    first_block,
+    numel,
+    grad_like,  # a gradient and a weight: their element types are the kernel's (one launch has one of each)
+    param_like,
     lr_ptr,
     grad_scale_ptr,
-    n_elements,
     beta1,
     beta2,
     log2_beta1,
@@ -51,9 +61,15 @@ def _adamw_kernel(
     WRITE_PARAM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
 ):
-    offsets = tl.program_id(0).to(tl.int64) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
-    mask = offsets < n_elements
-    step = tl.load(step_ptr)
+    program = tl.program_id(0)
+    t = tl.load(tensor_of_block + program)
+    offsets = (program - tl.load(first_block + t)).to(tl.int64) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+    mask = offsets < tl.load(numel + t)
+    grad_ptr = tl.load(grad_addresses + t).to(tl.pointer_type(grad_like.dtype.element_ty))
+    master_ptr = tl.load(master_addresses + t).to(tl.pointer_type(tl.float32))
+    exp_avg_ptr = tl.load(exp_avg_addresses + t).to(tl.pointer_type(tl.float32))
+    exp_avg_sq_ptr = tl.load(exp_avg_sq_addresses + t).to(tl.pointer_type(tl.float32))
+    step = tl.load(tl.load(step_addresses + t).to(tl.pointer_type(tl.float32)))
     lr = tl.load(lr_ptr)
     g = tl.load(grad_ptr + offsets, mask=mask).to(tl.float32) * tl.load(grad_scale_ptr)
     w = tl.load(master_ptr + offsets, mask=mask)
@@ -72,41 +88,59 @@ def _adamw_kernel(
     tl.store(exp_avg_ptr + offsets, m, mask=mask)
     tl.store(exp_avg_sq_ptr + offsets, v, mask=mask)
     if WRITE_PARAM:
-        tl.store(param_ptr + offsets, w.to(param_ptr.dtype.element_ty), mask=mask)
+        param_ptr = tl.load(param_addresses + t).to(tl.pointer_type(param_like.dtype.element_ty))
+        tl.store(param_ptr + offsets, w.to(param_like.dtype.element_ty), mask=mask)
 
 
-def fused_adamw_update(
-    grad: torch.Tensor,
-    master: torch.Tensor,
-    exp_avg: torch.Tensor,
-    exp_avg_sq: torch.Tensor,
-    step: torch.Tensor,
-    lr: torch.Tensor,
-    grad_scale: torch.Tensor,
-    beta1: float,
-    beta2: float,
-    eps: float,
-    weight_decay: float,
-    param: torch.Tensor | None,
-) -> None:
-    """`adamw.adamw_update` (same arguments; `step` already incremented) in one kernel launch."""
-    n = master.numel()
-    _adamw_kernel[(triton.cdiv(n, _BLOCK_SIZE),)](
-        grad if grad.is_contiguous() else grad.contiguous(),
-        master,
-        exp_avg,
-        exp_avg_sq,
-        master if param is None else param,  # never written when WRITE_PARAM is False
-        step,
-        lr,
-        grad_scale,
-        n,
-        beta1,
-        beta2,
-        _log2(beta1),
-        _log2(beta2),
-        eps,
-        weight_decay,
-        WRITE_PARAM=param is not None,
-        BLOCK_SIZE=_BLOCK_SIZE,
-    )
+class AdamWLaunch:
+    """`adamw.adamw_update` (same arguments; `step` already incremented) of a list of tensors in one kernel launch.
+
+    Each call takes lists of the same length: gradients of one dtype, and the weights to write (`params`) all of one
+    dtype, or None for fp32 parameters that are their own masters. The address tables and the block layout are kept
+    for the next call: keep one AdamWLaunch per list of parameters.
+    """
+
+    def __init__(self) -> None:
+        self._addresses = {name: DeviceInts() for name in _TENSORS}
+        self._layout = BlockLayout(_BLOCK_SIZE)
+
+    def __call__(
+        self,
+        grads: list[torch.Tensor],
+        masters: list[torch.Tensor],
+        exp_avgs: list[torch.Tensor],
+        exp_avg_sqs: list[torch.Tensor],
+        steps: list[torch.Tensor],
+        lr: torch.Tensor,
+        grad_scale: torch.Tensor,
+        beta1: float,
+        beta2: float,
+        eps: float,
+        weight_decay: float,
+        params: list[torch.Tensor] | None,
+    ) -> None:
+        grads = [g if g.is_contiguous() else g.contiguous() for g in grads]  # kept alive until the launch
+        written = masters if params is None else params  # never written when WRITE_PARAM is False
+        tables = [
+            addresses(self._addresses[name], tensors)
+            for name, tensors in zip(_TENSORS, (grads, masters, exp_avgs, exp_avg_sqs, steps, written), strict=True)
+        ]
+        layout = self._layout(masters)
+        _adamw_kernel[(layout.programs,)](
+            *tables,
+            layout.tensor_of_block,
+            layout.first_block,
+            layout.numel,
+            grads[0],
+            written[0],
+            lr,
+            grad_scale,
+            beta1,
+            beta2,
+            _log2(beta1),
+            _log2(beta2),
+            eps,
+            weight_decay,
+            WRITE_PARAM=params is not None,
+            BLOCK_SIZE=_BLOCK_SIZE,
+        )

@@ -24,6 +24,11 @@ E4M3 = torch.float8_e4m3fn
 E5M2 = torch.float8_e5m2
 ROLES = ("input", "weight", "grad")
 INPUT, WEIGHT, GRAD = range(3)
+# Buffer names per role, read through nn.Module._buffers: the once-per-step update reads some hundreds of them, and
+# attribute lookup on a module costs the host a microsecond each.
+_AMAX = tuple(f"amax_{role}" for role in ROLES)
+_SATURATED = tuple(f"saturated_{role}" for role in ROLES)
+_SCALE_INV = tuple(f"scale_inv_{role}" for role in ROLES)
 # torchao's floor on amax before dividing by it (torchao/float8/float8_utils.py: EPS): an all-zero tensor gets a
 # large finite scale instead of inf.
 AMAX_FLOOR = 1e-12
@@ -154,16 +159,16 @@ class SiteScaling(nn.Module):
             self._register_row_buffers(role, tokens, device)
 
     def scale_inv(self, role: int) -> torch.Tensor:
-        return getattr(self, f"scale_inv_{ROLES[role]}")
+        return getattr(self, _SCALE_INV[role])
 
     def scale_inv_buffers(self) -> list[torch.Tensor]:
-        return [self.scale_inv(role) for role in range(len(ROLES))]
+        return [self._buffers[name] for name in _SCALE_INV]
 
     def amax_buffers(self) -> list[torch.Tensor]:
-        return [getattr(self, f"amax_{role}") for role in ROLES]
+        return [self._buffers[name] for name in _AMAX]
 
     def saturated_buffers(self) -> list[torch.Tensor]:
-        return [getattr(self, f"saturated_{role}") for role in ROLES]
+        return [self._buffers[name] for name in _SATURATED]
 
     @property
     def amax(self) -> torch.Tensor:
@@ -223,7 +228,8 @@ class DelayedScalingState(nn.Module):
     checkpoint's extras for exact resume.
     """
 
-    def __init__(self, sites: list[SiteScaling], history_len: int = 16, algo: str = "max", margin: int = 0):
+    def __init__(self, sites: list[SiteScaling], history_len: int = 16, algo: str = "max", margin: int = 0,
+                 one_launch: bool | None = None):  # fmt: skip
         super().__init__()
         if algo not in ("max", "most_recent"):
             raise ValueError(f"amax compute algo must be max or most_recent, got {algo!r}")
@@ -236,6 +242,13 @@ class DelayedScalingState(nn.Module):
         self.register_buffer("history", torch.zeros(len(sites), 3, history_len, device=device), persistent=False)
         limits = torch.tensor([fp8_max(d) for d in sites[0].dtypes], device=device)
         self.register_buffer("limits", limits, persistent=False)
+        # `one_launch` (default: on CUDA): update() as one Triton kernel launch, the same arithmetic as the op-by-op
+        # update below with a fraction of its host time (scaling_update_triton.py).
+        self._launch = None
+        if one_launch if one_launch is not None else device.type == "cuda":
+            from cs336_basics.precision.fused.scaling_update_triton import ScaleUpdateLaunch  # imports triton
+
+            self._launch = ScaleUpdateLaunch()
 
     def size_row_buffers(self, tokens: int) -> None:
         """Size every site's input and gradient recordings for micro-batches of `tokens` rows (SiteScaling's)."""
@@ -244,13 +257,22 @@ class DelayedScalingState(nn.Module):
 
     @torch.no_grad()
     def update(self) -> None:
-        """File this step's amaxes into the history and compute the next step's scales (a few kernels for the whole
-        model; no host synchronisation)."""
+        """File this step's amaxes into the history and compute the next step's scales (one kernel launch on CUDA;
+        no host synchronisation)."""
         rows = [buffer for site in self.sites for buffer in site.amax_buffers()]
-        self.history[:, :, self.cursor] = torch.stack(torch._foreach_max(rows)).view(len(self.sites), 3)
-        recent = self.cursor
+        if self._launch is not None:
+            scales = [site.scale for site in self.sites]
+            inverses = [buffer for site in self.sites for buffer in site.scale_inv_buffers()]
+            self._launch(rows, scales, inverses, self.history, self.limits, self.cursor, self.margin,
+                         most_recent=self.algo == "most_recent")  # fmt: skip
+        else:
+            self._update_op_by_op(rows)
         self.cursor = (self.cursor + 1) % self.history_len
-        amax = self.history.amax(dim=-1) if self.algo == "max" else self.history[:, :, recent]
+
+    def _update_op_by_op(self, rows: list[torch.Tensor]) -> None:
+        """The update in torch ops: the CPU path, and the reference the kernel is tested against."""
+        self.history[:, :, self.cursor] = torch.stack(torch._foreach_max(rows)).view(len(self.sites), 3)
+        amax = self.history.amax(dim=-1) if self.algo == "max" else self.history[:, :, self.cursor]
         old = torch.stack([site.scale for site in self.sites])
         # A role with no amax recorded yet (all-zero history) keeps its scale.
         new = torch.where(amax > 0, self.limits / (amax * 2.0**self.margin), old)

@@ -1,0 +1,156 @@
+"""Where the host's time goes in a training step, and whether the step waits for it.
+
+A step is GPU-bound when the host queues its kernels faster than the GPU runs them, and host-bound when the GPU
+waits for the next launch: then its speed follows the machine's CPU, not its GPU. For each configuration this
+trains a few steps (compile and warm-up), then times `--steps` steps of the Trainer's own train_step, with no
+synchronisation inside them:
+
+  wall_ms        per step, from the first launch to the GPU finishing the last step (tokens/s from it)
+  host_ms        per step, the host's time to queue it; host_ms close to wall_ms: the step is host-bound
+  batch_ms, forward_ms, optimizer_ms, scaling_update_ms
+                 the host's time in the sampler, the (compiled) forward call, the optimizer step and the
+                 precision's once-per-step hook (delayed scaling's update); the backward and the rest of the step
+                 is what is left, backward_and_rest_ms
+  cudagraph_skips
+                 graphs that a CUDA-graph compile mode could not capture (their reasons are in the log)
+
+Random token arrays (host time does not depend on the text). All configurations run in this process, one after the
+other; compare rows of one run only.
+
+    python -m cs336_basics.benchmark.host_time --presets gpt2-small --precisions bf16,fp8 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import sys
+import time
+from collections import defaultdict
+from typing import Any
+
+import numpy as np
+import torch
+
+from cs336_basics.build import build
+from cs336_basics.cli import positive_int
+from cs336_basics.config import COMPILE_MODES
+from cs336_basics.config_layers import build_config
+from cs336_basics.errors import ConfigError, report_error
+from cs336_basics.measurement import release_memory, train_for_measurement
+from cs336_basics.results import run_record, write_results
+
+PHASES = {"batch": ("sampler", "next_batch"), "optimizer": ("optimizer", "step"),
+          "scaling_update": ("converter", "after_optimizer_step")}  # fmt: skip
+
+
+def _timed(totals: dict[str, float], phase: str, fn):
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            totals[phase] += time.perf_counter() - start
+
+    return call
+
+
+def measure(preset: str, fp8: bool, compile_mode: str, warmup: int, steps: int) -> dict[str, Any]:
+    config = build_config(
+        {"preset": preset, "fp8": {"use_fp8": fp8}, "train": {"max_steps": warmup, "log_every": warmup,
+                                                               "compile_mode": compile_mode}},
+        device_type="cuda",
+    )  # fmt: skip
+    built = build(config)
+    tokens = np.random.default_rng(0).integers(0, config.model.vocab_size, 4_000_000, dtype=np.int64)
+    compile_counters = torch._dynamo.utils.counters["inductor"]
+    skips_before = compile_counters["cudagraph_skips"]
+    started = time.perf_counter()
+    trainer, _ = train_for_measurement(built, tokens, tokens, log=lambda message: None)
+    compile_s = time.perf_counter() - started
+
+    totals: dict[str, float] = defaultdict(float)
+    # Timing wrappers as instance attributes, removed afterwards: the converter may be a shared object (BF16's).
+    patched = [(getattr(trainer, owner), method) for owner, method in PHASES.values()]
+    for (target, method), phase in zip(patched, PHASES, strict=True):
+        setattr(target, method, _timed(totals, phase, getattr(target, method)))
+    trainer.step_model = _timed(totals, "forward", trainer.step_model)
+    first, last = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    try:
+        first.record()
+        host_start = time.perf_counter()
+        for _ in range(steps):
+            trainer.train_step()
+        host_s = time.perf_counter() - host_start
+        last.record()
+        torch.cuda.synchronize()
+    finally:
+        for target, method in patched:
+            delattr(target, method)
+    wall_ms = first.elapsed_time(last) / steps
+    phases = {f"{phase}_ms": totals[phase] * 1e3 / steps for phase in ("batch", "forward", *list(PHASES)[1:])}
+    host_ms = host_s * 1e3 / steps
+    record = run_record(
+        built.config,
+        tokens_per_sec=trainer.tokens_per_step / (wall_ms / 1e3),
+        wall_ms=wall_ms,
+        host_ms=host_ms,
+        **phases,
+        backward_and_rest_ms=host_ms - sum(phases.values()),
+        compile_s=compile_s,
+        peak_mem_gib=torch.cuda.max_memory_allocated() / 2**30,
+        cudagraph_skips=compile_counters["cudagraph_skips"] - skips_before,
+        timed_steps=steps,
+    )
+    del trainer, built
+    release_memory()
+    return record
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m cs336_basics.benchmark.host_time",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--presets", default="gpt2-small", help="comma-separated presets")
+    parser.add_argument("--precisions", default="bf16,fp8", help="bf16, fp8 (the default FP8 path), comma-separated")
+    parser.add_argument("--compile", default="default", help=f"compile modes, comma-separated, from {COMPILE_MODES}")
+    parser.add_argument("--warmup", type=positive_int, default=8, help="steps before timing (compile included)")
+    parser.add_argument("--steps", type=positive_int, default=20, help="timed steps")
+    parser.add_argument("--json", help="write {gpu, torch, torchao, command, runs} here")
+    args = parser.parse_args(argv)
+    try:
+        if not torch.cuda.is_available():
+            raise ConfigError("the host-time profile measures CUDA steps; run it on a GPU.")
+        precisions, modes = args.precisions.split(","), args.compile.split(",")
+        for name, values, allowed in (
+            ("precision", precisions, ("bf16", "fp8")),
+            ("compile mode", modes, COMPILE_MODES),
+        ):
+            if bad := [v for v in values if v not in allowed]:
+                raise ConfigError(f"unknown {name} {', '.join(bad)}; choose from {', '.join(allowed)}.")
+        runs = []
+        for preset in args.presets.split(","):
+            for mode in modes:
+                for precision in precisions:
+                    record = measure(preset, precision == "fp8", mode, args.warmup, args.steps)
+                    runs.append(record)
+                    print(
+                        f"{preset:>10} {record['precision']:>18} {mode:>15}: {record['tokens_per_sec']:>9,.0f} tok/s, "
+                        f"wall {record['wall_ms']:6.2f} ms, host {record['host_ms']:6.2f} ms (forward "
+                        f"{record['forward_ms']:.2f}, optimizer {record['optimizer_ms']:.2f}, scaling update "
+                        f"{record['scaling_update_ms']:.2f}), cudagraph skips {record['cudagraph_skips']}",
+                        flush=True,
+                    )
+    except ConfigError as exc:
+        return report_error(exc)
+    if args.json:
+        write_results(args.json, runs)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

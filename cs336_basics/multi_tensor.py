@@ -1,0 +1,62 @@
+"""Many tensors in one kernel launch: a Triton kernel reads them through a device table of their addresses, and
+runs one program per block of elements of every tensor (the block layout says which tensor each program is in).
+
+Why: a launch costs the host tens of microseconds whatever its size, so a per-tensor loop over a model's ~200
+parameters or ~500 scaling buffers costs milliseconds of host time per step, which a step whose GPU work is short
+waits for (the FP8-ahead issue's profile: benchmarks/results/INDEX.md). torch's own multi-tensor ops (`_foreach_*`)
+do this for single elementwise ops; the kernels here fuse a whole update into one pass.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["BlockLayout", "DeviceInts", "addresses"]
+
+
+class DeviceInts:
+    """A list of ints as an int64 tensor on a device, uploaded again only when the list changes: a kernel's table of
+    tensor addresses (gradients may be reallocated between steps; the rest stay put) or lengths. Checking costs a
+    list comparison; an upload is one small asynchronous copy from pinned memory, never a wait for the GPU."""
+
+    def __init__(self) -> None:
+        self._values: list[int] | None = None
+        self._table: torch.Tensor | None = None
+
+    def __call__(self, values: list[int], device: torch.device) -> torch.Tensor:
+        if values != self._values:
+            host = torch.tensor(values, dtype=torch.int64)
+            # A kernel already queued may still read the old table: the new one is another allocation, and the
+            # caching allocator reuses the old one's memory only in stream order, after that kernel.
+            self._table = host.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else host
+            self._values = values
+        return self._table
+
+
+def addresses(table: DeviceInts, tensors: list[torch.Tensor]) -> torch.Tensor:
+    """The tensors' addresses, as a table a kernel reads them through (checked on every call: one `data_ptr()` per
+    tensor)."""
+    return table([t.data_ptr() for t in tensors], tensors[0].device)
+
+
+class BlockLayout:
+    """One program per `block_size` elements of every tensor: each program's tensor (`tensor_of_block`, int32) and
+    each tensor's first program (`first_block`, int32), for tensors of the given sizes. Rebuilt only when the sizes
+    change."""
+
+    def __init__(self, block_size: int) -> None:
+        self.block_size = block_size
+        self._numels: list[int] | None = None
+
+    def __call__(self, tensors: list[torch.Tensor]) -> BlockLayout:
+        numels = [t.numel() for t in tensors]
+        if numels != self._numels:
+            blocks = torch.tensor([-(-n // self.block_size) for n in numels], dtype=torch.int64)
+            first = torch.cumsum(blocks, 0) - blocks
+            device = tensors[0].device
+            self.tensor_of_block = torch.repeat_interleave(torch.arange(len(numels)), blocks).to(torch.int32).to(device)
+            self.first_block = first.to(torch.int32).to(device)
+            self.numel = torch.tensor(numels, dtype=torch.int64, device=device)
+            self.programs = int(blocks.sum())
+            self._numels = numels
+        return self
