@@ -12,7 +12,7 @@ from cs336_basics.benchmark import host_time
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
 def test_refuses_without_a_gpu(capsys):
     assert host_time.main(["--presets", "gpt2-small"]) != 0
-    assert "run it on a GPU" in capsys.readouterr().err
+    assert "needs a CUDA GPU" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(("flag", "value"), [("--precisions", "bf16,fp7"), ("--compile", "fastest")])

@@ -36,6 +36,7 @@ from cs336_basics.build import build
 from cs336_basics.cli import positive_int
 from cs336_basics.config import COMPILE_MODES
 from cs336_basics.config_layers import build_config
+from cs336_basics.devices import require_cuda
 from cs336_basics.errors import ConfigError, report_error
 from cs336_basics.measurement import release_memory, train_for_measurement
 from cs336_basics.results import run_record, write_results
@@ -123,8 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", help="write {gpu, torch, torchao, command, runs} here")
     args = parser.parse_args(argv)
     try:
-        if not torch.cuda.is_available():
-            raise ConfigError("the host-time profile measures CUDA steps; run it on a GPU.")
+        require_cuda("the host-time profile", "it measures CUDA training steps")
         precisions, modes = args.precisions.split(","), args.compile.split(",")
         for name, values, allowed in (
             ("precision", precisions, ("bf16", "fp8")),

@@ -48,6 +48,7 @@ from cs336_basics.benchmark.amdahl.measure import (
     time_matmuls,
 )
 from cs336_basics.config import RunConfig
+from cs336_basics.devices import require_cuda
 from cs336_basics.errors import ConfigError
 from cs336_basics.results import format_or_na, run_record
 from cs336_basics.timing import time_calls_ms
@@ -212,8 +213,7 @@ def analyse_lora(
     FP8 record, the predictions), measured on this CUDA GPU."""
     if not config.finetune.lora:
         raise ConfigError("the LoRA analysis needs a LoRA configuration: --init_from BASE and --lora_rank R.")
-    if not torch.cuda.is_available():
-        raise ConfigError("the LoRA analysis needs a CUDA GPU with FP8 (sm_89+): it times and profiles real steps.")
+    require_cuda("the LoRA analysis", "it times and profiles real steps, FP8 on sm_89+")
     fp8_plan = measurement_plan(config, steps)
     config, device = fp8_plan.config, fp8_plan.device
     tokens = measurement_tokens(config)

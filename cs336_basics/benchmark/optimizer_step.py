@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from cs336_basics.config_layers import build_config
+from cs336_basics.devices import require_cuda
 from cs336_basics.errors import ConfigError, report_error
 from cs336_basics.measurement import release_memory
 from cs336_basics.model import TransformerLM
@@ -138,8 +139,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--json", help="write {gpu, torch, torchao, command, runs} here")
     args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        return report_error(ConfigError("the optimizer-step benchmark times CUDA kernels; run it on a GPU."))
+    try:
+        require_cuda("the optimizer-step benchmark", "it times CUDA kernels")
+    except ConfigError as exc:
+        return report_error(exc)
     runs = [r for preset in args.presets for r in measure_preset(preset, tuple(args.variants), args.warmup, args.steps)]
     if args.json:
         write_results(args.json, runs)

@@ -27,6 +27,7 @@ from cs336_basics.benchmark.amdahl.law import (
 )
 from cs336_basics.benchmark.amdahl.report import AmdahlRow
 from cs336_basics.config import FP8_RECIPES, FP8Config, ModelConfig, RunConfig
+from cs336_basics.devices import require_cuda
 from cs336_basics.errors import ConfigError
 from cs336_basics.precision.support import MIN_FP8_CAPABILITY
 from cs336_basics.timing import calls_per_round, time_calls_ms
@@ -56,14 +57,12 @@ FP8_KERNEL_RE = re.compile(r"e4m3|e5m2|fp8|f8f8|nvjet_(?:sm\d+_)?[qr]{2}t", re.I
 
 
 def _cuda_device(device: torch.device | str | None, what: str) -> torch.device:
-    device = torch.device(device) if device is not None else torch.device("cuda")
-    if device.type != "cuda" or not torch.cuda.is_available():
-        raise ConfigError(
-            f"{what} needs a CUDA GPU (it times real BF16 and FP8 GEMMs / training steps); "
-            f"device is {device}, torch.cuda.is_available() is {torch.cuda.is_available()}. "
-            "The Amdahl math (amdahl_prediction, cast_overhead_ms) and linear_gemm_shapes work anywhere."
-        )
-    return device
+    return require_cuda(
+        what,
+        "it times real BF16 and FP8 GEMMs / training steps; the Amdahl math (amdahl_prediction, cast_overhead_ms) and "
+        "linear_gemm_shapes work anywhere",
+        device,
+    )
 
 
 def _fast_accum(recipe: str) -> dict[str, bool]:
@@ -502,11 +501,7 @@ def measurement_tokens(config: RunConfig, data: Any = None) -> tuple[np.ndarray,
 
 def _check_analysis_request(device: torch.device | str | None, steps: int) -> None:
     """Refuse, before any work, a machine without CUDA, a device that is not a GPU, and too few steps to warm up."""
-    if not torch.cuda.is_available() or (device is not None and torch.device(device).type != "cuda"):
-        raise ConfigError(
-            "the Amdahl analysis needs a CUDA GPU with FP8 (sm_89+): it profiles real BF16 and FP8 training steps "
-            f"(device {device or 'auto'}, torch.cuda.is_available() is {torch.cuda.is_available()})."
-        )
+    require_cuda("the Amdahl analysis", "it profiles real BF16 and FP8 training steps, FP8 on sm_89+", device)
     if steps < 3:
         raise ConfigError(f"steps must be at least 3 (the first compiles, the second settles), got {steps}.")
 
