@@ -108,6 +108,30 @@ class MasterWeightAdamW:
         weight_decay: float = 0.0,
         fused: bool | None = None,
     ):
+        self._take_parameters(named_params)
+        # Two groups, like torch's param_groups: a schedule may set group["lr"]; step() reads it every time.
+        self.param_groups: list[dict[str, Any]] = []
+        for group_name, decay in (("decay", weight_decay), ("no_decay", 0.0)):
+            decayed = group_name == "decay"
+            members = [name for name, m in zip(self.names, self.masters, strict=True) if (m.ndim >= 2) == decayed]
+            if members:
+                self.param_groups.append(
+                    {"group_name": group_name, "lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": decay,
+                     "param_names": members}
+                )  # fmt: skip
+        # name -> {"step", "exp_avg", "exp_avg_sq"}; filled the first time a parameter gets a gradient.
+        self.state: dict[str, dict[str, torch.Tensor]] = {}
+        self.fused = fused_by_default(self.device) if fused is None else fused
+        if self.fused:
+            self._new_launch = self._fused_kernel()
+        # The fused kernel's launches, one per parameter group and dtype, each keeping its address tables.
+        self._launches: dict[tuple, Any] = {}
+        # Device scalars refreshed in place each step (a fill_ is a kernel launch, never a host sync).
+        self._lr = torch.zeros((), device=self.device)
+        self._one = torch.ones((), device=self.device)
+
+    def _take_parameters(self, named_params: Iterable[tuple[str, nn.Parameter]]) -> None:
+        """The trainable parameters, their names, local data and fp32 masters; refused where AdamW cannot step them."""
         self.names: list[str] = []
         self.params: list[nn.Parameter] = []  # the model's own parameters, any float dtype (DTensors if sharded)
         self.locals: list[torch.Tensor] = []  # each parameter's local data, a plain tensor (all of it if unsharded)
@@ -140,43 +164,20 @@ class MasterWeightAdamW:
         # The group whose ranks hold the other shards: the gradient norm is summed over it.
         self._shard_group = self.params[0].device_mesh.get_group() if all(sharded) else None
 
-        # Two groups, like torch's param_groups: a schedule may set group["lr"]; step() reads it every time.
-        self.param_groups: list[dict[str, Any]] = []
-        for group_name, decay in (("decay", weight_decay), ("no_decay", 0.0)):
-            members = [i for i, m in enumerate(self.masters) if (m.ndim >= 2) == (group_name == "decay")]
-            if members:
-                self.param_groups.append(
-                    {
-                        "group_name": group_name,
-                        "lr": lr,
-                        "betas": tuple(betas),
-                        "eps": eps,
-                        "weight_decay": decay,
-                        "param_names": [self.names[i] for i in members],
-                    }
-                )
-        # name -> {"step", "exp_avg", "exp_avg_sq"}; filled the first time a parameter gets a gradient.
-        self.state: dict[str, dict[str, torch.Tensor]] = {}
-        self.fused = fused_by_default(self.device) if fused is None else fused
-        if self.fused:
-            if self.device.type != "cuda":
-                raise ConfigError("the fused AdamW kernel runs on CUDA only; use fused=False on other devices.")
-            if not all(p.is_contiguous() for p in self.locals):
-                raise ConfigError("the fused AdamW kernel needs contiguous parameters (it writes them as flat arrays).")
-            try:
-                from cs336_basics.optim.adamw_kernel import AdamWLaunch  # imports triton
-            except ImportError as exc:
-                raise ConfigError(
-                    f"the fused AdamW kernel needs triton ({exc}); it ships with torch's Linux CUDA wheels. "
-                    "Install triton, or build the optimizer with fused=False (op by op: several times slower steps)."
-                ) from exc
-
-            self._new_launch = AdamWLaunch
-        # The fused kernel's launches, one per parameter group and dtype, each keeping its address tables.
-        self._launches: dict[tuple, Any] = {}
-        # Device scalars refreshed in place each step (a fill_ is a kernel launch, never a host sync).
-        self._lr = torch.zeros((), device=self.device)
-        self._one = torch.ones((), device=self.device)
+    def _fused_kernel(self) -> type:
+        """The fused kernel's launch class (adamw_kernel.py), or a ConfigError that says why it cannot run here."""
+        if self.device.type != "cuda":
+            raise ConfigError("the fused AdamW kernel runs on CUDA only; use fused=False on other devices.")
+        if not all(p.is_contiguous() for p in self.locals):
+            raise ConfigError("the fused AdamW kernel needs contiguous parameters (it writes them as flat arrays).")
+        try:
+            from cs336_basics.optim.adamw_kernel import AdamWLaunch  # imports triton
+        except ImportError as exc:
+            raise ConfigError(
+                f"the fused AdamW kernel needs triton ({exc}); it ships with torch's Linux CUDA wheels. "
+                "Install triton, or build the optimizer with fused=False (op by op: several times slower steps)."
+            ) from exc
+        return AdamWLaunch
 
     # ---- views ----
     def set_lr(self, lr: float) -> None:

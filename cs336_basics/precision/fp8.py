@@ -161,9 +161,14 @@ def is_linear(module: nn.Module, fqn: str) -> bool:
     return isinstance(module, nn.Linear)
 
 
+def fp8_gemm_dims(*dims: int) -> bool:
+    """Whether an FP8 GEMM (torch._scaled_mm / cuBLASLt) can take these matrix dimensions: multiples of 16."""
+    return all(d % 16 == 0 for d in dims)
+
+
 def dims_divisible_by_16(module: nn.Module, fqn: str) -> bool:
-    # FP8 GEMMs (torch._scaled_mm / cuBLASLt) need both matrix dims of the weight to be multiples of 16.
-    return module.in_features % 16 == 0 and module.out_features % 16 == 0
+    # Both of the weight's dims are GEMM dims in one of its three GEMMs.
+    return fp8_gemm_dims(module.in_features, module.out_features)
 
 
 def is_lm_head(module: nn.Module, fqn: str) -> bool:
@@ -248,7 +253,7 @@ def check_fp8_tokens(batch_size: int, seq_len: int, cfg: FP8Config) -> None:
     if not cfg.use_fp8 or cfg.fp8_emulate or not grad_weight_in_fp8(cfg.fp8_recipe):
         return
     tokens = batch_size * seq_len
-    if tokens % 16:
+    if not fp8_gemm_dims(tokens):
         raise ConfigError(
             f"FP8 training with --fp8_recipe {cfg.fp8_recipe} needs the tokens per micro-batch to be a multiple of "
             f"16 (batch_size {batch_size} x sequence length {seq_len} = {tokens}): in backward the token count is the "

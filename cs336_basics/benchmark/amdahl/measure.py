@@ -29,6 +29,7 @@ from cs336_basics.benchmark.amdahl.report import AmdahlRow
 from cs336_basics.config import FP8_RECIPES, FP8Config, ModelConfig, RunConfig
 from cs336_basics.devices import require_cuda
 from cs336_basics.errors import ConfigError
+from cs336_basics.precision.fp8 import fp8_gemm_dims
 from cs336_basics.precision.support import MIN_FP8_CAPABILITY
 from cs336_basics.timing import calls_per_round, time_calls_ms
 
@@ -157,7 +158,7 @@ def time_matmuls(
             bf16_ms = _time_ms(lambda a=a, b=b: torch.mm(a, b), warmup, repeats, min_round_ms)
             del a, b
             fp8_ms = math.nan
-            if shape.k % 16 == 0 and shape.n % 16 == 0:
+            if fp8_gemm_dims(shape.k, shape.n):
                 try:
                     run = _fp8_gemm(shape, device, gen, recipe, fast_accum[shape.kind])
                     fp8_ms = _time_ms(run, warmup, repeats, min_round_ms)
