@@ -1,17 +1,19 @@
 """Many tensors in one kernel launch: a Triton kernel reads them through a device table of their addresses, and
 runs one program per block of elements of every tensor (the block layout says which tensor each program is in).
 
-Why: a launch costs the host tens of microseconds whatever its size, so a per-tensor loop over a model's ~200
-parameters or ~500 scaling buffers costs milliseconds of host time per step, which a step whose GPU work is short
-waits for (the FP8-ahead issue's profile: benchmarks/results/INDEX.md). torch's own multi-tensor ops (`_foreach_*`)
+Why: a launch costs the host tens of microseconds whatever its size, so a per-tensor loop over a model's hundreds of
+parameters or scaling buffers costs milliseconds of host time per step, which a step whose GPU work is short
+waits for (benchmarks/results/2026-11-24-host-levers-h100/README.md). torch's own multi-tensor ops (`_foreach_*`)
 do this for single elementwise ops; the kernels here fuse a whole update into one pass.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-__all__ = ["BlockLayout", "DeviceInts", "addresses"]
+__all__ = ["BlockLayout", "Blocks", "DeviceInts", "addresses"]
 
 
 class DeviceInts:
@@ -39,24 +41,37 @@ def addresses(table: DeviceInts, tensors: list[torch.Tensor]) -> torch.Tensor:
     return table([t.data_ptr() for t in tensors], tensors[0].device)
 
 
+@dataclass(frozen=True)
+class Blocks:
+    """A launch's programs, one per block of elements of every tensor: each program's tensor (int32), each tensor's
+    first program (int32) and size (int64), on the tensors' device; and how many programs there are."""
+
+    tensor_of_block: torch.Tensor
+    first_block: torch.Tensor
+    numel: torch.Tensor
+    programs: int
+
+
 class BlockLayout:
-    """One program per `block_size` elements of every tensor: each program's tensor (`tensor_of_block`, int32) and
-    each tensor's first program (`first_block`, int32), for tensors of the given sizes. Rebuilt only when the sizes
-    change."""
+    """The Blocks of `block_size` elements for a list of tensors, built again only when their sizes change."""
 
     def __init__(self, block_size: int) -> None:
         self.block_size = block_size
         self._numels: list[int] | None = None
+        self._blocks: Blocks | None = None
 
-    def __call__(self, tensors: list[torch.Tensor]) -> BlockLayout:
+    def __call__(self, tensors: list[torch.Tensor]) -> Blocks:
         numels = [t.numel() for t in tensors]
         if numels != self._numels:
             blocks = torch.tensor([-(-n // self.block_size) for n in numels], dtype=torch.int64)
-            first = torch.cumsum(blocks, 0) - blocks
             device = tensors[0].device
-            self.tensor_of_block = torch.repeat_interleave(torch.arange(len(numels)), blocks).to(torch.int32).to(device)
-            self.first_block = first.to(torch.int32).to(device)
-            self.numel = torch.tensor(numels, dtype=torch.int64, device=device)
-            self.programs = int(blocks.sum())
+            tensor_of_block = torch.repeat_interleave(torch.arange(len(numels)), blocks).to(torch.int32)
+            first_block = (torch.cumsum(blocks, 0) - blocks).to(torch.int32)
+            self._blocks = Blocks(
+                tensor_of_block.to(device),
+                first_block.to(device),
+                torch.tensor(numels, device=device),
+                int(blocks.sum()),
+            )
             self._numels = numels
-        return self
+        return self._blocks
