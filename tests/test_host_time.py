@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from cs336_basics.benchmark import host_time
+from cs336_basics.precision.converter import NO_CONVERSION
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
@@ -20,3 +21,15 @@ def test_refuses_unknown_precisions_and_compile_modes(monkeypatch, capsys, flag,
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the check comes before any CUDA work
     assert host_time.main([flag, value]) != 0
     assert value.split(",")[-1] in capsys.readouterr().err
+
+
+@pytest.mark.gpu
+def test_a_profile_of_real_steps_accounts_for_the_host_time():
+    record = host_time.measure("cpu-small", fp8=True, compile_mode="default", warmup=3, steps=4)
+    assert record["status"] == "ok" and record["precision"].startswith("fp8") and record["timed_steps"] == 4
+    phases = [record[f"{phase}_ms"] for phase in ("batch", "forward", "optimizer", "scaling_update")]
+    assert all(ms > 0 for ms in phases[:3]) and record["wall_ms"] > 0 and record["tokens_per_sec"] > 0
+    assert record["backward_and_rest_ms"] >= 0 and sum(phases) <= record["host_ms"]
+    # BF16's converter is one shared object: the timing wrapper put on it is removed afterwards.
+    host_time.measure("cpu-small", fp8=False, compile_mode="default", warmup=3, steps=4)
+    assert "after_optimizer_step" not in vars(NO_CONVERSION)
