@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from cs336_basics.config import RunConfig
+from cs336_basics.config import CUDA_GRAPH_MODES, RunConfig, TrainConfig
 from cs336_basics.errors import ConfigError
 from cs336_basics.lora import LoRAConverter, LoRAReport, check_finetune_request, load_base
 from cs336_basics.model import TransformerLM, check_attention_backend
@@ -80,6 +80,22 @@ def _check_fp8_request(config: RunConfig, support: FP8Support) -> None:
     check_fp8_tokens(config.train.batch_size, config.model.context_length, config.fp8)
 
 
+def check_cuda_graphs_request(train: TrainConfig, device: torch.device) -> None:
+    """Refuse CUDA graphs with gradient accumulation. A CUDA-graph replay writes a backward's gradients into the
+    graph's own memory, where autograd keeps them as `.grad`; the next micro-batch's replay overwrites them before
+    they are added to, so torch either fails ("accessing tensor output of CUDAGraphs that has been overwritten",
+    pytorch/pytorch#169545, open) or accumulates the wrong gradients (the measurement in pytorch/pytorch#96693)."""
+    graphs = device.type == "cuda" and train.compile_model and train.compile_mode in CUDA_GRAPH_MODES
+    if graphs and train.gradient_accumulation_steps > 1:
+        raise ConfigError(
+            f"--compile_mode {train.compile_mode} runs the step under CUDA graphs, which overwrite one micro-batch's "
+            f"gradients with the next (pytorch/pytorch#169545), so --gradient_accumulation_steps "
+            f"{train.gradient_accumulation_steps} cannot be honoured. Use --compile_mode default (or "
+            "max-autotune-no-cudagraphs) with gradient accumulation, or --gradient_accumulation_steps 1 with a larger "
+            "--batch_size."
+        )
+
+
 def plan(config: RunConfig) -> Plan:
     """Resolve every "auto" setting for this machine and refuse, with the fix, what it cannot run. Builds nothing."""
     t, o, fp8 = config.train, config.optim, config.fp8
@@ -121,6 +137,7 @@ def plan(config: RunConfig) -> Plan:
     if use_fp8:
         _check_fp8_request(config, support)
     check_finetune_request(config, world)
+    check_cuda_graphs_request(config.train, device)
     m = config.model
     kernel = check_attention_backend(m.attention, device, torch_dtype(dtype), head_dim=m.head_dim)
     check_parallel_request(config, world)

@@ -23,6 +23,7 @@ ATTENTION_BACKENDS = ("sdpa", "flash", "math")
 DATASETS = ("stdlib", "tinystories")
 DTYPES = ("auto", "bfloat16", "float32")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")  # the modes that run the compiled step under CUDA graphs
 FP8_RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
 FP8_FORMATS = ("auto", "e4m3", "hybrid")
 FP8_PATHS = ("auto", "fused", "torchao")

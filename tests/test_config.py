@@ -1,9 +1,12 @@
 import argparse
+import dataclasses
 import json
 
 import pytest
+import torch
 
-from cs336_basics.build import plan
+from cs336_basics import build as build_module
+from cs336_basics.build import check_cuda_graphs_request, plan
 from cs336_basics.cli import add_config_arguments, config_from_args, config_parser
 from cs336_basics.config import PRESETS, ModelConfig, RunConfig
 from cs336_basics.config_layers import build_config
@@ -156,3 +159,28 @@ def test_help_shows_the_values_a_run_here_uses(monkeypatch):
     add_config_arguments(parser, defaults=build_config({"preset": "1.3b"}, device_type="cuda"))
     text = " ".join(parser.format_help().split())
     assert "else dynamic (default here dynamic, from the 1.3b preset)" in text
+
+
+@pytest.mark.parametrize("mode", ["reduce-overhead", "max-autotune"])
+def test_cuda_graphs_with_gradient_accumulation_are_refused(mode):
+    # CUDA graphs overwrite one micro-batch's gradients with the next (build.check_cuda_graphs_request says why).
+    train = RunConfig().train
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    accumulating = dataclasses.replace(train, compile_model=True, compile_mode=mode, gradient_accumulation_steps=4)
+    with pytest.raises(ConfigError, match=r"CUDA graphs.*--gradient_accumulation_steps 4.*--compile_mode default"):
+        check_cuda_graphs_request(accumulating, cuda)
+    # Allowed: no accumulation, a mode without CUDA graphs, no compile, or the CPU (no CUDA graphs there).
+    for allowed in (
+        dataclasses.replace(accumulating, gradient_accumulation_steps=1),
+        dataclasses.replace(accumulating, compile_mode="max-autotune-no-cudagraphs"),
+        dataclasses.replace(accumulating, compile_model=False),
+    ):
+        check_cuda_graphs_request(allowed, cuda)
+    check_cuda_graphs_request(accumulating, cpu)
+
+
+def test_planning_applies_the_cuda_graphs_check(monkeypatch):
+    seen = []
+    monkeypatch.setattr(build_module, "check_cuda_graphs_request", lambda train, device: seen.append((train, device)))
+    planned = plan(build_config({"preset": "cpu-small", "train": {"gradient_accumulation_steps": 2}}))
+    assert seen == [(planned.config.train, planned.device)]
