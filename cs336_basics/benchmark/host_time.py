@@ -40,6 +40,7 @@ from cs336_basics.devices import require_cuda
 from cs336_basics.errors import ConfigError, report_error
 from cs336_basics.measurement import release_memory, train_for_measurement
 from cs336_basics.results import run_record, write_results
+from cs336_basics.timing import StepTimer
 
 PHASES = {"batch": ("sampler", "next_batch"), "optimizer": ("optimizer", "step"),
           "scaling_update": ("converter", "after_optimizer_step")}  # fmt: skip
@@ -77,20 +78,20 @@ def measure(preset: str, fp8: bool, compile_mode: str, warmup: int, steps: int) 
     for (target, method), phase in zip(patched, PHASES, strict=True):
         setattr(target, method, _timed(totals, phase, getattr(target, method)))
     trainer.step_model = _timed(totals, "forward", trainer.step_model)
-    first, last = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    timer = StepTimer(torch.device("cuda"))  # one span over every timed step: no synchronisation inside it
     torch.cuda.synchronize()
     try:
-        first.record()
+        started = timer.start()
         host_start = time.perf_counter()
         for _ in range(steps):
             trainer.train_step()
         host_s = time.perf_counter() - host_start
-        last.record()
-        torch.cuda.synchronize()
+        timer.stop(0, started)
+        ((_, wall_s),) = timer.collect()
     finally:
         for target, method in patched:
             delattr(target, method)
-    wall_ms = first.elapsed_time(last) / steps
+    wall_ms = wall_s * 1e3 / steps
     phases = {f"{phase}_ms": totals[phase] * 1e3 / steps for phase in ("batch", "forward", *list(PHASES)[1:])}
     host_ms = host_s * 1e3 / steps
     record = run_record(
