@@ -92,8 +92,7 @@ class MasterWeightAdamW:
             model. Names key the state dict, so checkpoints survive a change of model precision.
         lr, betas, eps, weight_decay: as in torch.optim.AdamW (decoupled weight decay).
         fused: run the update as one Triton kernel launch per parameter group (adamw_kernel.py). None (default):
-            on CUDA; on
-            CPU the same formula runs op by op (`adamw_update`).
+            on CUDA; on CPU the same formula runs op by op (`adamw_update`).
 
     Weight decay applies only to parameters with ndim >= 2 (linear weights, embeddings); 1-D parameters
     (RMSNorm gains, biases) are not decayed: shrinking a gain towards 0 has no regularising meaning.
@@ -256,9 +255,10 @@ class MasterWeightAdamW:
             launches.setdefault(kind, []).append(row)
         for kind, rows in launches.items():
             grads, masters, exp_avgs, exp_avg_sqs, steps, params = map(list, zip(*rows, strict=True))
-            launch = self._launches.setdefault(kind, self._new_launch())
-            launch(grads, masters, exp_avgs, exp_avg_sqs, steps, self._lr, grad_scale, *hparams,
-                   None if kind[2] is None else params)  # fmt: skip
+            if kind not in self._launches:
+                self._launches[kind] = self._new_launch()
+            self._launches[kind](grads, masters, exp_avgs, exp_avg_sqs, steps, self._lr, grad_scale, *hparams,
+                                 None if kind[2] is None else params)  # fmt: skip
 
     @torch.no_grad()
     def state_is_finite(self) -> bool:
