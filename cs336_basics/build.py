@@ -96,6 +96,23 @@ def check_cuda_graphs_request(train: TrainConfig, device: torch.device) -> None:
         )
 
 
+def auto_compile_mode(train: TrainConfig, use_fp8: bool, device: torch.device, world: World) -> tuple[str, str]:
+    """--compile_mode auto: (mode, why). CUDA graphs (reduce-overhead) replay a whole compiled step in one launch.
+    They pay where the step waits for the host: FP8's, whose casts and scaled GEMMs are more and smaller kernels than
+    BF16's (at gpt2-small the FP8 step is host-bound, the BF16 step is not, and CUDA graphs leave BF16's speed as it
+    was: benchmarks/results/2026-11-24-compile-auto-h200/). They are left out where they cannot be used safely:
+    gradient accumulation (check_cuda_graphs_request says why) and runs of several processes (not measured)."""
+    if not (train.compile_model and device.type == "cuda"):
+        return "default", "no compiled CUDA step"
+    if not use_fp8:
+        return "default", "a BF16 step keeps the GPU busy: CUDA graphs would not speed it up"
+    if train.gradient_accumulation_steps > 1:
+        return "default", "CUDA graphs cannot accumulate gradients over micro-batches"
+    if world.launched:
+        return "default", "CUDA graphs are not used across several processes"
+    return "reduce-overhead", "CUDA graphs: the FP8 step's many small kernels launched at once, off the host"
+
+
 def plan(config: RunConfig) -> Plan:
     """Resolve every "auto" setting for this machine and refuse, with the fix, what it cannot run. Builds nothing."""
     t, o, fp8 = config.train, config.optim, config.fp8
@@ -237,6 +254,10 @@ def build(config_or_plan: RunConfig | Plan) -> Built:
         raise ConfigError(
             f"FP8 was requested but {counted} FP8 linears are in the model after conversion ({expected} expected)."
         )
+    if config.train.compile_mode == "auto":
+        mode, why = auto_compile_mode(config.train, use_fp8, p.device, p.world)
+        config = config.replace(train={"compile_mode": mode})
+        auto.append(f"compile_mode={mode} ({why})")
     return Built(
         plan=p,
         config=config,

@@ -334,7 +334,12 @@ class TrainConfig:
     device: str = setting("auto", "auto, cpu, cuda or cuda:N", check=not_empty)
     dtype: str = setting("auto", "weight dtype: auto (bfloat16 on CUDA, float32 on CPU)", choices=DTYPES)
     compile_model: bool | None = setting(None, "torch.compile the model (default: on for CUDA, off for CPU)")
-    compile_mode: str = setting("default", "torch.compile mode", choices=COMPILE_MODES)
+    compile_mode: str = setting(
+        "auto",
+        "torch.compile mode; auto: reduce-overhead (CUDA graphs) for an FP8 step in one process without gradient "
+        "accumulation, default otherwise (build.auto_compile_mode says why)",
+        choices=("auto", *COMPILE_MODES),
+    )
     seed: int = setting(0, "seed for the initial weights and the order of batches", check=at_least(0))
     out_dir: str = setting("runs/default", "the run folder (config, metrics, plot, checkpoint)", check=not_empty)
     resume: bool = setting(False, "continue the run in out_dir from its checkpoint, exactly where it stopped")

@@ -6,11 +6,12 @@ import pytest
 import torch
 
 from cs336_basics import build as build_module
-from cs336_basics.build import check_cuda_graphs_request, plan
+from cs336_basics.build import auto_compile_mode, build, check_cuda_graphs_request, plan
 from cs336_basics.cli import add_config_arguments, config_from_args, config_parser
 from cs336_basics.config import PRESETS, ModelConfig, RunConfig
 from cs336_basics.config_layers import build_config
 from cs336_basics.errors import ConfigError
+from cs336_basics.parallel.world import SINGLE, World
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -112,7 +113,7 @@ def test_an_integer_is_accepted_where_a_number_is_expected():
         ("train", {"eval_batches": 0}, r"eval_batches must be >= 1"),
         ("train", {"eval_every": -3}, r"eval_every must be >= 0"),
         ("train", {"checkpoint_every": -1}, r"checkpoint_every must be >= 0"),
-        ("train", {"compile_mode": "turbo"}, r"compile_mode must be one of default, reduce-overhead"),
+        ("train", {"compile_mode": "turbo"}, r"compile_mode must be one of auto, default, reduce-overhead"),
         ("train", {"resume": True, "overwrite": True}, r"pass one of them"),
         ("train", {"out_dir": " "}, r"out_dir must not be empty"),
         ("model", {"norm_eps": 0.0}, r"norm_eps must be > 0"),
@@ -177,6 +178,32 @@ def test_cuda_graphs_with_gradient_accumulation_are_refused(mode):
     ):
         check_cuda_graphs_request(allowed, cuda)
     check_cuda_graphs_request(accumulating, cpu)
+
+
+def test_auto_compile_mode_uses_cuda_graphs_only_for_a_single_process_fp8_step():
+    train = dataclasses.replace(RunConfig().train, compile_model=True)
+    cuda = torch.device("cuda")
+    assert auto_compile_mode(train, True, cuda, SINGLE)[0] == "reduce-overhead"
+    torchrun = World(rank=0, local_rank=0, world_size=2, launched=True)
+    for mode, why in (
+        auto_compile_mode(train, False, cuda, SINGLE),
+        auto_compile_mode(dataclasses.replace(train, gradient_accumulation_steps=2), True, cuda, SINGLE),
+        auto_compile_mode(train, True, cuda, torchrun),
+        auto_compile_mode(train, True, torch.device("cpu"), SINGLE),
+        auto_compile_mode(dataclasses.replace(train, compile_model=False), True, cuda, SINGLE),
+    ):
+        assert mode == "default" and why
+
+
+def test_the_built_config_names_the_compile_mode_auto_chose():
+    config = build_config({"preset": "cpu-small", "model": {"dim": 32, "n_layers": 1}}, device_type="cpu")
+    assert config.train.compile_mode == "auto"
+    built = build(config)
+    assert built.config.train.compile_mode == "default"
+    assert "compile_mode=default (no compiled CUDA step)" in built.auto_choices
+    explicit = build(config.replace(train={"compile_mode": "max-autotune-no-cudagraphs"}))
+    assert explicit.config.train.compile_mode == "max-autotune-no-cudagraphs"
+    assert not any(note.startswith("compile_mode=") for note in explicit.auto_choices)
 
 
 def test_planning_applies_the_cuda_graphs_check(monkeypatch):

@@ -161,7 +161,7 @@ def test_quick_plan_and_dry_run_runs_nothing(tmp_path, capsys, monkeypatch):
     [
         (["--precisions", "bf16,fp9"], "--precisions: unknown value(s) 'fp9'"),
         (["--presets", "7b"], "--presets: unknown value(s) '7b'"),
-        (["--compile", "fast"], "choose from eager, default"),
+        (["--compile", "fast"], "choose from eager, auto, default"),
         (["--attention", ""], "--attention is empty"),
         (["--ac", "maybe"], "--ac: unknown value(s) 'maybe'; choose from off, on"),
         (["--fp8_lm_head", "yes"], "--fp8_lm_head: unknown value(s) 'yes'"),

@@ -181,12 +181,39 @@ def test_gpu_compiled_run(tmp_path, token_files, capsys, precision):
     code, stdout, err = run(argv, capsys)
     assert code == 0, err
     result = json.loads((out / "result.json").read_text())
-    assert result["compile"] == "default" and result["compile_s"] > 0 and result["peak_mem_gib"] > 0
+    # --compile_mode auto: CUDA graphs for the FP8 step, not for BF16's (build.auto_compile_mode)
+    assert result["compile"] == ("reduce-overhead" if precision == ["--use_fp8"] else "default")
+    assert result["compile_s"] > 0 and result["peak_mem_gib"] > 0
     # --use_fp8 alone: the default FP8, the fused path with delayed scaling and the FP8 lm_head (precision/choice.py)
     assert result["precision"] == ("fp8-fused-delayed" if precision == ["--use_fp8"] else "bf16")
     assert result["fp8_lm_head"] == (precision == ["--use_fp8"])
     verdict = "FP8 + Compilation" if precision == ["--use_fp8"] else "SUB-OPTIMAL"
     assert verdict in stdout
+
+
+@pytest.mark.gpu
+def test_gpu_fp8_under_auto_cuda_graphs_evaluates_checkpoints_and_resumes_exactly(tmp_path, token_files, capsys):
+    """What a run does keeps working when --compile_mode auto puts the FP8 step under CUDA graphs: evaluation
+    (another graph, without gradients), delayed scaling's update, clipping, checkpoints, and an exact resume."""
+    gpu = ["--device", "cuda", "--dim", "64", "--intermediate_size", "128", "--use_fp8"]
+    base = [*TINY, *token_files, *gpu, "--log_every", "1", "--eval_every", "2", "--lr_decay_steps", "6"]
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    code, stdout, err = run([*base, "--max_steps", "6", "--out_dir", straight], capsys)
+    assert code == 0, err
+    assert "compile_mode=reduce-overhead" in stdout
+    assert json.loads((straight / "result.json").read_text())["compile"] == "reduce-overhead"
+    assert run([*base, "--max_steps", "3", "--out_dir", split], capsys)[0] == 0
+    code, _, err = run(["--resume", "--out_dir", split, "--max_steps", "6"], capsys)
+    assert code == 0, err
+    assert json.loads((split / "config.json").read_text())["train"]["compile_mode"] == "auto"  # chosen again
+    records = read_metrics(straight / "metrics.jsonl")
+    resumed = read_metrics(split / "metrics.jsonl")
+
+    def losses(rs):  # the first half also evaluated where it stopped, at step 3: compare every 2nd step's evaluation
+        return [(r["step"], r["loss"], r.get("val_loss") if r["step"] % 2 == 0 else None) for r in rs]
+
+    assert losses(resumed) == losses(records)  # bit for bit, evaluations included
+    assert all(r.get("val_loss") is not None for r in records if r["step"] % 2 == 0)
 
 
 @pytest.mark.gpu

@@ -29,16 +29,13 @@ import time
 from collections import defaultdict
 from typing import Any
 
-import numpy as np
 import torch
 
-from cs336_basics.build import build
 from cs336_basics.cli import positive_int
 from cs336_basics.config import COMPILE_MODES
-from cs336_basics.config_layers import build_config
 from cs336_basics.devices import require_cuda
 from cs336_basics.errors import ConfigError, report_error
-from cs336_basics.measurement import release_memory, train_for_measurement
+from cs336_basics.measurement import release_memory, warmed_up_preset
 from cs336_basics.results import run_record, write_results
 from cs336_basics.timing import StepTimer
 
@@ -59,17 +56,10 @@ def _timed(totals: dict[str, float], phase: str, fn):
 
 
 def measure(preset: str, fp8: bool, compile_mode: str, warmup: int, steps: int) -> dict[str, Any]:
-    config = build_config(
-        {"preset": preset, "fp8": {"use_fp8": fp8}, "train": {"max_steps": warmup, "log_every": warmup,
-                                                               "compile_mode": compile_mode}},
-        device_type="cuda",
-    )  # fmt: skip
-    built = build(config)
-    tokens = np.random.default_rng(0).integers(0, config.model.vocab_size, 4_000_000, dtype=np.int64)
     compile_counters = torch._dynamo.utils.counters["inductor"]
     skips_before = compile_counters["cudagraph_skips"]
-    started = time.perf_counter()
-    trainer, _ = train_for_measurement(built, tokens, tokens, log=lambda message: None)
+    started = time.perf_counter()  # compile_s: the build and warm-up steps, compile included
+    built, trainer = warmed_up_preset(preset, fp8, compile_mode, warmup)
     compile_s = time.perf_counter() - started
 
     totals: dict[str, float] = defaultdict(float)

@@ -107,9 +107,10 @@ def _run_locked(config: RunConfig, folder: RunFolder, world, results_json, log) 
         log(built.plan.fp8_support.format())
     log(format_summary(config, _facts(built, data.description, notes)))
     # The run's settings, as a later --resume reads them: how this invocation started is not one of them, and the FP8
-    # settings left automatic stay automatic (a resume chooses again, as for --parallel auto).
+    # settings and the compile mode left automatic stay automatic (a resume chooses again, as for --parallel auto).
     saved = config.replace(
-        train={"resume": False, "overwrite": False}, fp8={name: getattr(requested_fp8, name) for name in AUTO_SETTINGS}
+        train={"resume": False, "overwrite": False, "compile_mode": t.compile_mode},
+        fp8={name: getattr(requested_fp8, name) for name in AUTO_SETTINGS},
     )
     if world.is_main:
         before = "Nothing was trained." + (f" {folder.checkpoint_path} is intact." if resume_state is not None else "")

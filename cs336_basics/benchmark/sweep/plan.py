@@ -26,7 +26,7 @@ PRECISIONS = (
     "bf16", "fp8-tensorwise", "fp8-rowwise", "fp8-rowwise_with_gw_hp", "fp8-fused-dynamic", "fp8-fused-delayed", "fp32",
     "fp8",
 )  # fmt: skip
-COMPILE_CHOICES = ("eager", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+COMPILE_CHOICES = ("eager", "auto", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 PARALLEL_CHOICES = (DDP, FSDP)  # for world sizes above 1; one process has none
 ON_OFF = {"off": False, "on": True}
 DEFAULT_PRESETS = ("366m", "gpt2-small", "1.3b")
