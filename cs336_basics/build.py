@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
+from cs336_basics.compiled import auto_compile_mode
 from cs336_basics.config import CUDA_GRAPH_MODES, RunConfig, TrainConfig
 from cs336_basics.errors import ConfigError
 from cs336_basics.lora import LoRAConverter, LoRAReport, check_finetune_request, load_base
@@ -94,23 +95,6 @@ def check_cuda_graphs_request(train: TrainConfig, device: torch.device) -> None:
             "max-autotune-no-cudagraphs) with gradient accumulation, or --gradient_accumulation_steps 1 with a larger "
             "--batch_size."
         )
-
-
-def auto_compile_mode(train: TrainConfig, use_fp8: bool, device: torch.device, world: World) -> tuple[str, str]:
-    """--compile_mode auto: (mode, why). CUDA graphs (reduce-overhead) replay a whole compiled step in one launch.
-    They pay where the step waits for the host: FP8's, whose casts and scaled GEMMs are more and smaller kernels than
-    BF16's (at gpt2-small the FP8 step is host-bound, the BF16 step is not, and CUDA graphs leave BF16's speed as it
-    was: benchmarks/results/2026-11-24-compile-auto-h200/). They are left out where they cannot be used safely:
-    gradient accumulation (check_cuda_graphs_request says why) and runs of several processes (not measured)."""
-    if not (train.compile_model and device.type == "cuda"):
-        return "default", "no compiled CUDA step"
-    if not use_fp8:
-        return "default", "a BF16 step keeps the GPU busy: CUDA graphs would not speed it up"
-    if train.gradient_accumulation_steps > 1:
-        return "default", "CUDA graphs cannot accumulate gradients over micro-batches"
-    if world.launched:
-        return "default", "CUDA graphs are not used across several processes"
-    return "reduce-overhead", "CUDA graphs: the FP8 step's many small kernels launched at once, off the host"
 
 
 def plan(config: RunConfig) -> Plan:

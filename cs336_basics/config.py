@@ -337,7 +337,7 @@ class TrainConfig:
     compile_mode: str = setting(
         "auto",
         "torch.compile mode; auto: reduce-overhead (CUDA graphs) for an FP8 step in one process without gradient "
-        "accumulation, default otherwise (build.auto_compile_mode says why)",
+        "accumulation, default otherwise (compiled.auto_compile_mode says why)",
         choices=("auto", *COMPILE_MODES),
     )
     seed: int = setting(0, "seed for the initial weights and the order of batches", check=at_least(0))

@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from cs336_basics import build as build_module
-from cs336_basics.build import auto_compile_mode, build, check_cuda_graphs_request, plan
+from cs336_basics.build import build, check_cuda_graphs_request, plan
 from cs336_basics.cli import add_config_arguments, config_from_args, config_parser
+from cs336_basics.compiled import auto_compile_mode
 from cs336_basics.config import PRESETS, ModelConfig, RunConfig
 from cs336_basics.config_layers import build_config
 from cs336_basics.errors import ConfigError

@@ -181,7 +181,7 @@ def test_gpu_compiled_run(tmp_path, token_files, capsys, precision):
     code, stdout, err = run(argv, capsys)
     assert code == 0, err
     result = json.loads((out / "result.json").read_text())
-    # --compile_mode auto: CUDA graphs for the FP8 step, not for BF16's (build.auto_compile_mode)
+    # --compile_mode auto: CUDA graphs for the FP8 step, not for BF16's (compiled.auto_compile_mode)
     assert result["compile"] == ("reduce-overhead" if precision == ["--use_fp8"] else "default")
     assert result["compile_s"] > 0 and result["peak_mem_gib"] > 0
     # --use_fp8 alone: the default FP8, the fused path with delayed scaling and the FP8 lm_head (precision/choice.py)

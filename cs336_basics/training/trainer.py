@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from cs336_basics.compiled import is_compiled
+from cs336_basics.compiled import auto_compile_mode, is_compiled
 from cs336_basics.config import RunConfig
 from cs336_basics.data import BatchSampler, get_rank_batch
 from cs336_basics.errors import ConfigError, WorkFailed, io_error, writing
@@ -138,7 +138,10 @@ class Trainer:
         # DDP wraps the compiled model, FSDP2 shards the model whose blocks were compiled (parallel/wrap.py says why
         # in this order). fullgraph=True: a graph break in the model is a bug we want to hear about, not a silent
         # slowdown. `step_model` is what the training step calls.
-        compiled = compile_for_training(model, self.parallel, t.compile_mode) if t.compile_model else model
+        mode = t.compile_mode
+        if mode == "auto":  # build() resolves it (and its summary names the choice); a Trainer made without build() too
+            mode, _ = auto_compile_mode(t, bool(config.fp8.use_fp8), device, self.world)
+        compiled = compile_for_training(model, self.parallel, mode) if t.compile_model else model
         self.step_model = parallelize(model, compiled, self.parallel, device)
         # BF16 keeps FP32's exponent range and torchao scales FP8 tensors itself, so no loss scaling: no AMP
         # GradScaler here on purpose (only fp16 training would need one). Under FSDP2 it steps each rank's shards.
