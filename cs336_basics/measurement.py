@@ -26,6 +26,9 @@ def train_for_measurement(built: Built, train_tokens, val_tokens, log=print) -> 
         return trainer, trainer.train()
 
 
+PROBE_PRECISIONS = ("bf16", "fp8")  # what warmed_up_preset builds: BF16, or the default FP8 path
+
+
 def warmed_up_preset(preset: str, fp8: bool, compile_mode: str, warmup: int) -> tuple[Built, Trainer]:
     """A preset built for CUDA (FP8 by the default path, or BF16) and trained `warmup` steps on random tokens
     (compile included), its Trainer ready for measured steps. For probes of the step itself (host time, memory),

@@ -31,11 +31,12 @@ from typing import Any
 
 import torch
 
+from cs336_basics.benchmark.sweep.plan import parse_choices
 from cs336_basics.cli import positive_int
 from cs336_basics.config import COMPILE_MODES
 from cs336_basics.devices import require_cuda
 from cs336_basics.errors import ConfigError, report_error
-from cs336_basics.measurement import release_memory, warmed_up_preset
+from cs336_basics.measurement import PROBE_PRECISIONS, release_memory, warmed_up_preset
 from cs336_basics.results import run_record, write_results
 from cs336_basics.timing import StepTimer
 
@@ -116,13 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         require_cuda("the host-time profile", "it measures CUDA training steps")
-        precisions, modes = args.precisions.split(","), args.compile.split(",")
-        for name, values, allowed in (
-            ("precision", precisions, ("bf16", "fp8")),
-            ("compile mode", modes, COMPILE_MODES),
-        ):
-            if bad := [v for v in values if v not in allowed]:
-                raise ConfigError(f"unknown {name} {', '.join(bad)}; choose from {', '.join(allowed)}.")
+        precisions = parse_choices(args.precisions, PROBE_PRECISIONS, "--precisions")
+        modes = parse_choices(args.compile, COMPILE_MODES, "--compile")
         runs = []
         for preset in args.presets.split(","):
             for mode in modes:

@@ -20,10 +20,11 @@ from typing import Any
 
 import torch
 
+from cs336_basics.benchmark.sweep.plan import parse_choices
 from cs336_basics.cli import positive_int
 from cs336_basics.devices import require_cuda
 from cs336_basics.errors import ConfigError, report_error
-from cs336_basics.measurement import release_memory, warmed_up_preset
+from cs336_basics.measurement import PROBE_PRECISIONS, release_memory, warmed_up_preset
 from cs336_basics.results import run_record, write_results
 
 MIB = 2**20
@@ -121,9 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         require_cuda("the memory-peak probe", "it records CUDA allocations")
-        precisions = args.precisions.split(",")
-        if bad := [p for p in precisions if p not in ("bf16", "fp8")]:
-            raise ConfigError(f"unknown precision {', '.join(bad)}; choose from bf16, fp8.")
+        precisions = parse_choices(args.precisions, PROBE_PRECISIONS, "--precisions")
         runs = []
         for preset in args.presets.split(","):
             for precision in precisions:

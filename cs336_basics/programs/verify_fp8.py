@@ -353,6 +353,8 @@ def verify_fp8(config: RunConfig, loss_tolerance: float = 0.02, min_speedup: flo
     fp8_plan = plan(_for_this_machine(config, on_gpu).with_fp8(True))
     config, device = fp8_plan.config, fp8_plan.device
     log(fp8_plan.fp8_support.format())
+    if on_gpu and config.train.compile_mode == "auto":
+        log("compile mode: default, not auto's CUDA graphs, which would hide the FP8 GEMMs from check 2's profiler")
     data = prepare_data(config.data, config.model.vocab_size)
     require_windows(len(data.train), config.model.context_length, "the training data")
 
