@@ -30,7 +30,12 @@ import math
 import torch
 from torch import nn
 
-from cs336_basics.precision.fused.head import cross_entropy_from_logits, fp8_logits_grad
+from cs336_basics.precision.fused.head import (
+    cross_entropy_from_logits,
+    fp8_unit_logits_grad,
+    logits_grad_scale_inv,
+    loss_without_gradient,
+)
 from cs336_basics.precision.fused.linear import fp8_matmul
 from cs336_basics.precision.fused.scaling import (
     E4M3,
@@ -238,15 +243,16 @@ class _FrozenFp8LinearCrossEntropy(torch.autograd.Function):
         x_fp8, x_scale_inv = scaling.cast(x.reshape(-1, x.shape[-1]), INPUT, record)
         logits = fp8_matmul(x_fp8, x_scale_inv, w_fp8.t(), w_scale_inv, fast_accum=True)
         loss, lse, valid, count = cross_entropy_from_logits(logits, targets.reshape(-1))
-        ctx.save_for_backward(logits, lse, targets.reshape(-1), valid, count, w_t, w_scale_inv)
+        g_fp8 = fp8_unit_logits_grad(logits, lse, targets.reshape(-1), valid, scaling.dtypes[GRAD])
+        ctx.save_for_backward(g_fp8, count, w_t, w_scale_inv)
         ctx.scaling, ctx.x_shape = scaling, x.shape
         return loss
 
     @staticmethod
     def backward(ctx, dloss):
-        logits, lse, targets, valid, count, w_t, w_scale_inv = ctx.saved_tensors
+        g_fp8, count, w_t, w_scale_inv = ctx.saved_tensors
         scaling = ctx.scaling
-        g_fp8, g_scale_inv = fp8_logits_grad(logits, lse, targets, valid, count, dloss, scaling.dtypes[GRAD])
+        g_scale_inv = logits_grad_scale_inv(dloss, count, scaling.dtypes[GRAD])
         dx = fp8_matmul(g_fp8, g_scale_inv, w_t.t(), w_scale_inv, scaling.fast_accum_backward)
         return dx.reshape(ctx.x_shape), None, None, None, None, None, None
 
@@ -256,4 +262,6 @@ class FrozenFp8LMHead(FrozenLinear):
 
     def linear_cross_entropy(self, x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Mean cross-entropy of `targets` under x W^T; the same value as cross_entropy(self(x), targets)."""
+        if not torch.is_grad_enabled():
+            return loss_without_gradient(self, x, targets)
         return _FrozenFp8LinearCrossEntropy.apply(x, targets, self.scaling, self.training, *self.fp8_operands)

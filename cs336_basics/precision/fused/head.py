@@ -4,12 +4,18 @@ The lm_head's GEMMs are the largest of a course-scale model (vocab x dim per tok
 gradient of the logits, is the largest tensor an FP8 cast would have to read: tokens x vocab. Cast like every other
 gradient, it would be written in BF16, read for its amax, read again to be cast and transposed.
 
-Here the head and the mean cross-entropy are one autograd function, so its backward writes the gradient of the
-logits straight in FP8 (E5M2 by default), in the kernel that computes it, and needs no amax pass: each entry is
+Here the head and the mean cross-entropy are one autograd function, so the gradient of the logits is written straight
+in FP8 (E5M2 by default), in the kernel that computes it, and needs no amax pass: each entry is
 dloss * (softmax - onehot(target)) / n_valid, and |softmax - onehot| <= 1, so dloss / n_valid bounds every entry.
 That bound is the scale's amax. It is the true amax to within the largest |softmax - onehot| of the batch, which is
 close to 1 for a language model (some token is always badly predicted), so the cast keeps the resolution dynamic
 scaling would give it, and never saturates.
+
+The forward writes it, not the backward: softmax - onehot needs no upstream gradient, whose scalar dloss / n_valid
+only enters the GEMMs' scale. So the forward saves that FP8 tensor (half the bytes of the BF16 logits) and frees the
+logits: at the step's peak, in the head's backward, the logits no longer sit beside the gradient's two FP8 layouts
+(benchmarks/results/2026-11-24-head-memory-h200 found them there). The cast is the same up to the sign of dloss,
+which moves into the scale.
 
 Evaluation and sampling, which ask for logits, run the head as an ordinary FP8 linear (Fp8Linear).
 """
@@ -17,9 +23,10 @@ Evaluation and sampling, which ask for logits, run the head as an ordinary FP8 l
 from __future__ import annotations
 
 import torch
+from torch import nn
 
 from cs336_basics.precision.fused.linear import Fp8Linear, backward_gemms, forward_gemm
-from cs336_basics.precision.fused.scaling import GRAD, INPUT, SiteScaling, amax_to_scale, cast_to_fp8
+from cs336_basics.precision.fused.scaling import GRAD, INPUT, SiteScaling, cast_to_fp8, fp8_max
 
 IGNORE_INDEX = -100  # F.cross_entropy's default, which the model's loss uses
 
@@ -46,44 +53,47 @@ def logits_grad(
     return (probs - onehot.float()) * torch.where(valid, row_scale, 0.0).unsqueeze(1)
 
 
-def fp8_logits_grad(
-    logits: torch.Tensor,
-    lse: torch.Tensor,
-    targets: torch.Tensor,
-    valid: torch.Tensor,
-    count: torch.Tensor,
-    dloss: torch.Tensor,
-    dtype: torch.dtype,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The gradient of the mean loss with respect to the logits, written in FP8 `dtype` as it is computed, and the
-    inverse of its scale. Every entry lies within |dloss| / count (module docstring): that bound is the amax, so no
-    amax pass."""
-    row_scale = dloss.float() / count
-    g_scale = amax_to_scale(row_scale.abs(), dtype)
-    return cast_to_fp8(logits_grad(logits, lse, targets, valid, row_scale), g_scale, dtype), g_scale.reciprocal()
+def fp8_unit_logits_grad(
+    logits: torch.Tensor, lse: torch.Tensor, targets: torch.Tensor, valid: torch.Tensor, dtype: torch.dtype
+) -> torch.Tensor:
+    """softmax - onehot(target) (0 on rows left out), written in FP8 `dtype` as it is computed. Every entry lies
+    within 1 (module docstring): that bound is the amax, so the scale is the format's max and no amax pass is
+    needed. The gradient of the mean loss is this tensor times dloss / n_valid: `logits_grad_scale_inv`."""
+    return cast_to_fp8(logits_grad(logits, lse, targets, valid, torch.ones_like(lse)), fp8_max(dtype), dtype)
+
+
+def logits_grad_scale_inv(dloss: torch.Tensor, count: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The inverse scale that makes fp8_unit_logits_grad's tensor the gradient of the mean loss in the GEMMs."""
+    return dloss.float() / count / fp8_max(dtype)
+
+
+def loss_without_gradient(head: nn.Module, x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """A loss head's mean cross-entropy when no gradient is wanted (evaluation): the logits alone, the forward's FP8
+    gradient left unwritten."""
+    return cross_entropy_from_logits(head(x).flatten(0, -2), targets.reshape(-1))[0]
 
 
 class _Fp8LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, targets, scaling: SiteScaling, record: bool, weight):
         x2 = x.reshape(-1, x.shape[-1])
-        targets = targets.reshape(-1)
         x_fp8, x_scale_inv = scaling.cast(x2, INPUT, record)
         logits, w_t, w_scale_inv = forward_gemm(x_fp8, x_scale_inv, weight, scaling, record)
-        loss, lse, valid, count = cross_entropy_from_logits(logits, targets)
-        ctx.save_for_backward(
-            logits, lse, targets, valid, count, scaling.transposed(x_fp8), x_scale_inv, w_t, w_scale_inv
-        )
+        loss, lse, valid, count = cross_entropy_from_logits(logits, targets.reshape(-1))
+        g_fp8 = fp8_unit_logits_grad(logits, lse, targets.reshape(-1), valid, scaling.dtypes[GRAD])
+        ctx.save_for_backward(g_fp8, count, scaling.transposed(x_fp8), x_scale_inv, w_t, w_scale_inv)
         ctx.scaling, ctx.x_shape = scaling, x.shape
         return loss
 
     @staticmethod
     def backward(ctx, dloss):
-        logits, lse, targets, valid, count, x_fp8_t, x_scale_inv, w_t, w_scale_inv = ctx.saved_tensors
+        g_fp8, count, x_fp8_t, x_scale_inv, w_t, w_scale_inv = ctx.saved_tensors
         scaling = ctx.scaling
-        g_fp8, g_scale_inv = fp8_logits_grad(logits, lse, targets, valid, count, dloss, scaling.dtypes[GRAD])
-        g_fp8_t, fast = g_fp8.t().contiguous(), scaling.fast_accum_backward  # off for the head (convert.py)
-        dx, dw = backward_gemms(g_fp8, g_fp8_t, g_scale_inv, w_t, w_scale_inv, x_fp8_t, x_scale_inv, fast)
+        g_scale_inv = logits_grad_scale_inv(dloss, count, scaling.dtypes[GRAD])
+        fast = scaling.fast_accum_backward  # off for the head (convert.py)
+        dx, dw = backward_gemms(
+            g_fp8, scaling.transposed(g_fp8), g_scale_inv, w_t, w_scale_inv, x_fp8_t, x_scale_inv, fast
+        )
         return dx.reshape(ctx.x_shape), None, None, None, dw
 
 
@@ -93,6 +103,8 @@ class Fp8LMHead(Fp8Linear):
 
     def linear_cross_entropy(self, x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Mean cross-entropy of `targets` under x W^T; the same value as cross_entropy(self(x), targets)."""
+        if not torch.is_grad_enabled():
+            return loss_without_gradient(self, x, targets)
         return _Fp8LinearCrossEntropy.apply(x, targets, self.scaling, self.training, self.weight)
 
     def extra_repr(self) -> str:
