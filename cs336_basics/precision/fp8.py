@@ -224,15 +224,21 @@ def _skip(rules: list[_Rule], module: nn.Module, fqn: str) -> tuple[str, str] | 
     return None
 
 
+def skip_rule(cfg: FP8Config) -> Callable[[nn.Module, str], tuple[str, str] | None]:
+    """cfg's filters as one function: (category, full reason) for a module they would not convert, else None."""
+    rules = _rules(cfg)
+    return lambda module, fqn: _skip(rules, module, fqn)
+
+
 def module_filter(cfg: FP8Config) -> ModuleFilter:
     """All of cfg's filters composed into the one `(module, fqn) -> bool` torchao's module_filter_fn takes."""
-    rules = _rules(cfg)
-    return lambda module, fqn: _skip(rules, module, fqn) is None
+    skip = skip_rule(cfg)
+    return lambda module, fqn: skip(module, fqn) is None
 
 
 def skip_reason(module: nn.Module, fqn: str, cfg: FP8Config) -> str | None:
     """Why cfg's filters would not convert this module, or None if they would."""
-    result = _skip(_rules(cfg), module, fqn)
+    result = skip_rule(cfg)(module, fqn)
     return None if result is None else result[1]
 
 
@@ -383,18 +389,24 @@ def _nothing_converted_error(report: FP8ConversionReport) -> ConfigError:
 def decide_conversions(model: nn.Module, cfg: FP8Config, report: FP8ConversionReport) -> None:
     """Fill `report` with every nn.Linear of the model: converted, or skipped with the reason; raise ConfigError if
     nothing would convert. Both FP8 paths decide by this one rule."""
-    rules = _rules(cfg)
+    file_decisions(model, skip_rule(cfg), report)
+    if not report.converted:
+        raise _nothing_converted_error(report)
+
+
+def file_decisions(
+    model: nn.Module, skip: Callable[[nn.Module, str], tuple[str, str] | None], report: FP8ConversionReport
+) -> None:
+    """Every nn.Linear of the model into `report`: converted, or skipped with `skip`'s (category, reason)."""
     # remove_duplicate=False visits names exactly as torchao's own traversal does.
     for fqn, module in model.named_modules(remove_duplicate=False):
         if not is_linear(module, fqn):
             continue
-        skip = _skip(rules, module, fqn)
-        if skip is None:
+        decision = skip(module, fqn)
+        if decision is None:
             report.converted.append(fqn)
         else:
-            report.skip_category[fqn], report.skipped[fqn] = skip
-    if not report.converted:
-        raise _nothing_converted_error(report)
+            report.skip_category[fqn], report.skipped[fqn] = decision
 
 
 def convert_model_to_fp8(model: nn.Module, cfg: FP8Config, fsdp_float8_all_gather: bool = False) -> FP8ConversionReport:

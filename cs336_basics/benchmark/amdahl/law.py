@@ -133,13 +133,26 @@ def linear_gemm_shapes(
     else:
         is_converted, hp_grad_weight = cfg, False
     tokens = batch_size * model_config.context_length
+    recomputed = (lambda fqn: fqn.startswith("layers.")) if model_config.gradient_checkpointing else None
+    return gemm_shapes(_linear_layers(model_config), tokens, is_converted, hp_grad_weight, recomputed)
+
+
+def gemm_shapes(
+    linears: Iterable[tuple[str, nn.Module]],
+    tokens: int,
+    is_converted: Callable[[nn.Module, str], bool],
+    hp_grad_weight: bool = False,
+    recomputed: Callable[[str], bool] | None = None,
+) -> list[GemmShape]:
+    """The three training GEMMs of each (fqn, nn.Linear) for `tokens` tokens per micro-batch, deduplicated with
+    counts; `is_converted` says which run in FP8 (`hp_grad_weight`: not their grad_weight GEMM), `recomputed` which
+    layers' forward runs twice (gradient checkpointing)."""
     shapes = []
-    for fqn, module in _linear_layers(model_config):
+    for fqn, module in linears:
         k, n = module.in_features, module.out_features
         converted = bool(is_converted(module, fqn))
-        recomputed = model_config.gradient_checkpointing and fqn.startswith("layers.")
         gemms = (
-            ("forward", (tokens, k, n), 2 if recomputed else 1),
+            ("forward", (tokens, k, n), 2 if recomputed is not None and recomputed(fqn) else 1),
             ("grad_input", (tokens, n, k), 1),
             ("grad_weight", (n, tokens, k), 1),
         )
