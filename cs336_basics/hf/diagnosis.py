@@ -203,7 +203,7 @@ def _findings(model: nn.Module, tokens: int, torchao: str | None, torchao_error:
     found.append(Finding(
         "Accelerate's default filter", f"{accelerate.report.n_converted} of {accelerate.report.n_linear} linears; "
         f"kept in BF16: {', '.join(_first_and_last_linear(model))}",
-        f"It leaves block 0's first projection in BF16 by module order; every-linear would put "
+        f"It keeps the first and last nn.Linear in module order in BF16; every-linear would put "
         f"{100 * by_policy['every-linear'].fp8_flop_share:.0f}% of the FLOPs in FP8 against its "
         f"{100 * accelerate.fp8_flop_share:.0f}%.", problem=False,
     ))  # fmt: skip
