@@ -22,7 +22,6 @@ other; compare rows of one run only.
 
 from __future__ import annotations
 
-import argparse
 import functools
 import sys
 import time
@@ -31,13 +30,12 @@ from typing import Any
 
 import torch
 
+from cs336_basics.benchmark.probe import probe_parser, run_probe
 from cs336_basics.benchmark.sweep.plan import parse_choices
 from cs336_basics.cli import positive_int
 from cs336_basics.config import COMPILE_MODES
-from cs336_basics.devices import require_cuda
-from cs336_basics.errors import ConfigError, report_error
-from cs336_basics.measurement import PROBE_PRECISIONS, release_memory, warmed_up_preset
-from cs336_basics.results import run_record, write_results
+from cs336_basics.measurement import release_memory, warmed_up_preset
+from cs336_basics.results import run_record
 from cs336_basics.timing import StepTimer
 
 PHASES = {"batch": ("sampler", "next_batch"), "optimizer": ("optimizer", "step"),
@@ -103,24 +101,16 @@ def measure(preset: str, fp8: bool, compile_mode: str, warmup: int, steps: int) 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m cs336_basics.benchmark.host_time",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--presets", default="gpt2-small", help="comma-separated presets")
-    parser.add_argument("--precisions", default="bf16,fp8", help="bf16, fp8 (the default FP8 path), comma-separated")
+    parser = probe_parser("cs336_basics.benchmark.host_time", __doc__)
     parser.add_argument("--compile", default="default", help=f"compile modes, comma-separated, from {COMPILE_MODES}")
     parser.add_argument("--warmup", type=positive_int, default=8, help="steps before timing (compile included)")
     parser.add_argument("--steps", type=positive_int, default=20, help="timed steps")
-    parser.add_argument("--json", help="write {gpu, torch, torchao, command, runs} here")
     args = parser.parse_args(argv)
-    try:
-        require_cuda("the host-time profile", "it measures CUDA training steps")
-        precisions = parse_choices(args.precisions, PROBE_PRECISIONS, "--precisions")
+
+    def measure_all(presets: list[str], precisions: list[str]) -> list[dict[str, Any]]:
         modes = parse_choices(args.compile, COMPILE_MODES, "--compile")
         runs = []
-        for preset in args.presets.split(","):
+        for preset in presets:
             for mode in modes:
                 for precision in precisions:
                     record = measure(preset, precision == "fp8", mode, args.warmup, args.steps)
@@ -132,11 +122,9 @@ def main(argv: list[str] | None = None) -> int:
                         f"{record['scaling_update_ms']:.2f}), cudagraph skips {record['cudagraph_skips']}",
                         flush=True,
                     )
-    except ConfigError as exc:
-        return report_error(exc)
-    if args.json:
-        write_results(args.json, runs)
-    return 0
+        return runs
+
+    return run_probe(args, "the host-time profile", "it measures CUDA training steps", measure_all)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@ before the step (weights, optimizer state) is reported as one number.
 
 from __future__ import annotations
 
-import argparse
 import linecache
 import sys
 from collections import defaultdict
@@ -20,12 +19,10 @@ from typing import Any
 
 import torch
 
-from cs336_basics.benchmark.sweep.plan import parse_choices
+from cs336_basics.benchmark.probe import probe_parser, run_probe
 from cs336_basics.cli import positive_int
-from cs336_basics.devices import require_cuda
-from cs336_basics.errors import ConfigError, report_error
-from cs336_basics.measurement import PROBE_PRECISIONS, release_memory, warmed_up_preset
-from cs336_basics.results import run_record, write_results
+from cs336_basics.measurement import release_memory, warmed_up_preset
+from cs336_basics.results import run_record
 
 MIB = 2**20
 TORCH_INTERNALS = ("/torch/", "/site-packages/triton/")  # frames that say how, not where
@@ -108,23 +105,15 @@ def measure(preset: str, fp8: bool, compile_mode: str, warmup: int, top: int) ->
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m cs336_basics.benchmark.memory_peak",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--presets", default="gpt2-small", help="comma-separated presets")
-    parser.add_argument("--precisions", default="bf16,fp8", help="bf16, fp8 (the default FP8 path), comma-separated")
+    parser = probe_parser("cs336_basics.benchmark.memory_peak", __doc__)
     parser.add_argument("--compile_mode", default="default", help="torch.compile mode of the trained model")
     parser.add_argument("--warmup", type=positive_int, default=3, help="steps before the recorded one")
     parser.add_argument("--top", type=positive_int, default=12, help="groups of live blocks to report")
-    parser.add_argument("--json", help="write {gpu, torch, torchao, command, runs} here")
     args = parser.parse_args(argv)
-    try:
-        require_cuda("the memory-peak probe", "it records CUDA allocations")
-        precisions = parse_choices(args.precisions, PROBE_PRECISIONS, "--precisions")
+
+    def measure_all(presets: list[str], precisions: list[str]) -> list[dict[str, Any]]:
         runs = []
-        for preset in args.presets.split(","):
+        for preset in presets:
             for precision in precisions:
                 record = measure(preset, precision == "fp8", args.compile_mode, args.warmup, args.top)
                 runs.append(record)
@@ -137,11 +126,9 @@ def main(argv: list[str] | None = None) -> int:
                     print(
                         f"  {row['total_mib']:9.1f} MiB = {row['count']:3d} x {row['size_mib']:8.2f} MiB  {row['site']}"
                     )
-    except ConfigError as exc:
-        return report_error(exc)
-    if args.json:
-        write_results(args.json, runs)
-    return 0
+        return runs
+
+    return run_probe(args, "the memory-peak probe", "it records CUDA allocations", measure_all)
 
 
 if __name__ == "__main__":

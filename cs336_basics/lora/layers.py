@@ -242,8 +242,9 @@ class _FrozenFp8LinearCrossEntropy(torch.autograd.Function):
     def forward(ctx, x, targets, scaling: SiteScaling, record: bool, w_fp8, w_t, w_scale_inv):
         x_fp8, x_scale_inv = scaling.cast(x.reshape(-1, x.shape[-1]), INPUT, record)
         logits = fp8_matmul(x_fp8, x_scale_inv, w_fp8.t(), w_scale_inv, fast_accum=True)
-        loss, lse, valid, count = cross_entropy_from_logits(logits, targets.reshape(-1))
-        g_fp8 = fp8_unit_logits_grad(logits, lse, targets.reshape(-1), valid, scaling.dtypes[GRAD])
+        targets = targets.reshape(-1)
+        loss, lse, valid, count = cross_entropy_from_logits(logits, targets)
+        g_fp8 = fp8_unit_logits_grad(logits, lse, targets, valid, scaling.dtypes[GRAD])
         ctx.save_for_backward(g_fp8, count, w_t, w_scale_inv)
         ctx.scaling, ctx.x_shape = scaling, x.shape
         return loss

@@ -79,8 +79,9 @@ class _Fp8LinearCrossEntropy(torch.autograd.Function):
         x2 = x.reshape(-1, x.shape[-1])
         x_fp8, x_scale_inv = scaling.cast(x2, INPUT, record)
         logits, w_t, w_scale_inv = forward_gemm(x_fp8, x_scale_inv, weight, scaling, record)
-        loss, lse, valid, count = cross_entropy_from_logits(logits, targets.reshape(-1))
-        g_fp8 = fp8_unit_logits_grad(logits, lse, targets.reshape(-1), valid, scaling.dtypes[GRAD])
+        targets = targets.reshape(-1)
+        loss, lse, valid, count = cross_entropy_from_logits(logits, targets)
+        g_fp8 = fp8_unit_logits_grad(logits, lse, targets, valid, scaling.dtypes[GRAD])
         ctx.save_for_backward(g_fp8, count, scaling.transposed(x_fp8), x_scale_inv, w_t, w_scale_inv)
         ctx.scaling, ctx.x_shape = scaling, x.shape
         return loss

@@ -1,0 +1,42 @@
+"""The command line every step probe shares (host_time, memory_peak): which presets and precisions to build, where
+the JSON goes, and one frame that refuses a machine without CUDA or an unknown choice before any work, then writes
+the records."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from typing import Any
+
+from cs336_basics.benchmark.sweep.plan import parse_choices
+from cs336_basics.devices import require_cuda
+from cs336_basics.errors import ConfigError, report_error
+from cs336_basics.measurement import PROBE_PRECISIONS
+from cs336_basics.results import write_results
+
+
+def probe_parser(module: str, doc: str | None) -> argparse.ArgumentParser:
+    """A probe's parser with the arguments all probes take: --presets, --precisions, --json."""
+    parser = argparse.ArgumentParser(
+        prog=f"python -m {module}", description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--presets", default="gpt2-small", help="comma-separated presets")
+    parser.add_argument("--precisions", default="bf16,fp8", help="bf16, fp8 (the default FP8 path), comma-separated")
+    parser.add_argument("--json", help="write {gpu, torch, torchao, command, runs} here")
+    return parser
+
+
+def run_probe(
+    args: argparse.Namespace, what: str, why: str, measure_all: Callable[[list[str], list[str]], list[dict[str, Any]]]
+) -> int:
+    """`measure_all(presets, precisions)` after the checks (a ConfigError it raises is reported the same way), its
+    records written to --json; the exit code."""
+    try:
+        require_cuda(what, why)
+        precisions = parse_choices(args.precisions, PROBE_PRECISIONS, "--precisions")
+        runs = measure_all(args.presets.split(","), precisions)
+    except ConfigError as exc:
+        return report_error(exc)
+    if args.json:
+        write_results(args.json, runs)
+    return 0
