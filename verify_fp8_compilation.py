@@ -4,6 +4,12 @@ no graph breaks, FP8 loss close to BF16, and FP8 + compile vs BF16 + compile tok
     uv run verify_fp8_compilation.py                   # the 366M shape on a GPU; a small emulated check on CPU
     uv run verify_fp8_compilation.py --json out.json   # also write the checks and both runs as JSON
     uv run verify_fp8_compilation.py --init_from runs/default --lora_rank 16 --lora_targets attn   # a LoRA fine-tune
+    uv run --extra hf verify_fp8_compilation.py --hf_model llama-1b --batch_size 4   # a Hugging Face causal LM
+
+After the checks it says why FP8 is as fast as it is: what each conversion policy would convert, on a GPU the
+Amdahl prediction (the converted GEMMs' share of the BF16 step x their FP8 speed) beside the measured ratio, and
+findings, each with the number it measured and what to do. --hf_model takes a named shape (llama-tiny, llama-125m,
+llama-1b), a local directory with a config.json or a hub id; the model gets random weights.
 
 For a LoRA fine-tune the FP8 base is frozen (weights cast once, no weight-gradient GEMM), and the checks say so: the
 frozen FP8 linears against the LoRA report (whose summary is printed first), the FP8 GEMMs of one eager step (1 to 2
@@ -47,9 +53,8 @@ def _verify(args) -> int:
     print(result.table())
     print("ALL CHECKS PASSED" if result.passed else "SOME CHECKS FAILED")
     if args.json:
-        checks = [dataclasses.asdict(c) for c in result.checks]
         with writing(args.json, "The checks ran and their table is printed above."):
-            write_results(args.json, result.runs, passed=result.passed, checks=checks)
+            write_results(args.json, result.runs, **result.to_dict())
     return 0 if result.passed else 1
 
 

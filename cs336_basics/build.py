@@ -126,11 +126,16 @@ def plan(config: RunConfig) -> Plan:
         fp8={"use_fp8": use_fp8},
         optim={"lr_decay_steps": decay},
     )
+    if config.model.hf_model is not None:
+        from cs336_basics.hf.models import check_hf_model_request
+
+        check_hf_model_request(config, world.launched)
     choice = choose_fp8(
         config.fp8,
         parallel_mode=_parallel_mode(config, world, device),
         world_size=world.world_size,
         lora=config.finetune.lora,
+        own_model=config.model.hf_model is None,
     )
     config = dataclasses.replace(config, fp8=choice.config)
     if use_fp8 is not False:
@@ -161,7 +166,7 @@ class Built:
 
     plan: Plan
     config: RunConfig  # every setting concrete, use_fp8 included
-    model: TransformerLM
+    model: torch.nn.Module  # TransformerLM, or a Hugging Face model behind its forward (hf.models.CausalLM)
     conversion: FP8ConversionReport | None  # None without FP8
     fp8_linears: int  # FP8 linears counted in the model after conversion, independently of the conversion's report
     auto_choices: tuple[str, ...]
@@ -201,11 +206,16 @@ class Built:
         return rows + (self.lora.summary_lines() if self.lora is not None else [])
 
 
-def seeded_model(config: RunConfig, device: torch.device) -> TransformerLM:
-    """config's model on `device` in its training dtype. Seeded, so twins (a BF16 and an FP8 build of one
-    comparison) start from the same weights."""
+def seeded_model(config: RunConfig, device: torch.device) -> torch.nn.Module:
+    """config's model (TransformerLM, or the Hugging Face causal LM --hf_model names) on `device` in its training
+    dtype. Seeded, so twins (a BF16 and an FP8 build of one comparison) start from the same weights."""
+    dtype = torch_dtype(config.train.dtype)
+    if config.model.hf_model is not None:
+        from cs336_basics.hf.models import build_causal_lm, hf_config
+
+        return build_causal_lm(hf_config(config.model.hf_model), device, dtype, config.train.seed)
     torch.manual_seed(config.train.seed)
-    return TransformerLM(config.model).to(device=device, dtype=torch_dtype(config.train.dtype))
+    return TransformerLM(config.model).to(device=device, dtype=dtype)
 
 
 def build(config_or_plan: RunConfig | Plan) -> Built:

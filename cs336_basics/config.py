@@ -26,7 +26,7 @@ COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")  # the modes that run the compiled step under CUDA graphs
 FP8_RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
 FP8_FORMATS = ("auto", "e4m3", "hybrid")
-FP8_PATHS = ("auto", "fused", "torchao")
+FP8_PATHS = ("auto", "fused", "torchao", "accelerate")
 # A LoRA fine-tune's frozen base runs its own FP8 linears (lora/layers.py) whichever path is named: its name in records.
 LORA_FP8_PATH = "lora-frozen"
 FP8_SCALINGS = ("auto", "dynamic", "delayed")
@@ -145,6 +145,11 @@ class ModelConfig:
     gradient_checkpointing: bool = setting(
         False, "recompute each block's activations in backward: less memory, about a third more compute"
     )
+    hf_model: str | None = setting(
+        None, "train a Hugging Face causal LM instead of this package's model: a named shape (llama-tiny, "
+        "llama-125m, llama-1b), a local directory holding a config.json, or a hub id (its config only); random "
+        "weights, its config fixes the shape flags above (the hf extra: uv sync --extra hf)", check=not_empty,
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         validate_fields(self)
@@ -184,7 +189,7 @@ class ModelConfig:
 # others (attention kernel, activation checkpointing) compute the same function another way.
 MODEL_IDENTITY_FIELDS = (
     "vocab_size", "context_length", "dim", "n_layers", "n_heads", "n_kv_heads", "intermediate_size",
-    "rope_theta", "norm_eps", "tie_embeddings",
+    "rope_theta", "norm_eps", "tie_embeddings", "hf_model",
 )  # fmt: skip
 
 
@@ -256,7 +261,8 @@ class FP8Config:
     fp8_emulate: bool = setting(False, "TorchAO's emulation: FP8 numerics in high precision, for CPU tests only")
     fp8_path: str = setting(
         "auto", "fused: this package's FP8 linears (one cast per shared input, FP8 tensors saved for backward, "
-        "optional delayed scaling); torchao: TorchAO's Float8Linear; auto: the fused path wherever it runs and is "
+        "optional delayed scaling); torchao: TorchAO's Float8Linear; accelerate: the conversion Hugging Face "
+        "Accelerate's FP8 (TorchAO backend) makes (the hf extra); auto: the fused path wherever it runs and is "
         "measured fastest, TorchAO's where only it runs (precision/choice.py)", choices=FP8_PATHS,
     )  # fmt: skip
     fp8_scaling: str = setting(

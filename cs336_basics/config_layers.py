@@ -1,6 +1,6 @@
 """A run's settings resolved from their layers: the CLI > a --config file > a base model (--init_from fixes the
-model's shape) > the preset > the field defaults. Apart from config.py, which holds the setting types alone, because
-the base-model layer reads a checkpoint (lora/base.py)."""
+model's shape; so does --hf_model's config) > the preset > the field defaults. Apart from config.py, which holds the
+setting types alone, because the base-model layer reads a checkpoint (lora/base.py)."""
 
 from __future__ import annotations
 
@@ -45,6 +45,13 @@ def build_config(
     init_from = lookup("finetune", "init_from", overrides, from_file)
     if init_from is not None:  # the base's weights fix the model's shape: a layer between the preset and the file
         values = _with_base(values, init_from, explicit=merge_layers(from_file, overrides))
+    hf_model = lookup("model", "hf_model", overrides, from_file)
+    if hf_model is not None:  # so does a Hugging Face model's config
+        from cs336_basics.hf.models import model_settings_from_hf
+
+        explicit = merge_layers(from_file, overrides).get("model", {})
+        model = {**dataclasses.asdict(ModelConfig()), **values.get("model", {})}
+        values = {**values, "model": model_settings_from_hf(hf_model, model, explicit)}
     return RunConfig.from_dict(values)
 
 

@@ -58,14 +58,16 @@ def schema_record(**fields: Any) -> dict[str, Any]:
 
 
 def precision_label(config: RunConfig) -> str:
-    """ "bf16", "fp32", "fp8-<recipe>" (TorchAO's path) or "fp8-fused-<scaling>" (this package's), with "-emulated"
-    for a run on CPU."""
+    """ "bf16", "fp32", "fp8-<recipe>" (TorchAO's path), "fp8-fused-<scaling>" (this package's) or "fp8-accelerate"
+    (Accelerate's), with "-emulated" for a run on CPU."""
     fp8 = config.fp8
     if fp8.use_fp8:
         if config.finetune.lora:  # a LoRA base runs its own tensorwise linears (lora/layers.py), either path
             name = "fp8-tensorwise" + ("-delayed" if fp8.fp8_scaling == "delayed" else "")
         elif fp8.fp8_path == "torchao":
             name = f"fp8-{fp8.fp8_recipe}"
+        elif fp8.fp8_path == "accelerate":
+            name = "fp8-accelerate" + ("" if fp8.fp8_recipe == "tensorwise" else f"-{fp8.fp8_recipe}")
         else:
             name = f"fp8-fused-{fp8.fp8_scaling}"
         return name + ("-emulated" if fp8.fp8_emulate else "")
@@ -78,6 +80,7 @@ def run_record(config: RunConfig, status: str = "ok", **measured: Any) -> dict[s
     own_linears = fp8.fp8_path == "fused" or config.finetune.lora  # this package's FP8 linears, not TorchAO's
     record = {
         "preset": config.preset,
+        "hf_model": m.hf_model,  # a Hugging Face model: its config gave the shape below, not the preset
         "dim": m.dim,
         "n_layers": m.n_layers,
         "n_heads": m.n_heads,

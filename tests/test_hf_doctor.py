@@ -1,6 +1,7 @@
-"""The Hugging Face side of the FP8 doctor: a transformers causal LM built from a config behind our forward, and the
-findings that need no GPU (which linears each policy converts, the FLOP share they put in FP8, each failure mode the
-issue lists caught with its number). Skipped without transformers (the hf extra)."""
+"""The FP8 doctor and the Hugging Face side of it: a transformers causal LM built from a config behind our forward and
+through our build stage (--hf_model), the findings that need no GPU (which linears each policy converts, the FLOP
+share they put in FP8, each failure mode the issue lists caught with its number), the findings the measured runs
+give, and verify_fp8_compilation.py --hf_model end to end on the CPU. Skipped without transformers (the hf extra)."""
 
 from __future__ import annotations
 
@@ -11,12 +12,26 @@ from torch import nn
 
 transformers = pytest.importorskip("transformers")
 
+import json  # noqa: E402
+
+import verify_fp8_compilation  # noqa: E402
+from cs336_basics.benchmark.amdahl.law import linear_gemm_shapes  # noqa: E402
+from cs336_basics.benchmark.amdahl.report import AmdahlRow  # noqa: E402
+from cs336_basics.build import build, plan  # noqa: E402
 from cs336_basics.config import FP8Config  # noqa: E402
+from cs336_basics.config_layers import build_config  # noqa: E402
 from cs336_basics.errors import ConfigError  # noqa: E402
-from cs336_basics.hf import diagnosis  # noqa: E402
-from cs336_basics.hf.diagnosis import diagnose, diagnose_causal_lm, policy_report, policy_share  # noqa: E402
-from cs336_basics.hf.models import NAMED_SHAPES, build_causal_lm, hf_config  # noqa: E402
+from cs336_basics.hf.models import NAMED_SHAPES, CausalLM, build_causal_lm, hf_config  # noqa: E402
+from cs336_basics.precision import diagnosis  # noqa: E402
+from cs336_basics.precision.diagnosis import (  # noqa: E402
+    diagnose,
+    diagnose_config,
+    measured_findings,
+    policy_report,
+    policy_share,
+)
 from cs336_basics.precision.fp8 import convert_model_to_fp8  # noqa: E402
+from cs336_basics.training.trainer import TrainResult  # noqa: E402
 
 
 def tiny(**overrides):
@@ -79,8 +94,16 @@ def test_flop_share_and_its_bound_follow_amdahls_law():
     assert half.fp8_flop_share == pytest.approx(0.5) and half.flop_bound_speedup == pytest.approx(1 / 0.75)
 
 
-def test_each_failure_mode_is_found_with_its_number(monkeypatch):
-    found = diagnose_causal_lm(tiny(vocab_size=500), batch_size=3, seq_len=7, compile_model=False)
+def hf_run(spec: str, **sections) -> object:
+    """A RunConfig for the Hugging Face model `spec` on the CPU, `sections` as build_config overrides."""
+    model = {"hf_model": spec, **sections.pop("model", {})}
+    return build_config({"model": model, "train": {"device": "cpu", **sections.pop("train", {})}, **sections})
+
+
+def test_each_failure_mode_is_found_with_its_number(monkeypatch, tmp_path):
+    hf_config("llama-tiny", vocab_size=500).save_pretrained(tmp_path)  # a vocabulary FP8 GEMMs cannot take
+    config = hf_run(str(tmp_path), model={"context_length": 7}, train={"batch_size": 3})
+    found = diagnose_config(config, compile_model=False)
     assert {"FP8 without torch.compile", "shape-rule: no layer converted", "dimensions FP8 GEMMs cannot take",
             "tokens per micro-batch not a multiple of 16", "layers too small for tensorwise FP8",
             "Accelerate's default filter"} <= set(causes(found))  # fmt: skip
@@ -92,7 +115,7 @@ def test_each_failure_mode_is_found_with_its_number(monkeypatch):
     assert by_cause["tokens per micro-batch not a multiple of 16"].measured == "21 tokens"
     assert not by_cause["Accelerate's default filter"].problem
     monkeypatch.setattr(diagnosis, "torchao_version", lambda: (None, "ImportError: No module named 'torchao'"))
-    missing = diagnose_causal_lm(tiny(), batch_size=2, seq_len=16)
+    missing = diagnose_config(hf_run("llama-tiny", model={"context_length": 16}, train={"batch_size": 2}))
     assert causes(missing)[0] == "FP8 backend missing" and "No module named" in missing.findings[0].measured
     assert "FP8 without torch.compile" not in causes(missing)
 
@@ -103,3 +126,109 @@ def test_a_model_too_small_for_fp8_is_told_so():
     low = next(f for f in found.findings if f.cause == "too little of the step in FP8 GEMMs")
     assert "train it in BF16" in low.advice
     assert found.to_dict()["policies"][2]["fp8_flop_share"] < diagnosis.LOW_SHARE
+
+
+def result(tokens_per_sec: float, peak_mem_gib: float) -> TrainResult:
+    return TrainResult(steps=10, tokens=1, loss=1.0, val_loss=None, tokens_per_sec=tokens_per_sec, mfu=None,
+                       peak_mem_gib=peak_mem_gib, compile_s=None, metrics_path="", plot_path="",
+                       checkpoint_path=None)  # fmt: skip
+
+
+def amdahl(x: float, s: float, measured: float) -> AmdahlRow:
+    predicted = diagnosis.amdahl_prediction(x, s)
+    return AmdahlRow(preset="p", batch_size=1, linear_share=x, matmul_speedup=s, predicted_speedup=predicted,
+                     measured_speedup=measured, predicted_fp8_step_ms=100 / predicted,
+                     measured_fp8_step_ms=100 / measured, cast_overhead_ms=100 / measured - 100 / predicted,
+                     n_converted=1)  # fmt: skip
+
+
+def test_the_seed_failure_is_named_cause_by_cause_with_its_numbers():
+    """FP8 18% slower than BF16 with 43% more memory, eager, from a small model: each cause with its number."""
+    found = measured_findings(result(82.0, 14.3), result(100.0, 10.0), amdahl(0.15, 1.5, 0.82), compiled=False)
+    by_cause = {f.cause: f for f in found}
+    assert by_cause["FP8 slower than BF16"].measured.startswith("0.820x (82 vs 100 tokens/s, eager")
+    overhead = by_cause["FP8 costs more than its GEMMs save"]
+    assert "predicted 1.053x from X = 15%" in overhead.measured and "s = 1.50x, measured 0.820x" in overhead.measured
+    assert "Compile the model" in overhead.advice
+    assert "X = 15% of the BF16 step" in by_cause["little of the step in converted GEMMs"].measured
+    memory = by_cause["FP8 uses more memory than BF16"]
+    assert "14.30 vs 10.00 GiB (1.43x, eager" in memory.measured and "compile the model" in memory.advice
+    # A run that pays as its GEMMs promise, in no more memory, gets no finding.
+    assert measured_findings(result(120.0, 9.0), result(100.0, 10.0), amdahl(0.5, 1.6, 1.22), compiled=True) == []
+
+
+def test_a_hugging_face_config_fixes_the_runs_model_shape(tmp_path):
+    config = hf_run("llama-1b", model={"context_length": 2048}, train={"batch_size": 4})
+    m = config.model
+    assert (m.dim, m.n_layers, m.n_heads, m.kv_heads, m.intermediate_size, m.vocab_size) == (
+        2048,
+        22,
+        32,
+        4,
+        5632,
+        32000,
+    )
+    with pytest.raises(ConfigError, match="--dim 512 .the config has 2048. disagrees"):
+        hf_run("llama-1b", model={"dim": 512})
+    with pytest.raises(ConfigError, match="longer than the config's max_position_embeddings .256."):
+        hf_run("llama-tiny", model={"context_length": 512})
+    # The GEMM shapes of a step come from the model itself, built on the meta device (no memory).
+    shapes = linear_gemm_shapes(m, 4)
+    assert sum(s.count for s in shapes if s.kind == "forward") == 22 * 7 + 1
+    assert shapes[0].m == 4 * 2048 and shapes[0].layers[0] == "hf.model.layers.0.self_attn.q_proj"
+
+
+def test_the_build_stage_builds_a_hugging_face_model_and_refuses_what_it_cannot_run():
+    config = hf_run("llama-tiny", model={"context_length": 16}, train={"batch_size": 4},
+                    fp8={"use_fp8": True, "fp8_emulate": True})  # fmt: skip
+    built = build(config)
+    assert isinstance(built.model, CausalLM) and built.config.fp8.fp8_path == "torchao"
+    assert built.fp8_linears == built.conversion.n_converted == 14  # the lm_head stays BF16: TorchAO's default
+    assert any("fused path converts this package's model only" in note for note in built.auto_choices)
+    refusals = {
+        "use --attention sdpa": {"model": {"attention": "math"}},
+        "--gradient_checkpointing recomputes": {"model": {"gradient_checkpointing": True}},
+        "fused FP8 path converts this package's model only": {"fp8": {"use_fp8": True, "fp8_path": "fused"}},
+        r"fused FP8 path \(--fp8_scaling delayed named it\)": {"fp8": {"use_fp8": True, "fp8_scaling": "delayed"}},
+    }
+    for message, overrides in refusals.items():
+        with pytest.raises(ConfigError, match=message):
+            plan(hf_run("llama-tiny", model={"context_length": 16, **overrides.pop("model", {})}, **overrides))
+
+
+def test_the_wrapped_model_samples_text_like_ours():
+    ids = tiny().generate(torch.tensor([1, 2, 3]), 5, temperature=0)
+    assert ids.shape == (5,) and ids.dtype == torch.long
+
+
+def test_the_doctor_runs_on_a_hugging_face_model_on_the_cpu(tmp_path, token_files, capsys):
+    out = tmp_path / "doctor.json"
+    argv = ["--hf_model", "llama-tiny", "--context_length", "16", "--batch_size", "4", "--steps", "4",
+            "--device", "cpu", *token_files, "--json", str(out)]  # fmt: skip
+    code = verify_fp8_compilation.main(argv)
+    stdout = capsys.readouterr().out
+    assert code == 0, stdout
+    payload = json.loads(out.read_text())
+    assert [c["status"] for c in payload["checks"]] == ["PASS", "PASS", "PASS", "PASS", "SKIP"]
+    assert [p["policy"] for p in payload["diagnosis"]["policies"]] == ["accelerate", "shape-rule", "every-linear"]
+    assert payload["amdahl"] is None  # needs a GPU
+    assert "FP8 conversion policies (64 tokens per micro-batch)" in stdout
+    assert payload["runs"][1]["dim"] == 64 and payload["runs"][1]["n_layers"] == 2
+    assert payload["runs"][1]["hf_model"] == "llama-tiny"
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_the_doctor_sets_the_amdahl_prediction_beside_the_measured_ratio(tmp_path, token_files, capsys):
+    out = tmp_path / "doctor.json"
+    argv = ["--hf_model", "llama-tiny", "--context_length", "64", "--batch_size", "4", "--steps", "6",
+            "--min_speedup", "0", "--no_fp8_shape_filter", *token_files, "--json", str(out)]  # fmt: skip
+    code = verify_fp8_compilation.main(argv)
+    stdout = capsys.readouterr().out
+    assert code == 0, stdout
+    payload = json.loads(out.read_text())
+    checks = {c["name"]: c for c in payload["checks"]}
+    assert checks["fp8_gemms_launched"]["evidence"]["scaled_mm"] >= 3 * 14
+    row = payload["amdahl"]
+    assert row["n_converted"] == 14 and 0 < row["linear_share"] < 1 and row["matmul_speedup"] > 0
+    assert row["measured_speedup"] == pytest.approx(row["bf16_step_ms"] / row["measured_fp8_step_ms"])
+    assert "why: X = " in stdout

@@ -17,8 +17,8 @@ from torch import nn
 
 from cs336_basics.errors import ConfigError
 from cs336_basics.model.functional import cross_entropy
-
-HF_INSTALL_HINT = "install the hf extra: uv sync --extra hf"
+from cs336_basics.model.transformer import sample_tokens
+from cs336_basics.precision.support import HF_INSTALL_HINT
 
 # Llama-style shapes for the doctor, named by size. llama-1b is TinyLlama-1.1B's shape (its config.json on the hub:
 # d=2048, 22 layers, 32 heads, 4 KV heads, ffn 5632); llama-125m is GPT-2 small's width and depth with Llama's
@@ -82,6 +82,10 @@ class CausalLM(nn.Module):
         logits = self.hf(input_ids=input_ids, use_cache=False).logits
         return logits if targets is None else cross_entropy(logits, targets)
 
+    def generate(self, input_ids: torch.Tensor, max_new_tokens: int, **sampling: Any) -> torch.Tensor:
+        """As TransformerLM.generate: the new token ids sampled after a 1-D prompt."""
+        return sample_tokens(self, self.context_length, input_ids, max_new_tokens, **sampling)
+
     def num_parameters(self, exclude_embeddings: bool = False) -> int:
         """As TransformerLM's: shared tensors once; exclude_embeddings drops the input lookup table unless the
         lm_head shares it."""
@@ -93,8 +97,60 @@ class CausalLM(nn.Module):
 
 def build_causal_lm(config: Any, device: torch.device | str = "cpu", dtype: torch.dtype = torch.bfloat16,
                     seed: int = 0) -> CausalLM:  # fmt: skip
-    """The causal LM of `config` with random weights (seeded), on `device` in `dtype`, in training mode."""
+    """The causal LM of `config` with random weights (seeded), on `device` in `dtype`, in training mode, attention by
+    torch's SDPA. Initialised where it will live: no host copy of a large model, and on "meta" no memory at all."""
     transformers = require_transformers()
     torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(config)
-    return CausalLM(model).to(device=device, dtype=dtype).train()
+    with torch.device(device):
+        model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
+    return CausalLM(model).to(dtype=dtype).train()
+
+
+def model_settings_from_hf(spec: str, model: dict[str, Any], explicit: dict[str, Any]) -> dict[str, Any]:
+    """The model section of a run with --hf_model `spec`: the shape read from its config (for the summary, the
+    FLOP count and MFU; the model itself is built from the config), the sequence length as resolved. `model` is
+    the resolved section, `explicit` what the command line (or a config file) set. ConfigError where an explicit
+    shape flag disagrees with the config, or the sequence is longer than the config's positions."""
+    config = hf_config(spec)
+    hidden, heads = config.hidden_size, config.num_attention_heads
+    shape = {
+        "vocab_size": config.vocab_size,
+        "dim": hidden,
+        "n_layers": config.num_hidden_layers,
+        "n_heads": heads,
+        "n_kv_heads": getattr(config, "num_key_value_heads", None) or heads,
+        "intermediate_size": getattr(config, "intermediate_size", None) or 4 * hidden,
+        "tie_embeddings": bool(getattr(config, "tie_word_embeddings", False)),
+    }
+    clashes = [f"--{k} {explicit[k]} (the config has {v})" for k, v in shape.items() if explicit.get(k, v) != v]
+    if clashes:
+        raise ConfigError(
+            f"--hf_model {spec}: the model's shape comes from its config, and {', '.join(clashes)} disagrees. Drop "
+            "those flags (or edit the config)."
+        )
+    merged = {**model, **shape}
+    positions = getattr(config, "max_position_embeddings", None)
+    if positions is not None and merged["context_length"] > positions:
+        raise ConfigError(
+            f"--hf_model {spec}: --context_length {merged['context_length']} is longer than the config's "
+            f"max_position_embeddings ({positions}). Pass --context_length {positions} or less."
+        )
+    return merged
+
+
+def check_hf_model_request(config: Any, launched: bool) -> None:
+    """Refuse, with the reason, what a Hugging Face model cannot run here (`config` a RunConfig with hf_model set;
+    `launched`: under torchrun). Checked when the run is planned, before anything is built (the FP8 path is refused
+    where it is chosen, precision/choice.py)."""
+    m, ft = config.model, config.finetune
+    refusals = []
+    if m.attention != "sdpa":
+        refusals.append(f"--attention {m.attention}: the model runs transformers' SDPA attention; use --attention sdpa")
+    if m.gradient_checkpointing:
+        refusals.append("--gradient_checkpointing recomputes this package's blocks; drop it")
+    if ft.init_from is not None:
+        refusals.append("--init_from loads this package's checkpoints; a Hugging Face model starts from its config")
+    if launched:
+        refusals.append("torchrun: data parallelism wraps this package's blocks; run it in one process")
+    if refusals:
+        raise ConfigError(f"--hf_model {m.hf_model}: " + "; ".join(refusals) + ".")

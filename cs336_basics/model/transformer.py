@@ -85,34 +85,53 @@ class TransformerLM(nn.Module):
         generator: torch.Generator | None = None,
         top_k: int = 0,
     ) -> torch.Tensor:
-        """Sample up to max_new_tokens after a 1-D prompt; returns only the new token ids (1-D).
+        """sample_tokens from this model, at its context length."""
+        return sample_tokens(
+            self, self.config.context_length, input_ids, max_new_tokens, temperature=temperature, top_p=top_p,
+            eos_token_id=eos_token_id, generator=generator, top_k=top_k,
+        )  # fmt: skip
 
-        temperature 0 is greedy decoding. top_k > 0 samples from the k most likely tokens only. top_p < 1 samples
-        from the smallest set of most likely tokens whose probability mass reaches top_p. Stops right after emitting
-        eos_token_id. Without a KV cache every step re-runs the (cropped) context, which is fine at course scale.
-        """
-        if input_ids.dim() != 1 or input_ids.numel() == 0:
-            raise ValueError(f"generate expects a non-empty 1-D prompt, got shape {tuple(input_ids.shape)}.")
-        tokens = input_ids.to(self.lm_head.weight.device)
-        new_tokens = []
-        for _ in range(max_new_tokens):
-            logits = self(tokens[-self.config.context_length :][None])[0, -1].float()
-            if temperature == 0:
-                next_token = logits.argmax().view(1)
-            else:
-                if 0 < top_k < logits.numel():
-                    logits = logits.masked_fill(logits < logits.topk(top_k).values[-1], float("-inf"))
-                probs = torch.softmax(logits / temperature, dim=-1)
-                if top_p < 1.0:
-                    sorted_probs, order = probs.sort(descending=True)
-                    # Drop a token when the tokens ranked above it already reach top_p; the top token stays.
-                    sorted_probs[sorted_probs.cumsum(0) - sorted_probs >= top_p] = 0.0
-                    probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
-                next_token = torch.multinomial(probs, 1, generator=generator)
-            new_tokens.append(next_token)
-            tokens = torch.cat((tokens, next_token))
-            if eos_token_id is not None and next_token.item() == eos_token_id:
-                break
-        if not new_tokens:
-            return tokens.new_empty(0)
-        return torch.cat(new_tokens)
+
+def sample_tokens(
+    model: nn.Module,
+    context_length: int,
+    input_ids: torch.Tensor,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    eos_token_id: int | None = None,
+    generator: torch.Generator | None = None,
+    top_k: int = 0,
+) -> torch.Tensor:
+    """Sample up to max_new_tokens from `model` (logits from `model(ids)`) after a 1-D prompt, the context cropped to
+    `context_length`; returns only the new token ids (1-D).
+
+    temperature 0 is greedy decoding. top_k > 0 samples from the k most likely tokens only. top_p < 1 samples
+    from the smallest set of most likely tokens whose probability mass reaches top_p. Stops right after emitting
+    eos_token_id. Without a KV cache every step re-runs the (cropped) context, which is fine at course scale.
+    """
+    if input_ids.dim() != 1 or input_ids.numel() == 0:
+        raise ValueError(f"generate expects a non-empty 1-D prompt, got shape {tuple(input_ids.shape)}.")
+    tokens = input_ids.to(next(model.parameters()).device)
+    new_tokens = []
+    for _ in range(max_new_tokens):
+        logits = model(tokens[-context_length:][None])[0, -1].float()
+        if temperature == 0:
+            next_token = logits.argmax().view(1)
+        else:
+            if 0 < top_k < logits.numel():
+                logits = logits.masked_fill(logits < logits.topk(top_k).values[-1], float("-inf"))
+            probs = torch.softmax(logits / temperature, dim=-1)
+            if top_p < 1.0:
+                sorted_probs, order = probs.sort(descending=True)
+                # Drop a token when the tokens ranked above it already reach top_p; the top token stays.
+                sorted_probs[sorted_probs.cumsum(0) - sorted_probs >= top_p] = 0.0
+                probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
+            next_token = torch.multinomial(probs, 1, generator=generator)
+        new_tokens.append(next_token)
+        tokens = torch.cat((tokens, next_token))
+        if eos_token_id is not None and next_token.item() == eos_token_id:
+            break
+    if not new_tokens:
+        return tokens.new_empty(0)
+    return torch.cat(new_tokens)

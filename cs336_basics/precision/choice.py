@@ -7,6 +7,8 @@ TorchAO's path is chosen where only it runs or where it measured faster:
   - --fp8_emulate (emulation is TorchAO's; the fused path runs real FP8 casts even on the CPU);
   - FSDP2: on one rank of FSDP2 TorchAO's path measured faster (benchmarks/results/2026-11-23-fsdp-overheads-h200,
     item 5): the fused path's step is host-bound there.
+A Hugging Face model (--hf_model) takes TorchAO's path: the fused path converts this package's model only.
+`--fp8_path accelerate` is never chosen automatically: it is there to measure what Accelerate's FP8 gives.
 A setting given explicitly is kept; a setting that only one path has picks that path, and the chosen path's converter
 refuses, with the reason, a setting it does not have. The result is concrete (no "auto" left) and its notes are the
 summary's "auto-selected" words. A run folder's config.json keeps the request
@@ -20,11 +22,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from cs336_basics.config import FP8Config
+from cs336_basics.errors import ConfigError
+from cs336_basics.precision.accelerate import AccelerateFP8
 from cs336_basics.precision.converter import Converter
 from cs336_basics.precision.fp8 import TorchAOFP8
 from cs336_basics.precision.fused.convert import FusedFP8
 
-FP8_CONVERTERS = {"fused": FusedFP8, "torchao": TorchAOFP8}
+FP8_CONVERTERS = {"fused": FusedFP8, "torchao": TorchAOFP8, "accelerate": AccelerateFP8}
 # The FP8 settings this module resolves when they are left automatic.
 AUTO_SETTINGS = ("fp8_path", "fp8_lm_head", "fp8_shape_filter", "fp8_scaling")
 
@@ -35,16 +39,25 @@ class FP8Choice:
     notes: tuple[str, ...]  # what was chosen and why, for the configuration summary
 
 
-def choose_fp8(fp8: FP8Config, *, parallel_mode: str, world_size: int, lora: bool = False) -> FP8Choice:
+def choose_fp8(
+    fp8: FP8Config, *, parallel_mode: str, world_size: int, lora: bool = False, own_model: bool = True
+) -> FP8Choice:
     """Resolve fp8's automatic settings for a run in `parallel_mode` ("none", "ddp", "fsdp") on `world_size`
     processes. `lora`: a LoRA fine-tune, whose frozen base runs this package's own FP8 linears on either path, with
-    defaults of its own (README, "Fine-tuning")."""
+    defaults of its own (README, "Fine-tuning"). `own_model`: False for a Hugging Face model."""
     notes = []
     path = fp8.fp8_path
     if path == "auto":
-        path, why = _auto_path(fp8, parallel_mode)
-        other = "torchao" if path == "fused" else "fused"
-        notes.append(f"fp8_path={path} ({why}; the other: --fp8_path {other})")
+        path, why = _auto_path(fp8, parallel_mode, own_model)
+        other = "torchao" if path == "fused" else "fused" if own_model else "accelerate"
+        notes.append(f"fp8_path={path} ({why}; another: --fp8_path {other})")
+    if path == "fused" and not own_model:
+        implied = fp8.implied_path()
+        flags = f" ({', '.join(implied[1])} named it)" if implied and fp8.fp8_path == "auto" else ""
+        raise ConfigError(
+            f"the fused FP8 path{flags} converts this package's model only, not a Hugging Face model; use "
+            "--fp8_path torchao (or accelerate) and drop the fused path's settings."
+        )
     whose, defaults = _defaults(fp8, path, world_size, lora)
     changes = {"fp8_path": path}
     changes |= {name: value for name, value in defaults.items() if getattr(fp8, name) in (None, "auto")}
@@ -64,6 +77,8 @@ def fp8_converter(fp8: FP8Config, world_size: int = 1, fsdp_float8_all_gather: b
         return FusedFP8(fp8, world_size)
     if fp8.fp8_path == "torchao":
         return TorchAOFP8(fp8, fsdp_float8_all_gather)
+    if fp8.fp8_path == "accelerate":
+        return AccelerateFP8(fp8, world_size)
     raise ValueError(f"fp8_converter takes a chosen FP8Config (choose_fp8), not fp8_path={fp8.fp8_path!r}")
 
 
@@ -74,15 +89,19 @@ def _defaults(fp8: FP8Config, path: str, world_size: int, lora: bool) -> tuple[s
     if path == "fused":  # one amax history per process, which several processes would not agree on: dynamic there
         scaling = "delayed" if world_size == 1 else "dynamic"
         return "the fused path's", {"fp8_lm_head": True, "fp8_shape_filter": False, "fp8_scaling": scaling}
+    if path == "accelerate":  # its own filter decides which linears convert (precision/accelerate.py)
+        return "Accelerate's", {"fp8_lm_head": False, "fp8_shape_filter": False, "fp8_scaling": "dynamic"}
     # The shape rule is a speed rule for real FP8 GEMMs: emulation (numerics only) converts every layer.
     return "TorchAO's path's", {"fp8_lm_head": False, "fp8_shape_filter": not fp8.fp8_emulate, "fp8_scaling": "dynamic"}
 
 
-def _auto_path(fp8: FP8Config, parallel_mode: str) -> tuple[str, str]:
+def _auto_path(fp8: FP8Config, parallel_mode: str, own_model: bool) -> tuple[str, str]:
     implied = fp8.implied_path()
     if implied:
         path, flags = implied
         return path, f"{', '.join(flags)} needs it"
+    if not own_model:
+        return "torchao", "the fused path converts this package's model only"
     if fp8.fp8_emulate:
         return "torchao", "--fp8_emulate is TorchAO's emulation"
     if parallel_mode == "fsdp":

@@ -365,7 +365,7 @@ def check_model_ready(model: nn.Module, cfg: FP8Config) -> None:
         )
 
 
-def _nothing_converted_error(report: FP8ConversionReport) -> ConfigError:
+def nothing_converted_error(report: FP8ConversionReport) -> ConfigError:
     if not report.skipped:
         return ConfigError("FP8 conversion found no nn.Linear layers in the model; run without --use_fp8.")
     hints = []
@@ -391,7 +391,7 @@ def decide_conversions(model: nn.Module, cfg: FP8Config, report: FP8ConversionRe
     nothing would convert. Both FP8 paths decide by this one rule."""
     file_decisions(model, skip_rule(cfg), report)
     if not report.converted:
-        raise _nothing_converted_error(report)
+        raise nothing_converted_error(report)
 
 
 def file_decisions(
@@ -419,7 +419,6 @@ def convert_model_to_fp8(model: nn.Module, cfg: FP8Config, fsdp_float8_all_gathe
     # torchao import and format errors first, before touching the model
     config = torchao_float8_config(cfg, fsdp_float8_all_gather)
     ao = _torchao_float8()
-    Float8Linear = _float8_linear_class()  # noqa: N806
     check_model_ready(model, cfg)
     already = count_float8_linears(model)
     if already:
@@ -441,7 +440,7 @@ def convert_model_to_fp8(model: nn.Module, cfg: FP8Config, fsdp_float8_all_gathe
     ao.convert_to_float8_training(model, config=config, module_filter_fn=filter_fn)
 
     # Check the outcome independently of the filter: count the swapped modules and compare names.
-    actual = [name for name, m in model.named_modules(remove_duplicate=False) if isinstance(m, Float8Linear)]
+    actual = float8_linear_names(model)
     if actual != report.converted:
         raise RuntimeError(
             f"torchao converted {len(actual)} layers but the filter approved {len(report.converted)}: "
@@ -450,6 +449,12 @@ def convert_model_to_fp8(model: nn.Module, cfg: FP8Config, fsdp_float8_all_gathe
     if list(model.state_dict().keys()) != keys_before:
         raise RuntimeError("FP8 conversion changed the model's state-dict keys; BF16/FP8 checkpoints would not load")
     return report
+
+
+def float8_linear_names(model: nn.Module) -> list[str]:
+    """The names of the model's torchao Float8Linear modules, in torchao's traversal order."""
+    Float8Linear = _float8_linear_class()  # noqa: N806
+    return [name for name, m in model.named_modules(remove_duplicate=False) if isinstance(m, Float8Linear)]
 
 
 def count_float8_linears(model: nn.Module) -> int:

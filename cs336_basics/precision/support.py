@@ -22,6 +22,7 @@ from cs336_basics.errors import ConfigError, NotSupportedHere
 # FP8 tensor cores arrived with Ada (sm_89) and Hopper (sm_90); Blackwell (sm_100+) keeps them.
 MIN_FP8_CAPABILITY = (8, 9)
 TORCHAO_INSTALL_HINT = "`uv sync` installs torchao>=0.18 (or `pip install torchao>=0.18`)"
+HF_INSTALL_HINT = "install the hf extra: uv sync --extra hf"  # transformers and accelerate (pyproject.toml)
 
 
 @dataclass(frozen=True)

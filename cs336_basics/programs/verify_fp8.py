@@ -10,6 +10,14 @@ Five checks, each PASS / FAIL / SKIP with the evidence:
   4. loss_matches_bf16   after the same steps from the same seed and data, FP8 loss is within a tolerance of BF16.
   5. fp8_speedup         FP8 + compile tokens/s over BF16 + compile tokens/s, measured in this process (GPU only).
 
+Then why, the doctor's part (precision/diagnosis.py): before anything is built, what each conversion policy
+(Accelerate's default filter, TorchAO's shape rule, every linear) would convert and the FLOP share and bound it gives,
+with the failure modes it can see in the config (no torchao, nothing converted, no compile, dims not divisible by 16,
+layers too small); on a GPU, after both runs, the Amdahl row (X: the converted GEMMs' share of a profiled BF16 step;
+s: their FP8 speed timed alone; the prediction beside the measured ratio) and what the measured runs say (FP8 slower,
+casts costing more than the GEMMs save, more memory), each with its number and what to do. The model is this
+package's or a Hugging Face causal LM (--hf_model, built from its config: TorchAO's or Accelerate's path).
+
 A LoRA fine-tune (--init_from BASE --lora_rank R) is not converted: its frozen base runs this package's FP8 linears
 (lora/layers.py), whose promise is different (weights cast once; per linear a forward and an input-gradient GEMM,
 never a weight-gradient one). Its checks 1 and 2 test that promise, with two more beside check 2:
@@ -25,6 +33,7 @@ never a weight-gradient one). Its checks 1 and 2 test that promise, with two mor
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,11 +43,15 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from cs336_basics.benchmark.amdahl.law import GemmShape, linear_gemm_shapes
+from cs336_basics.benchmark.amdahl.measure import amdahl_row, profile_step_breakdown, time_matmuls
+from cs336_basics.benchmark.amdahl.report import AmdahlRow
 from cs336_basics.build import Built, Plan, build, plan
 from cs336_basics.config import RunConfig
 from cs336_basics.data import PreparedData, get_batch, prepare_data, require_windows
 from cs336_basics.devices import resolve_device
 from cs336_basics.measurement import release_memory, train_for_measurement
+from cs336_basics.precision.diagnosis import Diagnosis, diagnose_config, measured_findings
 from cs336_basics.precision.fp8 import grad_weight_in_fp8
 from cs336_basics.results import result_record
 from cs336_basics.training.trainer import Trainer, TrainResult
@@ -60,6 +73,8 @@ class Verification:
     checks: list[Check]
     runs: list[dict[str, Any]]
     support: str
+    diagnosis: Diagnosis | None = None  # the doctor's findings: before anything ran, then from the measured runs
+    amdahl: AmdahlRow | None = None  # on a GPU (not for a LoRA fine-tune): predicted vs measured FP8 speedup
 
     @property
     def passed(self) -> bool:
@@ -69,7 +84,26 @@ class Verification:
         width = max(len(c.name) for c in self.checks)
         lines = [f"{'check':<{width}}  result  evidence", f"{'-' * width}  ------  --------"]
         lines += [f"{c.name:<{width}}  {c.status:<6}  {c.detail}" for c in self.checks]
+        if self.amdahl is not None:
+            a = self.amdahl
+            lines += [
+                "",
+                f"why: X = {100 * a.linear_share:.1f}% of the BF16 step in the GEMMs FP8 converts, s = "
+                f"{a.matmul_speedup:.2f}x their FP8 speed alone: Amdahl predicts {a.predicted_speedup:.3f}x, "
+                f"measured {a.measured_speedup:.3f}x ({a.cast_overhead_ms:+.2f} ms/step besides the GEMMs)",
+            ]
+        if self.diagnosis is not None:
+            lines += ["", self.diagnosis.format()]
         return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON fields beside the runs."""
+        return {
+            "passed": self.passed,
+            "checks": [dataclasses.asdict(c) for c in self.checks],
+            "diagnosis": self.diagnosis.to_dict() if self.diagnosis is not None else None,
+            "amdahl": self.amdahl.to_dict() if self.amdahl is not None else None,
+        }
 
 
 def _check(name: str, ok: bool, detail: str, **evidence: Any) -> Check:
@@ -304,16 +338,19 @@ def _step_checks(built: Built, trainer: Trainer, batch, on_gpu: bool) -> list[Ch
     return [_converted_gemms_check(built, trainer, on_gpu)]
 
 
-def _train_bf16_twin(fp8_plan: Plan, data: PreparedData, log) -> tuple[RunConfig, TrainResult]:
-    """The FP8 run's twin in BF16: same seed, same initial weights (a LoRA base: in BF16), same steps and data. Its
-    memory is handed back before returning."""
+def _train_bf16_twin(
+    fp8_plan: Plan, data: PreparedData, log, then: Callable[[Trainer], Any]
+) -> tuple[RunConfig, TrainResult, Any]:
+    """The FP8 run's twin in BF16: same seed, same initial weights (a LoRA base: in BF16), same steps and data; and
+    `then` of its warm trainer. Its memory is handed back before returning."""
     log("training BF16 ...")
     bf16 = build(fp8_plan.with_fp8(False))
     bf16_config = bf16.config
     bf16_trainer, bf16_result = train_for_measurement(bf16, data.train, data.val, log)
+    after = then(bf16_trainer)
     del bf16_trainer, bf16
     release_memory()
-    return bf16_config, bf16_result
+    return bf16_config, bf16_result, after
 
 
 def _loss_check(fp8: TrainResult, bf16: TrainResult, loss_tolerance: float) -> Check:
@@ -345,10 +382,31 @@ def _speedup_check(fp8: TrainResult, bf16: TrainResult, min_speedup: float, on_g
     return Check("fp8_speedup", "SKIP", "needs a GPU: FP8 on CPU says nothing about speed")
 
 
+def _diagnosis(config: RunConfig, on_gpu: bool, log) -> Diagnosis | None:
+    """The doctor's findings that need no model (not for a LoRA fine-tune, whose base is not converted), printed
+    before anything is planned: a refusal (no torchao, nothing to convert) then comes after its explanation. On the
+    CPU compile is off for speed, not by the user's choice, so it is not a finding there."""
+    if config.finetune.lora:
+        return None
+    diagnosis = diagnose_config(config, compile_model=config.train.compile_model is not False or not on_gpu)
+    log(diagnosis.format())
+    return diagnosis
+
+
+def _gemm_shapes(built: Built) -> list[GemmShape]:
+    """The GEMMs of one training step of `built`'s model, those of the linears its conversion converted marked."""
+    converted = set(built.conversion.converted)
+    c = built.config
+    return linear_gemm_shapes(c.model, c.train.batch_size, lambda module, fqn: fqn in converted)
+
+
 def verify_fp8(config: RunConfig, loss_tolerance: float = 0.02, min_speedup: float = 1.0, log=print) -> Verification:
-    """Run the checks for `config`'s model and batch (a LoRA fine-tune's for one). On CPU checks 1-4 run: pretraining
-    FP8 emulated, a LoRA fine-tune's frozen FP8 base on torch._scaled_mm's CPU kernels."""
+    """Run the checks for `config`'s model and batch (a LoRA fine-tune's for one), and the doctor's findings. On CPU
+    checks 1-4 run: pretraining FP8 emulated, a LoRA fine-tune's frozen FP8 base on torch._scaled_mm's CPU kernels.
+    On a GPU the Amdahl row too: X from a profiled BF16 step, s from the GEMMs timed alone, set beside the measured
+    ratio."""
     on_gpu = resolve_device(config.train.device).type == "cuda"
+    diagnosis = _diagnosis(_for_this_machine(config, on_gpu), on_gpu, log)
     # the same checks as train_h100.py: FP8 support, batch shape, attention
     fp8_plan = plan(_for_this_machine(config, on_gpu).with_fp8(True))
     config, device = fp8_plan.config, fp8_plan.device
@@ -371,10 +429,23 @@ def verify_fp8(config: RunConfig, loss_tolerance: float = 0.02, min_speedup: flo
     fp8_trainer, fp8_result = train_for_measurement(built, data.train, data.val, log)
     # Check 2 in a (now warm) training step, after the training (a LoRA base's weight casts counted across it).
     step_checks = _step_checks(built, fp8_trainer, batch, on_gpu)
+    # The Amdahl row's profiles of warm steps, on a GPU (a LoRA base has no weight-gradient GEMMs: not this model).
+    amdahl = on_gpu and not config.finetune.lora
+    shapes = _gemm_shapes(built) if amdahl else []
+    conversion = built.conversion
+    profile = (lambda trainer: profile_step_breakdown(trainer, shapes)) if amdahl else (lambda trainer: None)
+    fp8_profile = profile(fp8_trainer)
     # Free the FP8 run before the BF16 one so BF16's peak memory is its own.
     del fp8_trainer, built
     release_memory()
-    bf16_config, bf16_result = _train_bf16_twin(fp8_plan, data, log)
+    bf16_config, bf16_result, bf16_profile = _train_bf16_twin(fp8_plan, data, log, then=profile)
+    row = None
+    if amdahl:
+        log(f"timing the {len(shapes)} distinct GEMMs alone, BF16 and FP8 ...")
+        timings = time_matmuls(shapes, device, config.fp8.fp8_recipe)
+        row = amdahl_row(config, device, bf16_profile, fp8_profile, conversion, timings, notes=[])
+    if diagnosis is not None and on_gpu:  # speed and memory on the CPU say nothing about a GPU's
+        diagnosis.findings += measured_findings(fp8_result, bf16_result, row, compiled=config.train.compile_model)
 
     # Listed by number (1, 2 with a LoRA fine-tune's two beside it, 3, 4, 5), not in the order they ran.
     checks = [
@@ -385,4 +456,5 @@ def verify_fp8(config: RunConfig, loss_tolerance: float = 0.02, min_speedup: flo
         _speedup_check(fp8_result, bf16_result, min_speedup, on_gpu),
     ]
     runs = [result_record(c, r) for c, r in ((bf16_config, bf16_result), (config, fp8_result))]
-    return Verification(checks=checks, runs=runs, support=fp8_plan.fp8_support.format())
+    support = fp8_plan.fp8_support.format()
+    return Verification(checks=checks, runs=runs, support=support, diagnosis=diagnosis, amdahl=row)

@@ -94,8 +94,9 @@ def _batch_and_parallel_rows(config: RunConfig, par: ParallelPlan) -> list[tuple
 
 def _model_line(config: RunConfig) -> str:
     m = config.model
+    whose = f"Hugging Face {m.hf_model} (transformers, random weights)" if m.hf_model else f"preset {config.preset}"
     return (
-        f"preset {config.preset}: dim {m.dim}, {m.n_layers} layers, {m.n_heads} heads (kv {m.kv_heads}), "
+        f"{whose}: dim {m.dim}, {m.n_layers} layers, {m.n_heads} heads (kv {m.kv_heads}), "
         f"ffn {m.intermediate_size}, vocab {m.vocab_size}, context {m.context_length}"
         + (", tied embeddings" if m.tie_embeddings else "")
     )

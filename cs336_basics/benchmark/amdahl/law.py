@@ -81,12 +81,17 @@ def problem_key(m: int, k: int, n: int) -> tuple[int, int, int]:
     return (k, min(m, n), max(m, n))
 
 
-def _linear_layers(model_config: ModelConfig) -> list[tuple[str, nn.Module]]:
-    """(fqn, module) for every nn.Linear of the TransformerLM, in torchao's traversal order.
+def model_skeleton(model_config: ModelConfig) -> nn.Module:
+    """The model `model_config` describes, built without its memory or compute: its modules and their shapes.
 
-    Built under FakeTensorMode (no memory, no compute: the "meta" device cannot run RoPE's table set-up, and
-    the course init's truncated normal is data-dependent, so it is skipped here); a real CPU build otherwise.
+    This package's TransformerLM under FakeTensorMode (the "meta" device cannot run RoPE's table set-up, and the
+    course init's truncated normal is data-dependent, so it is skipped here; a real CPU build where fake mode fails);
+    a Hugging Face model (--hf_model) on the "meta" device.
     """
+    if model_config.hf_model is not None:
+        from cs336_basics.hf.models import build_causal_lm, hf_config
+
+        return build_causal_lm(hf_config(model_config.hf_model), device="meta")
     from cs336_basics.model import TransformerLM
     from cs336_basics.model import transformer as transformer_module
 
@@ -94,9 +99,14 @@ def _linear_layers(model_config: ModelConfig) -> list[tuple[str, nn.Module]]:
         from torch._subclasses.fake_tensor import FakeTensorMode
 
         with FakeTensorMode(), mock.patch.object(transformer_module, "init_weights", lambda model: None):
-            model = TransformerLM(model_config)
+            return TransformerLM(model_config)
     except Exception:  # noqa: BLE001 - any fake-mode limitation: the real model has the same modules
-        model = TransformerLM(model_config)
+        return TransformerLM(model_config)
+
+
+def _linear_layers(model_config: ModelConfig) -> list[tuple[str, nn.Module]]:
+    """(fqn, module) for every nn.Linear of the model, in torchao's traversal order."""
+    model = model_skeleton(model_config)
     return [(fqn, m) for fqn, m in model.named_modules(remove_duplicate=False) if isinstance(m, nn.Linear)]
 
 

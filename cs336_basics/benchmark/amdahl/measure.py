@@ -541,7 +541,7 @@ def _clamped_share(bf16: StepBreakdown, notes: list[str]) -> float:
     return x
 
 
-def _amdahl_row(
+def amdahl_row(
     config: RunConfig,
     device: torch.device,
     bf16: StepBreakdown,
@@ -624,4 +624,4 @@ def analyse(
     log(f"[amdahl] {conversion.summary_line()}")
     log(f"[amdahl] GEMM microbenchmark: {len(shapes)} distinct shapes ...")
     timings = time_matmuls(shapes, device, config.fp8.fp8_recipe)
-    return _amdahl_row(config, device, bf16, fp8, conversion, timings, notes)
+    return amdahl_row(config, device, bf16, fp8, conversion, timings, notes)

@@ -21,10 +21,11 @@ from cs336_basics.parallel.wrap import DDP, FSDP, NONE, check_parallel_request
 from cs336_basics.precision import choose_fp8
 
 # fp8: train_h100.py's default FP8 (no FP8 flag but --use_fp8: the path and its settings as precision/choice.py
-# chooses them); fp8-<recipe>: TorchAO's path; fp8-fused-<scaling>: this package's (--fp8_path fused).
+# chooses them); fp8-<recipe>: TorchAO's path; fp8-fused-<scaling>: this package's (--fp8_path fused);
+# fp8-accelerate: Hugging Face Accelerate's conversion (--fp8_path accelerate, tensorwise; the hf extra).
 PRECISIONS = (
     "bf16", "fp8-tensorwise", "fp8-rowwise", "fp8-rowwise_with_gw_hp", "fp8-fused-dynamic", "fp8-fused-delayed", "fp32",
-    "fp8",
+    "fp8", "fp8-accelerate",
 )  # fmt: skip
 COMPILE_CHOICES = ("eager", "auto", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 PARALLEL_CHOICES = (DDP, FSDP)  # for world sizes above 1; one process has none
@@ -94,7 +95,8 @@ BASELINE_PRECISION, BASELINE_COMPILE = "bf16", "default"
 
 
 LM_HEAD_SUFFIX = "+lm_head"  # an FP8 precision with the lm_head converted too, e.g. fp8-fused-dynamic+lm_head
-WITH_LM_HEAD = tuple(p + LM_HEAD_SUFFIX for p in PRECISIONS if p.startswith("fp8"))
+# Not fp8-accelerate: Accelerate's own filter keeps the lm_head (the last linear) in BF16.
+WITH_LM_HEAD = tuple(p + LM_HEAD_SUFFIX for p in PRECISIONS if p.startswith("fp8") and p != "fp8-accelerate")
 
 
 def precision_settings(precision: str) -> dict[str, dict[str, Any]]:
@@ -105,6 +107,8 @@ def precision_settings(precision: str) -> dict[str, dict[str, Any]]:
     precision = precision.removesuffix(LM_HEAD_SUFFIX)
     if precision.startswith("fp8-fused-"):
         fp8.update(fp8_path="fused", fp8_recipe="tensorwise", fp8_scaling=precision.removeprefix("fp8-fused-"))
+    elif precision == "fp8-accelerate":
+        fp8.update(fp8_path="accelerate", fp8_recipe="tensorwise")
     elif precision.startswith("fp8-"):
         fp8.update(fp8_path="torchao", fp8_recipe=precision.removeprefix("fp8-"))
     return {"fp8": fp8, "train": {"dtype": "float32" if precision == "fp32" else "bfloat16"}}

@@ -1,4 +1,10 @@
-"""What FP8 would do to a model, before anything is timed: the doctor's findings that need no GPU.
+"""The FP8 doctor's findings: why FP8 is (or would be) as fast as it is on a model, each backed by a number.
+
+Two kinds. Before anything is timed (`diagnose`, `diagnose_config`: any model, this package's or a Hugging Face
+one, no GPU needed): what each conversion policy would convert and how much of the step that can be. After the
+verification has trained both precisions (`measured_findings`): what the measured runs and the Amdahl row (X, the
+converted GEMMs' share of the BF16 step; s, their FP8 speedup alone) say, e.g. FP8 slower than BF16, casts costing
+more than the GEMMs save, more memory than BF16.
 
 For three conversion policies, which linears convert and why the rest do not:
   accelerate    Accelerate's TorchAO backend with its default filter (`Accelerator(mixed_precision="fp8")` and
@@ -19,17 +25,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
-from cs336_basics.benchmark.amdahl.law import amdahl_prediction, gemm_shapes
-from cs336_basics.config import FP8Config
+from cs336_basics.benchmark.amdahl.law import amdahl_prediction, gemm_shapes, model_skeleton
+from cs336_basics.benchmark.amdahl.report import AmdahlRow
+from cs336_basics.config import FP8Config, RunConfig
+from cs336_basics.precision.accelerate import accelerate_skip_rule, first_and_last_linear
 from cs336_basics.precision.fp8 import (
     SKIP_NOT_16,
     SKIP_SMALL,
     FP8ConversionReport,
-    dims_divisible_by_16,
     file_decisions,
     fp8_gemm_dims,
     fp8_gemm_pays,
@@ -38,9 +45,11 @@ from cs336_basics.precision.fp8 import (
 )
 from cs336_basics.precision.support import TORCHAO_INSTALL_HINT, torchao_version
 
+if TYPE_CHECKING:
+    from cs336_basics.training.trainer import TrainResult
+
 POLICIES = ("accelerate", "shape-rule", "every-linear")
 FP8_PEAK_OVER_BF16 = 2.0  # dense FP8 over dense BF16 tensor-core peak on H100/H200 (1979 vs 989 TFLOP/s)
-SKIP_FIRST_LAST = "Accelerate's default filter: the model's first or last nn.Linear"
 # A policy whose FP8 GEMMs hold less than this share of the step's matmul FLOPs cannot pay for its casts: even at
 # the FP8 peak the step would gain under ~11%.
 LOW_SHARE = 0.2
@@ -97,22 +106,9 @@ class Diagnosis:
         return "\n".join(lines)
 
 
-def _first_and_last_linear(model: nn.Module) -> tuple[str, ...]:
-    names = [fqn for fqn, m in model.named_modules() if isinstance(m, nn.Linear)]
-    return (names[0], names[-1]) if names else ()
-
-
 def _policy_skip(policy: str, model: nn.Module) -> Callable[[nn.Module, str], tuple[str, str] | None]:
     if policy == "accelerate":
-        first_last = _first_and_last_linear(model)
-
-        def skip(module: nn.Module, fqn: str) -> tuple[str, str] | None:
-            if not dims_divisible_by_16(module, fqn):
-                dims = f"in_features={module.in_features}, out_features={module.out_features}"
-                return SKIP_NOT_16, f"{SKIP_NOT_16} ({dims})"
-            return (SKIP_FIRST_LAST, SKIP_FIRST_LAST) if fqn in first_last else None
-
-        return skip
+        return accelerate_skip_rule(model)
     if policy == "shape-rule":
         return skip_rule(FP8Config(use_fp8=True, fp8_shape_filter=True, fp8_lm_head=False))
     if policy == "every-linear":
@@ -202,7 +198,7 @@ def _findings(model: nn.Module, tokens: int, torchao: str | None, torchao_error:
     accelerate = by_policy["accelerate"]
     found.append(Finding(
         "Accelerate's default filter", f"{accelerate.report.n_converted} of {accelerate.report.n_linear} linears; "
-        f"kept in BF16: {', '.join(_first_and_last_linear(model))}",
+        f"kept in BF16: {', '.join(first_and_last_linear(model))}",
         f"It keeps the first and last nn.Linear in module order in BF16; every-linear would put "
         f"{100 * by_policy['every-linear'].fp8_flop_share:.0f}% of the FLOPs in FP8 against its "
         f"{100 * accelerate.fp8_flop_share:.0f}%.", problem=False,
@@ -220,8 +216,57 @@ def diagnose(model: nn.Module, tokens: int, n_layers: int, dim: int, seq_len: in
     return Diagnosis(tokens, version, shares, _findings(model, tokens, version, error, shares, compile_model))
 
 
-def diagnose_causal_lm(model: Any, batch_size: int, seq_len: int, compile_model: bool = True) -> Diagnosis:
-    """diagnose() for a hf.models.CausalLM, its attention read from its config."""
-    config = model.hf.config
-    tokens = batch_size * seq_len
-    return diagnose(model, tokens, config.num_hidden_layers, config.hidden_size, seq_len, compile_model)
+def diagnose_config(config: RunConfig, compile_model: bool = True) -> Diagnosis:
+    """diagnose() for the model and micro-batch `config` describes (this package's model or a Hugging Face one, built
+    as a skeleton: nothing allocated), before anything is built for real."""
+    m = config.model
+    tokens = config.train.batch_size * m.context_length
+    return diagnose(model_skeleton(m), tokens, m.n_layers, m.dim, m.context_length, compile_model)
+
+
+# ---- what the measured step says ----
+
+# The measured thresholds at which a finding is reported: FP8 this much slower than its GEMMs promise, or this much
+# more memory than BF16, is worth a line.
+SHORTFALL = 0.9  # measured speedup under this fraction of the Amdahl prediction
+MORE_MEMORY = 1.05  # FP8 peak over BF16 peak
+
+
+def measured_findings(fp8: TrainResult, bf16: TrainResult, row: AmdahlRow | None, compiled: bool) -> list[Finding]:
+    """What the two measured runs (and, on a GPU, the Amdahl row: X from the BF16 profile, s from the GEMM
+    microbenchmark) say about why FP8 is as fast as it is, each with its number."""
+    found = []
+    ratio = fp8.tokens_per_sec / bf16.tokens_per_sec if fp8.tokens_per_sec and bf16.tokens_per_sec else None
+    how = "compiled" if compiled else "eager (no torch.compile)"
+    if ratio is not None and ratio < 1.0:
+        found.append(Finding(
+            "FP8 slower than BF16", f"{ratio:.3f}x ({fp8.tokens_per_sec:,.0f} vs {bf16.tokens_per_sec:,.0f} tokens/s, "
+            f"{how})", "The findings below say where the time goes; without one, FP8 does not pay at this shape.",
+        ))  # fmt: skip
+    if row is not None:
+        x, s = row.linear_share, row.matmul_speedup
+        if row.measured_speedup < SHORTFALL * row.predicted_speedup:
+            found.append(Finding(
+                "FP8 costs more than its GEMMs save", f"predicted {row.predicted_speedup:.3f}x from X = {100 * x:.0f}% "
+                f"of the BF16 step in the converted GEMMs at s = {s:.2f}x, measured {row.measured_speedup:.3f}x: "
+                f"{row.cast_overhead_ms:+.2f} ms per step of casts and scaling over the prediction",
+                "Compile the model (casts fuse into the surrounding kernels) and feed more tokens per micro-batch, "
+                "so each cast is amortised over a larger GEMM." if not compiled else "More tokens per micro-batch "
+                "amortise each cast over a larger GEMM; layers below the shape rule's thresholds cost their casts "
+                "and save little (--fp8_shape_filter).",
+            ))  # fmt: skip
+        if x < LOW_SHARE:
+            found.append(Finding(
+                "little of the step in converted GEMMs", f"X = {100 * x:.0f}% of the BF16 step, so at most "
+                f"{amdahl_prediction(x, s):.3f}x even with free casts (s = {s:.2f}x)",
+                "Attention, norms and the optimizer hold the rest: FP8 cannot pay much here; a wider model does.",
+            ))  # fmt: skip
+    if fp8.peak_mem_gib and bf16.peak_mem_gib and fp8.peak_mem_gib > MORE_MEMORY * bf16.peak_mem_gib:
+        found.append(Finding(
+            "FP8 uses more memory than BF16", f"peak {fp8.peak_mem_gib:.2f} vs {bf16.peak_mem_gib:.2f} GiB "
+            f"({fp8.peak_mem_gib / bf16.peak_mem_gib:.2f}x, {how})",
+            "Eager FP8 keeps each BF16 input and its FP8 copy alive for backward: compile the model." if not compiled
+            else "The FP8 copies saved for backward add to BF16's activations; a smaller micro-batch with gradient "
+            "accumulation lowers the peak.",
+        ))  # fmt: skip
+    return found
