@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from cs336_basics.compiled import auto_compile_mode
-from cs336_basics.config import CUDA_GRAPH_MODES, RunConfig, TrainConfig
+from cs336_basics.config import CUDA_GRAPH_MODES, ModelConfig, RunConfig, TrainConfig
 from cs336_basics.errors import ConfigError
 from cs336_basics.lora import LoRAConverter, LoRAReport, check_finetune_request, load_base
 from cs336_basics.model import TransformerLM, check_attention_backend
@@ -206,16 +206,22 @@ class Built:
         return rows + (self.lora.summary_lines() if self.lora is not None else [])
 
 
-def seeded_model(config: RunConfig, device: torch.device) -> torch.nn.Module:
-    """config's model (TransformerLM, or the Hugging Face causal LM --hf_model names) on `device` in its training
-    dtype. Seeded, so twins (a BF16 and an FP8 build of one comparison) start from the same weights."""
-    dtype = torch_dtype(config.train.dtype)
-    if config.model.hf_model is not None:
+def new_model(model: ModelConfig, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
+              seed: int = 0) -> torch.nn.Module:  # fmt: skip
+    """The model a model config describes, TransformerLM or the Hugging Face causal LM --hf_model names, initialised
+    from `seed` on `device` in `dtype`."""
+    if model.hf_model is not None:
         from cs336_basics.hf.models import build_causal_lm, hf_config
 
-        return build_causal_lm(hf_config(config.model.hf_model), device, dtype, config.train.seed)
-    torch.manual_seed(config.train.seed)
-    return TransformerLM(config.model).to(device=device, dtype=dtype)
+        return build_causal_lm(hf_config(model.hf_model), device, dtype, seed)
+    torch.manual_seed(seed)
+    return TransformerLM(model).to(device=device, dtype=dtype)
+
+
+def seeded_model(config: RunConfig, device: torch.device) -> torch.nn.Module:
+    """config's model on `device` in its training dtype. Seeded, so twins (a BF16 and an FP8 build of one
+    comparison) start from the same weights."""
+    return new_model(config.model, device, torch_dtype(config.train.dtype), config.train.seed)
 
 
 def build(config_or_plan: RunConfig | Plan) -> Built:

@@ -14,6 +14,7 @@ transformers = pytest.importorskip("transformers")
 
 import json  # noqa: E402
 
+import train_h100  # noqa: E402
 import verify_fp8_compilation  # noqa: E402
 from cs336_basics.benchmark.amdahl.law import linear_gemm_shapes  # noqa: E402
 from cs336_basics.benchmark.amdahl.report import AmdahlRow  # noqa: E402
@@ -31,6 +32,7 @@ from cs336_basics.precision.diagnosis import (  # noqa: E402
     policy_share,
 )
 from cs336_basics.precision.fp8 import convert_model_to_fp8  # noqa: E402
+from cs336_basics.programs import generate  # noqa: E402
 from cs336_basics.training.trainer import TrainResult  # noqa: E402
 
 
@@ -232,3 +234,18 @@ def test_on_a_gpu_the_doctor_sets_the_amdahl_prediction_beside_the_measured_rati
     assert row["n_converted"] == 14 and 0 < row["linear_share"] < 1 and row["matmul_speedup"] > 0
     assert row["measured_speedup"] == pytest.approx(row["bf16_step_ms"] / row["measured_fp8_step_ms"])
     assert "why: X = " in stdout
+
+
+def test_train_h100_trains_and_resumes_a_hugging_face_model_whose_run_generate_reads(tmp_path, capsys):
+    text = tmp_path / "train.txt"
+    text.write_text("def add(a, b):\n    return a + b\n\n" * 2000)
+    out = tmp_path / "run"
+    argv = ["--hf_model", "llama-tiny", "--context_length", "16", "--batch_size", "4", "--max_steps", "2",
+            "--device", "cpu", "--train_data", str(text), "--out_dir", str(out)]  # fmt: skip
+    assert train_h100.main(argv) == 0
+    assert "Hugging Face llama-tiny (transformers, random weights): dim 64" in capsys.readouterr().out
+    assert train_h100.main([*argv, "--resume", "--max_steps", "3"]) == 0  # the run folder resumes
+    assert json.loads((out / "result.json").read_text())["steps"] == 3
+    model, tokenizer = generate.load_trained(out, torch.device("cpu"))
+    assert isinstance(model, CausalLM)
+    assert generate.sample_text(model, tokenizer, generate.Sampling(prompt="def ", max_new_tokens=4)).startswith("def ")

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import torch
 
+from cs336_basics.build import new_model
 from cs336_basics.cli import add_field_arguments
 from cs336_basics.config import RunConfig, at_least, finite, non_negative, setting, validate_fields
 from cs336_basics.data import BPETokenizer
 from cs336_basics.devices import resolve_device
 from cs336_basics.errors import ConfigError, run_program
-from cs336_basics.model import TransformerLM
 from cs336_basics.training.checkpoint import CHECKPOINT_NAME
 from cs336_basics.training.restore import load_checkpoint
 
@@ -48,7 +48,7 @@ class Sampling:
         validate_fields(self)
 
 
-def load_trained(out_dir: Path, device: torch.device) -> tuple[TransformerLM, BPETokenizer]:
+def load_trained(out_dir: Path, device: torch.device) -> tuple[torch.nn.Module, BPETokenizer]:
     """Rebuild the model from a run folder's checkpoint (its saved config gives the shape) and tokenizer."""
     checkpoint = out_dir / CHECKPOINT_NAME
     state = load_checkpoint(checkpoint, restore_rng=False)
@@ -58,14 +58,15 @@ def load_trained(out_dir: Path, device: torch.device) -> tuple[TransformerLM, BP
 
         model = merge_adapters(lora_model(checkpoint)[0])
     else:
-        model = TransformerLM(config.model)
+        model = new_model(config.model)  # this package's model, or a Hugging Face one (--hf_model)
         load_checkpoint(checkpoint, model=model, restore_rng=False)
     if not (out_dir / "tokenizer").is_dir():
         raise ConfigError(f"{out_dir} has no tokenizer/ folder (the run trained on pre-tokenised arrays).")
     return model.to(device).eval(), BPETokenizer.load(out_dir / "tokenizer")
 
 
-def sample_text(model: TransformerLM, tokenizer: BPETokenizer, sampling: Sampling) -> str:
+def sample_text(model: torch.nn.Module, tokenizer: BPETokenizer, sampling: Sampling) -> str:
+    """`sampling.prompt` and what `model` (TransformerLM or hf.models.CausalLM: both generate) samples after it."""
     device = next(model.parameters()).device
     prompt_ids = torch.tensor(tokenizer.encode(sampling.prompt), device=device)
     generator = torch.Generator(device=device).manual_seed(sampling.seed)
