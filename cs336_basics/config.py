@@ -185,6 +185,19 @@ class ModelConfig:
         return embeddings + self.n_layers * block + d
 
 
+def with_fixed_shape(
+    model: dict[str, Any], shape: dict[str, Any], explicit: dict[str, Any], request: str, source: str, fix: str
+) -> dict[str, Any]:
+    """The model section `model` with the settings `shape` fixes, taken from `source` (e.g. "the base") that
+    `request` (e.g. "--init_from DIR") named; ConfigError saying `fix` where a setting given explicitly disagrees."""
+    clashes = [f"--{k} {explicit[k]} ({source} has {v})" for k, v in shape.items() if explicit.get(k, v) != v]
+    if clashes:
+        raise ConfigError(
+            f"{request}: the model's shape comes from {source}, and {', '.join(clashes)} disagrees. {fix}"
+        )
+    return {**model, **shape}
+
+
 # Model settings that change the function being trained, and so the meaning of a checkpoint's weights. The
 # others (attention kernel, activation checkpointing) compute the same function another way.
 MODEL_IDENTITY_FIELDS = (

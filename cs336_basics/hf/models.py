@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from cs336_basics.config import with_fixed_shape
 from cs336_basics.errors import ConfigError
 from cs336_basics.model.functional import cross_entropy
 from cs336_basics.model.transformer import sample_tokens
@@ -82,6 +83,7 @@ class CausalLM(nn.Module):
         logits = self.hf(input_ids=input_ids, use_cache=False).logits
         return logits if targets is None else cross_entropy(logits, targets)
 
+    @torch.no_grad()
     def generate(self, input_ids: torch.Tensor, max_new_tokens: int, **sampling: Any) -> torch.Tensor:
         """As TransformerLM.generate: the new token ids sampled after a 1-D prompt."""
         return sample_tokens(self, self.context_length, input_ids, max_new_tokens, **sampling)
@@ -122,13 +124,8 @@ def model_settings_from_hf(spec: str, model: dict[str, Any], explicit: dict[str,
         "intermediate_size": getattr(config, "intermediate_size", None) or 4 * hidden,
         "tie_embeddings": bool(getattr(config, "tie_word_embeddings", False)),
     }
-    clashes = [f"--{k} {explicit[k]} (the config has {v})" for k, v in shape.items() if explicit.get(k, v) != v]
-    if clashes:
-        raise ConfigError(
-            f"--hf_model {spec}: the model's shape comes from its config, and {', '.join(clashes)} disagrees. Drop "
-            "those flags (or edit the config)."
-        )
-    merged = {**model, **shape}
+    fix = "Drop those flags (or edit the config)."
+    merged = with_fixed_shape(model, shape, explicit, f"--hf_model {spec}", "the config", fix)
     positions = getattr(config, "max_position_embeddings", None)
     if positions is not None and merged["context_length"] > positions:
         raise ConfigError(

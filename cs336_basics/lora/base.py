@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from cs336_basics.config import with_fixed_shape
 from cs336_basics.errors import ConfigError
 from cs336_basics.integrity import verify_zip
 from cs336_basics.training.checkpoint import CHECKPOINT_NAME, is_sharded_checkpoint, read_checkpoint
@@ -113,14 +114,8 @@ def shape_of_state(state: dict[str, torch.Tensor], path: Path) -> tuple[dict[str
 def model_settings_from_base(base: Base, model: dict[str, Any], explicit: dict[str, Any]) -> dict[str, Any]:
     """The model section with the base's shape: `model` the resolved settings, `explicit` those given on the command
     line (or a config file). ConfigError where an explicit setting disagrees with the base."""
-    shape = base.shape
-    clashes = [f"--{k} {explicit[k]} (the base has {v})" for k, v in shape.items() if explicit.get(k, v) != v]
-    if clashes:
-        raise ConfigError(
-            f"--init_from {base.path}: the model's shape comes from the base, and {', '.join(clashes)} disagrees. "
-            "Drop those flags (or point at a base of that shape)."
-        )
-    merged = {**model, **shape}
+    fix = "Drop those flags (or point at a base of that shape)."
+    merged = with_fixed_shape(model, base.shape, explicit, f"--init_from {base.path}", "the base", fix)
     kv_dim = base.kv_dim
     if kv_dim is not None:
         heads = merged["n_heads"]

@@ -75,21 +75,9 @@ class TransformerLM(nn.Module):
         return total
 
     @torch.no_grad()
-    def generate(
-        self,
-        input_ids: torch.Tensor,
-        max_new_tokens: int,
-        temperature: float = 1.0,
-        top_p: float = 1.0,
-        eos_token_id: int | None = None,
-        generator: torch.Generator | None = None,
-        top_k: int = 0,
-    ) -> torch.Tensor:
-        """sample_tokens from this model, at its context length."""
-        return sample_tokens(
-            self, self.config.context_length, input_ids, max_new_tokens, temperature=temperature, top_p=top_p,
-            eos_token_id=eos_token_id, generator=generator, top_k=top_k,
-        )  # fmt: skip
+    def generate(self, input_ids: torch.Tensor, max_new_tokens: int, **sampling) -> torch.Tensor:
+        """sample_tokens from this model, at its context length (`sampling`: its keyword arguments)."""
+        return sample_tokens(self, self.config.context_length, input_ids, max_new_tokens, **sampling)
 
 
 def sample_tokens(
