@@ -220,18 +220,25 @@ def test_the_doctor_runs_on_a_hugging_face_model_on_the_cpu(tmp_path, token_file
 
 
 @pytest.mark.gpu
-def test_on_a_gpu_the_doctor_sets_the_amdahl_prediction_beside_the_measured_ratio(tmp_path, token_files, capsys):
+@pytest.mark.parametrize(
+    "path_flags, converted",
+    [(["--no_fp8_shape_filter"], 14), (["--fp8_path", "accelerate"], 13)],  # TorchAO's path; Accelerate's
+    ids=["torchao", "accelerate"],
+)
+def test_on_a_gpu_the_doctor_sets_the_amdahl_prediction_beside_the_measured_ratio(
+    path_flags, converted, tmp_path, token_files, capsys
+):
     out = tmp_path / "doctor.json"
     argv = ["--hf_model", "llama-tiny", "--context_length", "64", "--batch_size", "4", "--steps", "6",
-            "--min_speedup", "0", "--no_fp8_shape_filter", *token_files, "--json", str(out)]  # fmt: skip
+            "--min_speedup", "0", *path_flags, *token_files, "--json", str(out)]  # fmt: skip
     code = verify_fp8_compilation.main(argv)
     stdout = capsys.readouterr().out
     assert code == 0, stdout
     payload = json.loads(out.read_text())
     checks = {c["name"]: c for c in payload["checks"]}
-    assert checks["fp8_gemms_launched"]["evidence"]["scaled_mm"] >= 3 * 14
+    assert checks["fp8_gemms_launched"]["evidence"]["scaled_mm"] >= 3 * converted
     row = payload["amdahl"]
-    assert row["n_converted"] == 14 and 0 < row["linear_share"] < 1 and row["matmul_speedup"] > 0
+    assert row["n_converted"] == converted and 0 < row["linear_share"] < 1 and row["matmul_speedup"] > 0
     assert row["measured_speedup"] == pytest.approx(row["bf16_step_ms"] / row["measured_fp8_step_ms"])
     assert "why: X = " in stdout
 
