@@ -1,3 +1,5 @@
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -22,6 +24,16 @@ def _fresh_compiler():
     tests ran before the train CLI's in one process)."""
     yield
     torch._dynamo.reset()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_accelerate_state():
+    """Accelerate keeps one state per process, set by its first Accelerator (device included), as a program has one;
+    the tests convert models on the CPU and on a GPU in one process, so each starts with none."""
+    yield
+    state = sys.modules.get("accelerate.state")
+    if state is not None:
+        state.AcceleratorState._reset_state(reset_partial_state=True)
 
 
 @pytest.fixture

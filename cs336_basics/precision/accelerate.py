@@ -112,10 +112,15 @@ class AccelerateFP8(Converter):
         file_decisions(model, accelerate_skip_rule(model), report)
         if not report.converted:
             raise nothing_converted_error(report)
-        on_cpu = next(model.parameters()).device.type == "cpu"
+        device = next(model.parameters()).device
         accelerator = accelerate.Accelerator(
-            mixed_precision="fp8", cpu=on_cpu, kwargs_handlers=[AORecipeKwargs(config=config)]
+            mixed_precision="fp8", cpu=device.type == "cpu", kwargs_handlers=[AORecipeKwargs(config=config)]
         )
+        if accelerator.device.type != device.type:  # its autocast would be for the other device
+            raise ConfigError(
+                f"Accelerate's state in this process was set up for {accelerator.device} and the model is on "
+                f"{device}: Accelerate keeps one state per process. Convert this model in a fresh process."
+            )
         # The model stays where the build stage put it; Accelerate converts it in place and wraps its forward.
         prepared = accelerator.prepare(model, device_placement=[False])
         actual = float8_linear_names(model)
