@@ -2,13 +2,14 @@
 no graph breaks, FP8 loss close to BF16, and FP8 + compile vs BF16 + compile tokens/s side by side.
 
     uv run verify_fp8_compilation.py                   # the 366M shape on a GPU; a small emulated check on CPU
-    uv run verify_fp8_compilation.py --json out.json   # also write the checks and both runs as JSON
+    uv run verify_fp8_compilation.py --json out.json   # also write the checks, the runs and the findings as JSON
     uv run verify_fp8_compilation.py --init_from runs/default --lora_rank 16 --lora_targets attn   # a LoRA fine-tune
     uv run --extra hf verify_fp8_compilation.py --hf_model llama-1b --batch_size 4   # a Hugging Face causal LM
 
-After the checks it says why FP8 is as fast as it is: what each conversion policy would convert, on a GPU the
-Amdahl prediction (the converted GEMMs' share of the BF16 step x their FP8 speed) beside the measured ratio, and
-findings, each with the number it measured and what to do. --hf_model takes a named shape (llama-tiny, llama-125m,
+After the checks it shows this package's other FP8 path beside the chosen one (--no_compare_paths: not), and says
+why FP8 is as fast as it is: what each conversion policy would convert, on a GPU the Amdahl prediction (the
+converted GEMMs' share of the BF16 step x their FP8 speed) beside the measured ratio, and findings, each with the
+number it measured and what to do. --hf_model takes a named shape (llama-tiny, llama-125m,
 llama-1b), a local directory with a config.json or a hub id; the model gets random weights.
 
 For a LoRA fine-tune the FP8 base is frozen (weights cast once, no weight-gradient GEMM), and the checks say so: the
@@ -39,7 +40,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=50, help="training steps per precision (default 50)")
     parser.add_argument("--loss_tolerance", type=float, default=0.02, help="max relative FP8-BF16 loss gap")
     parser.add_argument("--min_speedup", type=float, default=1.0, help="FP8/BF16 tokens/s needed to PASS")
-    parser.add_argument("--json", help="write the checks and the two runs here")
+    parser.add_argument("--json", help="write the checks, the runs and the doctor's findings here")
+    parser.add_argument(
+        "--no_compare_paths", dest="compare_paths", action="store_false",
+        help="this package's model: train only the chosen FP8 path (by default the other, fused or TorchAO's, too)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     return run_program(lambda: _verify(args))
 
@@ -49,7 +54,12 @@ def _verify(args) -> int:
         check_output_path(args.json, "--json", folder=False)
     config = config_from_args(args)
     train = dataclasses.replace(config.train, max_steps=args.steps, log_every=min(10, args.steps))
-    result = verify_fp8(dataclasses.replace(config, train=train), args.loss_tolerance, args.min_speedup)
+    result = verify_fp8(
+        dataclasses.replace(config, train=train),
+        args.loss_tolerance,
+        args.min_speedup,
+        compare_paths=args.compare_paths,
+    )
     print(result.table())
     print("ALL CHECKS PASSED" if result.passed else "SOME CHECKS FAILED")
     if args.json:

@@ -94,7 +94,8 @@ def test_verify_checks_the_accelerate_path_on_the_cpu(tmp_path, token_files, cap
     assert [c["status"] for c in payload["checks"]] == ["PASS", "PASS", "PASS", "PASS", "SKIP"]
     assert payload["checks"][0]["evidence"]["counted"] == 13  # 15 linears but Accelerate's first and last
     assert payload["runs"][1]["fp8_path"] == "accelerate"
-    assert [r["precision"] for r in payload["runs"]] == ["bf16", "fp8-accelerate-emulated"]
+    # Beside it, TorchAO's path: the same conversion but for Accelerate's filter and autocast.
+    assert [r["precision"] for r in payload["runs"]] == ["bf16", "fp8-accelerate-emulated", "fp8-tensorwise-emulated"]
 
 
 @pytest.mark.gpu

@@ -29,18 +29,23 @@ def test_cpu_mode_runs_checks_1_to_4_with_emulation(tmp_path, token_files, capsy
     assert checks["fp8_linears"]["evidence"]["counted"] == 14  # 2 x (4 attention + 3 ffn); lm_head skipped
     assert checks["fp8_gemms_launched"]["evidence"]["fp8_casts"] >= 28
     assert "needs a GPU" in checks["fp8_speedup"]["detail"]
-    assert [r["precision"] for r in payload["runs"]] == ["bf16", "fp8-tensorwise-emulated"]
-    assert "ALL CHECKS PASSED" in stdout
+    # The other FP8 path (the fused one: emulation picks TorchAO's) trained too, side by side.
+    precisions = [r["precision"] for r in payload["runs"]]
+    assert precisions == ["bf16", "fp8-tensorwise-emulated", "fp8-fused-delayed-emulated"]
+    assert [line.split(":")[0] for line in payload["paths"]] == ["torchao", "fused"]
+    assert "ALL CHECKS PASSED" in stdout and "FP8 paths on this model:" in stdout
 
 
 def test_cpu_mode_verifies_the_fused_path_too(tmp_path, token_files, capsys):
     out = tmp_path / "verify.json"
-    argv = [*tiny_flags(), *STEPS, *token_files, "--fp8_path", "fused", "--fp8_scaling", "delayed", "--json", str(out)]
+    argv = [*tiny_flags(), *STEPS, *token_files, "--fp8_path", "fused", "--fp8_scaling", "delayed", "--json", str(out),
+            "--no_compare_paths"]  # fmt: skip
     assert verify_fp8_compilation.main(argv) == 0, capsys.readouterr().out
     payload, checks = checks_by_name(out)
     assert [c["status"] for c in payload["checks"]] == ["PASS", "PASS", "PASS", "PASS", "SKIP"]
     assert "fused path, delayed scaling" in checks["fp8_linears"]["detail"]
-    assert [r["precision"] for r in payload["runs"]] == ["bf16", "fp8-fused-delayed-emulated"]
+    assert [r["precision"] for r in payload["runs"]] == ["bf16", "fp8-fused-delayed-emulated"]  # one path only
+    assert [line.split(":")[0] for line in payload["paths"]] == ["fused"]
 
 
 def test_a_failing_check_makes_the_exit_code_nonzero(tmp_path, token_files, capsys):
@@ -157,6 +162,10 @@ def test_gpu_mode_sees_real_fp8_gemms(tmp_path, token_files, capsys):
     payload, checks = checks_by_name(out)
     assert checks["fp8_gemms_launched"]["evidence"]["scaled_mm"] >= 3 * 14
     assert checks["fp8_speedup"]["status"] == "PASS" and checks["fp8_speedup"]["evidence"]["speedup"] > 0
+    # The default path (fused) and TorchAO's side by side, each with its speed; the Amdahl row of the chosen one.
+    assert [line.split(":")[0] for line in payload["paths"]] == ["fused", "torchao"]
+    assert all("x BF16" in line for line in payload["paths"]) and len(payload["runs"]) == 3
+    assert payload["amdahl"]["n_converted"] == checks["fp8_linears"]["evidence"]["counted"]
 
 
 @pytest.mark.gpu

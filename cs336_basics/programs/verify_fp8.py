@@ -16,7 +16,8 @@ with the failure modes it can see in the config (no torchao, nothing converted, 
 layers too small); on a GPU, after both runs, the Amdahl row (X: the converted GEMMs' share of a profiled BF16 step;
 s: their FP8 speed timed alone; the prediction beside the measured ratio) and what the measured runs say (FP8 slower,
 casts costing more than the GEMMs save, more memory), each with its number and what to do. The model is this
-package's or a Hugging Face causal LM (--hf_model, built from its config: TorchAO's or Accelerate's path).
+package's or a Hugging Face causal LM (--hf_model, built from its config: TorchAO's or Accelerate's path). On this
+package's model the FP8 path not chosen (fused or TorchAO's) is trained too and shown beside the chosen one.
 
 A LoRA fine-tune (--init_from BASE --lora_rank R) is not converted: its frozen base runs this package's FP8 linears
 (lora/layers.py), whose promise is different (weights cast once; per linear a forward and an input-gradient GEMM,
@@ -51,6 +52,7 @@ from cs336_basics.build import Built, Plan, build, plan
 from cs336_basics.config import RunConfig
 from cs336_basics.data import PreparedData, get_batch, prepare_data, require_windows
 from cs336_basics.devices import resolve_device
+from cs336_basics.errors import ConfigError
 from cs336_basics.measurement import release_memory, train_for_measurement
 from cs336_basics.precision.fp8 import grad_weight_in_fp8
 from cs336_basics.results import result_record
@@ -75,6 +77,7 @@ class Verification:
     support: str
     diagnosis: Diagnosis | None = None  # the doctor's findings: before anything ran, then from the measured runs
     amdahl: AmdahlRow | None = None  # on a GPU (not for a LoRA fine-tune): predicted vs measured FP8 speedup
+    paths: list[str] = field(default_factory=list)  # this package's model: each FP8 path's line, side by side
 
     @property
     def passed(self) -> bool:
@@ -92,6 +95,8 @@ class Verification:
                 f"{a.matmul_speedup:.2f}x their FP8 speed alone: Amdahl predicts {a.predicted_speedup:.3f}x, "
                 f"measured {a.measured_speedup:.3f}x ({a.cast_overhead_ms:+.2f} ms/step besides the GEMMs)",
             ]
+        if self.paths:
+            lines += ["", "FP8 paths on this model:", *(f"  {p}" for p in self.paths)]
         if self.diagnosis is not None:
             lines += ["", self.diagnosis.format()]
         return "\n".join(lines)
@@ -103,6 +108,7 @@ class Verification:
             "checks": [dataclasses.asdict(c) for c in self.checks],
             "diagnosis": self.diagnosis.to_dict() if self.diagnosis is not None else None,
             "amdahl": self.amdahl.to_dict() if self.amdahl is not None else None,
+            "paths": self.paths,
         }
 
 
@@ -400,11 +406,36 @@ def _gemm_shapes(built: Built) -> list[GemmShape]:
     return linear_gemm_shapes(c.model, c.train.batch_size, lambda module, fqn: fqn in converted)
 
 
-def verify_fp8(config: RunConfig, loss_tolerance: float = 0.02, min_speedup: float = 1.0, log=print) -> Verification:
+def _other_path(requested: RunConfig, chosen: RunConfig, on_gpu: bool) -> Plan | str:
+    """The plan of this package's model on the FP8 path not chosen (fused or TorchAO's), with that path's own
+    defaults, so that the verification shows what each gives; or why there is none to compare."""
+    if chosen.model.hf_model is not None:
+        return "a Hugging Face model takes TorchAO's path (or --fp8_path accelerate), not the fused one"
+    if chosen.finetune.lora:
+        return "a LoRA base runs this package's frozen FP8 linears whichever path is named"
+    other = "torchao" if chosen.fp8.fp8_path != "torchao" else "fused"
+    try:
+        return plan(_for_this_machine(requested, on_gpu).replace(fp8={"fp8_path": other}).with_fp8(True))
+    except ConfigError as exc:
+        return f"--fp8_path {other} cannot run these settings: {exc}"
+
+
+def _path_line(config: RunConfig, result: TrainResult, summary: str, bf16: TrainResult, on_gpu: bool) -> str:
+    """One FP8 path's line: what it converted, its loss, and on a GPU its tokens/s over BF16's."""
+    speed = ""
+    if on_gpu:
+        speed = f", {result.tokens_per_sec:,.0f} tokens/s = {result.tokens_per_sec / bf16.tokens_per_sec:.3f}x BF16"
+    return f"{config.fp8.fp8_path}: loss {result.loss:.4f}{speed}; {summary}"
+
+
+def verify_fp8(
+    config: RunConfig, loss_tolerance: float = 0.02, min_speedup: float = 1.0, log=print, compare_paths: bool = True
+) -> Verification:
     """Run the checks for `config`'s model and batch (a LoRA fine-tune's for one), and the doctor's findings. On CPU
     checks 1-4 run: pretraining FP8 emulated, a LoRA fine-tune's frozen FP8 base on torch._scaled_mm's CPU kernels.
     On a GPU the Amdahl row too: X from a profiled BF16 step, s from the GEMMs timed alone, set beside the measured
-    ratio."""
+    ratio. `compare_paths`: for this package's model, train the FP8 path not chosen too and show both side by side."""
+    requested = config
     on_gpu = resolve_device(config.train.device).type == "cuda"
     diagnosis = _diagnosis(_for_this_machine(config, on_gpu), on_gpu, log)
     # the same checks as train_h100.py: FP8 support, batch shape, attention
@@ -432,13 +463,27 @@ def verify_fp8(config: RunConfig, loss_tolerance: float = 0.02, min_speedup: flo
     # The Amdahl row's profiles of warm steps, on a GPU (a LoRA base has no weight-gradient GEMMs: not this model).
     amdahl = on_gpu and not config.finetune.lora
     shapes = _gemm_shapes(built) if amdahl else []
-    conversion = built.conversion
+    conversion, fp8_line = built.conversion, built.fp8_line
     profile = (lambda trainer: profile_step_breakdown(trainer, shapes)) if amdahl else (lambda trainer: None)
     fp8_profile = profile(fp8_trainer)
-    # Free the FP8 run before the BF16 one so BF16's peak memory is its own.
+    # Free the FP8 run before the next one so that each peak memory is its own.
     del fp8_trainer, built
     release_memory()
+    other = _other_path(requested, config, on_gpu) if compare_paths else None
+    other_run = None
+    if isinstance(other, Plan):
+        log(f"training FP8 on the other path, --fp8_path {other.config.fp8.fp8_path} ...")
+        other_built = build(other)
+        other_line = other_built.fp8_line
+        other_run = (other_built.config, train_for_measurement(other_built, data.train, data.val, log)[1])
+        del other_built
+        release_memory()
     bf16_config, bf16_result, bf16_profile = _train_bf16_twin(fp8_plan, data, log, then=profile)
+    paths = [_path_line(config, fp8_result, fp8_line, bf16_result, on_gpu)]
+    if other_run is not None:
+        paths.append(_path_line(*other_run, other_line, bf16_result, on_gpu))
+    elif isinstance(other, str):
+        paths.append(f"not compared: {other}")
     row = None
     if amdahl:
         log(f"timing the {len(shapes)} distinct GEMMs alone, BF16 and FP8 ...")
@@ -455,6 +500,7 @@ def verify_fp8(config: RunConfig, loss_tolerance: float = 0.02, min_speedup: flo
         _loss_check(fp8_result, bf16_result, loss_tolerance),
         _speedup_check(fp8_result, bf16_result, min_speedup, on_gpu),
     ]
-    runs = [result_record(c, r) for c, r in ((bf16_config, bf16_result), (config, fp8_result))]
+    measured = [(bf16_config, bf16_result), (config, fp8_result), *([other_run] if other_run else [])]
+    runs = [result_record(c, r) for c, r in measured]
     support = fp8_plan.fp8_support.format()
-    return Verification(checks=checks, runs=runs, support=support, diagnosis=diagnosis, amdahl=row)
+    return Verification(checks, runs, support, diagnosis=diagnosis, amdahl=row, paths=paths)
