@@ -406,18 +406,19 @@ def _gemm_shapes(built: Built) -> list[GemmShape]:
     return linear_gemm_shapes(c.model, c.train.batch_size, lambda module, fqn: fqn in converted)
 
 
-def _other_path(requested: RunConfig, chosen: RunConfig, on_gpu: bool) -> Plan | str:
-    """The plan of this package's model on the FP8 path not chosen (fused or TorchAO's), with that path's own
-    defaults, so that the verification shows what each gives; or why there is none to compare."""
+def _other_path(requested: RunConfig, chosen: RunConfig, on_gpu: bool) -> Built | str:
+    """This package's model built on the FP8 path not chosen (fused or TorchAO's), with that path's own defaults, so
+    that the verification shows what each gives; or why there is none to compare (that path may refuse the settings,
+    or convert nothing at this shape: the chosen path's verification goes on)."""
     if chosen.model.hf_model is not None:
         return "a Hugging Face model takes TorchAO's path (or --fp8_path accelerate), not the fused one"
     if chosen.finetune.lora:
         return "a LoRA base runs this package's frozen FP8 linears whichever path is named"
     other = "torchao" if chosen.fp8.fp8_path != "torchao" else "fused"
     try:
-        return plan(_for_this_machine(requested, on_gpu).replace(fp8={"fp8_path": other}).with_fp8(True))
+        return build(plan(_for_this_machine(requested, on_gpu).replace(fp8={"fp8_path": other}).with_fp8(True)))
     except ConfigError as exc:
-        return f"--fp8_path {other} cannot run these settings: {exc}"
+        return f"--fp8_path {other} cannot run here: {exc}"
 
 
 def _path_line(config: RunConfig, result: TrainResult, summary: str, bf16: TrainResult, on_gpu: bool) -> str:
@@ -471,12 +472,11 @@ def verify_fp8(
     release_memory()
     other = _other_path(requested, config, on_gpu) if compare_paths else None
     other_run = None
-    if isinstance(other, Plan):
+    if isinstance(other, Built):
         log(f"training FP8 on the other path, --fp8_path {other.config.fp8.fp8_path} ...")
-        other_built = build(other)
-        other_line = other_built.fp8_line
-        other_run = (other_built.config, train_for_measurement(other_built, data.train, data.val, log)[1])
-        del other_built
+        other_line = other.fp8_line
+        other_run = (other.config, train_for_measurement(other, data.train, data.val, log)[1])
+        del other
         release_memory()
     bf16_config, bf16_result, bf16_profile = _train_bf16_twin(fp8_plan, data, log, then=profile)
     paths = [_path_line(config, fp8_result, fp8_line, bf16_result, on_gpu)]
