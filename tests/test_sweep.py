@@ -424,8 +424,9 @@ FAKE_WORKER = textwrap.dedent(
     import json, os, pathlib, shutil, sys, time
     mode, snapshot_from, snapshot_to = sys.argv[1:4]
     out = sys.argv[sys.argv.index("--out") + 1]
-    if mode == "fail":  # what the results file holds while the second configuration runs
-        shutil.copy(snapshot_from, snapshot_to)
+    if mode == "fail":  # what the results file holds while the second configuration runs (if anything yet)
+        if os.path.exists(snapshot_from):
+            shutil.copy(snapshot_from, snapshot_to)
         print("Traceback (most recent call last):")
         print("RuntimeError: simulated crash", file=sys.stderr)
         sys.exit(1)
@@ -503,7 +504,8 @@ def test_timeout_and_crashed_oom_are_classified(tmp_path, token_files, capsys, f
 def test_repeats_report_the_median_run_and_the_range_each_run_with_empty_caches(
     tmp_path, token_files, capsys, fake_workers
 ):
-    fake_workers += ["ok:900", "ok:1200", "ok:1000", "fail", "ok:500", "ok:700"]
+    # The two configurations take turns (first, second, first, ...): the workers' outcomes in that order.
+    fake_workers += ["ok:900", "fail", "ok:1200", "ok:500", "ok:1000", "ok:700"]
     out = tmp_path / "sweep"
     argv = [*TINY_GRID, "--precisions", "fp32", "--batch_sizes", "4,8", *TINY, *token_files, "--repeats", "3"]
     code, stdout, _ = run_main([*argv, "--cold", "--out_dir", out], capsys)
@@ -517,6 +519,9 @@ def test_repeats_report_the_median_run_and_the_range_each_run_with_empty_caches(
     assert second["repeat_errors"] == ["RuntimeError: simulated crash"]
     report = (out / "sweep.md").read_text()
     assert "1,000 (900–1,200, 3 of 3)" in report and "500 (500–700, 2 of 3)" in report and "eager, cold" in report
+    log = stdout.splitlines()
+    turns = [line.split(":")[0] for line in log if "running (run" in line]
+    assert [t.split()[0] for t in turns] == ["[1/2]", "[2/2]"] * 3  # the configurations took turns
     caches = [line.split() for line in (tmp_path / "caches.txt").read_text().splitlines()]
     assert len(caches) == 2 * 5 and len({folder for folder, _ in caches}) == 10  # a new folder for every run
     assert all(empty == "True" for _, empty in caches)

@@ -120,8 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument(
         "--repeats", type=positive_int, default=1,
-        help="run each configuration N times, each in a fresh process; its row is the median run, with the range of "
-        "tokens/s beside it (default 1)",
+        help="run each configuration N times, each in a fresh process, the configurations taking turns (A, B, A, B, "
+        "...); its row is the median run, with the range of tokens/s beside it (default 1)",
     )  # fmt: skip
     run.add_argument(
         "--cold", action="store_true",

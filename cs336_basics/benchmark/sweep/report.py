@@ -251,7 +251,8 @@ def format_report(
     ]
     if any(r.get("repeats", 1) > 1 for r in records):
         lines += [
-            "- repeated configurations (--repeats): each run a fresh process; the row is the median run by tokens/s "
+            "- repeated configurations (--repeats): each run a fresh process, the configurations taking turns (one "
+            "run each per round); the row is the median run by tokens/s "
             "(the lower middle one for an even count), its range over the runs that finished in brackets; vs "
             "BF16+compile compares the two median runs.",
         ]

@@ -189,7 +189,9 @@ def _log_name(label: str) -> str:
 
 def run_sweep(plan: Sequence[Planned], options: SweepOptions, out_dir: Path, log=print) -> list[dict[str, Any]]:
     """Run every planned configuration in its own process, appending each record to out_dir/sweep.json as it
-    arrives. Returns this invocation's records."""
+    arrives. With --repeats the configurations take turns, one run each per round (A, B, A, B, ...), so that whatever
+    drifts on the machine over the sweep (its clocks, its other tenants) falls on every configuration alike; a
+    configuration's record arrives with its last run. Returns this invocation's records."""
     json_path = out_dir / "sweep.json"
     previous = json.loads(json_path.read_text())["runs"] if json_path.exists() else []
     if previous:
@@ -198,26 +200,29 @@ def run_sweep(plan: Sequence[Planned], options: SweepOptions, out_dir: Path, log
             "its earlier row in the table)"
         )
     records: list[dict[str, Any]] = []
+    runs: list[list[dict[str, Any]]] = [[] for _ in plan]
+    repeats = options.repeats
     with tempfile.TemporaryDirectory(prefix="cs336-sweep-") as work:
-        for i, planned in enumerate(plan, 1):
-            log(f"[{i}/{len(plan)}] {planned.point.label}: running ...")
-            runs = []
-            for k in range(1, options.repeats + 1):
-                suffix = f".{k}" if options.repeats > 1 else ""
-                log_name = f"logs/{_log_name(planned.point.label + suffix)}"
+        for k in range(1, repeats + 1):
+            for i, planned in enumerate(plan, 1):
+                which = f" (run {k} of {repeats})" if repeats > 1 else ""
+                log(f"[{i}/{len(plan)}] {planned.point.label}: running{which} ...")
+                log_name = f"logs/{_log_name(planned.point.label + (f'.{k}' if repeats > 1 else ''))}"
                 run = run_isolated(planned, Path(work), out_dir / log_name, options.timeout_s, options.cold)
                 run["log"] = log_name  # relative to the results folder, which may be moved or committed
-                runs.append(run)
-                if options.repeats > 1:
-                    log(f"  run {k}/{options.repeats}: {_run_summary(run)}")
-            record = combine_repeats(runs)
-            latest = latest_runs([*previous, *records, record])
-            record["speedup_vs_bf16"] = speedup_for(record, latest)
-            record["scaling_vs_1gpu"] = scaling_for(record, latest)
-            records.append(record)
-            append_runs(json_path, [record])
-            write_outputs(out_dir, plot=False)
-            log(_progress_line(i, len(plan), record))
+                runs[i - 1].append(run)
+                if repeats > 1:
+                    log(f"  run {k}/{repeats}: {_run_summary(run)}")
+                if k < repeats:
+                    continue
+                record = combine_repeats(runs[i - 1])
+                latest = latest_runs([*previous, *records, record])
+                record["speedup_vs_bf16"] = speedup_for(record, latest)
+                record["scaling_vs_1gpu"] = scaling_for(record, latest)
+                records.append(record)
+                append_runs(json_path, [record])
+                write_outputs(out_dir, plot=False)
+                log(_progress_line(i, len(plan), record))
     return records
 
 
