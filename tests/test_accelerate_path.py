@@ -110,3 +110,22 @@ def test_on_a_gpu_the_accelerate_path_compiles_and_runs_fp8_gemms(tmp_path, toke
     assert checks["no_graph_breaks"]["status"] == "PASS"
     # TorchAO's path beside it converts nothing at this width on a GPU (its shape rule): said, and the run goes on.
     assert "not compared: --fp8_path torchao cannot run here" in payload["paths"][1]
+
+
+def test_an_accelerate_state_set_up_for_another_device_is_refused(monkeypatch):
+    """Accelerate keeps one state per process: an Accelerator made earlier for another device would wrap this model's
+    forward in that device's autocast."""
+    import accelerate
+
+    class EarlierAccelerator:
+        device = torch.device("cuda", 0)
+
+        def __init__(self, **kwargs):
+            pass
+
+        def prepare(self, model, device_placement):
+            pytest.fail("prepared a model for the wrong device")
+
+    monkeypatch.setattr(accelerate, "Accelerator", EarlierAccelerator)
+    with pytest.raises(ConfigError, match="set up for cuda:0 and the model is on cpu"):
+        AccelerateFP8(EMULATED).convert(tiny_bf16())
