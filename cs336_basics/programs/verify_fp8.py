@@ -406,17 +406,18 @@ def _gemm_shapes(built: Built) -> list[GemmShape]:
     return linear_gemm_shapes(c.model, c.train.batch_size, lambda module, fqn: fqn in converted)
 
 
-def _other_path(requested: RunConfig, chosen: RunConfig, on_gpu: bool) -> Built | str:
+def _other_path(requested: RunConfig, chosen: RunConfig) -> Built | str:
     """This package's model built on the FP8 path not chosen (fused or TorchAO's), with that path's own defaults, so
     that the verification shows what each gives; or why there is none to compare (that path may refuse the settings,
-    or convert nothing at this shape: the chosen path's verification goes on)."""
+    or convert nothing at this shape: the chosen path's verification goes on). `requested`: the config as asked, for
+    this machine; `chosen`: the chosen path's, every setting resolved."""
     if chosen.model.hf_model is not None:
         return "a Hugging Face model takes TorchAO's path (or --fp8_path accelerate), not the fused one"
     if chosen.finetune.lora:
         return "a LoRA base runs this package's frozen FP8 linears whichever path is named"
     other = "torchao" if chosen.fp8.fp8_path != "torchao" else "fused"
     try:
-        return build(plan(_for_this_machine(requested, on_gpu).replace(fp8={"fp8_path": other}).with_fp8(True)))
+        return build(plan(requested.replace(fp8={"fp8_path": other}).with_fp8(True)))
     except ConfigError as exc:
         return f"--fp8_path {other} cannot run here: {exc}"
 
@@ -436,11 +437,11 @@ def verify_fp8(
     checks 1-4 run: pretraining FP8 emulated, a LoRA fine-tune's frozen FP8 base on torch._scaled_mm's CPU kernels.
     On a GPU the Amdahl row too: X from a profiled BF16 step, s from the GEMMs timed alone, set beside the measured
     ratio. `compare_paths`: for this package's model, train the FP8 path not chosen too and show both side by side."""
-    requested = config
     on_gpu = resolve_device(config.train.device).type == "cuda"
-    diagnosis = _diagnosis(_for_this_machine(config, on_gpu), on_gpu, log)
+    requested = _for_this_machine(config, on_gpu)
+    diagnosis = _diagnosis(requested, on_gpu, log)
     # the same checks as train_h100.py: FP8 support, batch shape, attention
-    fp8_plan = plan(_for_this_machine(config, on_gpu).with_fp8(True))
+    fp8_plan = plan(requested.with_fp8(True))
     config, device = fp8_plan.config, fp8_plan.device
     log(fp8_plan.fp8_support.format())
     if on_gpu and config.train.compile_mode == "auto":
@@ -470,7 +471,7 @@ def verify_fp8(
     # Free the FP8 run before the next one so that each peak memory is its own.
     del fp8_trainer, built
     release_memory()
-    other = _other_path(requested, config, on_gpu) if compare_paths else None
+    other = _other_path(requested, config) if compare_paths else None
     other_run = None
     if isinstance(other, Built):
         log(f"training FP8 on the other path, --fp8_path {other.config.fp8.fp8_path} ...")
