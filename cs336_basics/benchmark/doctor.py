@@ -44,6 +44,7 @@ from cs336_basics.precision.fp8 import (
     skip_rule,
 )
 from cs336_basics.precision.support import TORCHAO_INSTALL_HINT, torchao_version
+from cs336_basics.training.metrics import attention_flops_per_token
 
 if TYPE_CHECKING:
     from cs336_basics.training.trainer import TrainResult
@@ -127,11 +128,6 @@ def _linears(model: nn.Module) -> list[tuple[str, nn.Module]]:
     return [(fqn, m) for fqn, m in model.named_modules(remove_duplicate=False) if is_linear(m, fqn)]
 
 
-def attention_flops(n_layers: int, dim: int, seq_len: int, tokens: int) -> float:
-    """Training FLOPs of attention's score and value matmuls (12·L·d·T per token; training/metrics.py's rule)."""
-    return 12.0 * n_layers * dim * seq_len * tokens
-
-
 def policy_share(model: nn.Module, policy: str, tokens: int, other_flops: float) -> PolicyShare:
     """`policy`'s report and the share of the step's matmul FLOPs (linears + `other_flops`) its FP8 GEMMs hold."""
     report = policy_report(model, policy)
@@ -211,7 +207,7 @@ def diagnose(model: nn.Module, tokens: int, n_layers: int, dim: int, seq_len: in
     """The doctor's findings for `model` (any module built from nn.Linear layers) trained on `tokens` tokens per
     micro-batch of sequences `seq_len` long, attention with `n_layers` layers of width `dim`."""
     version, error = torchao_version()
-    other = attention_flops(n_layers, dim, seq_len, tokens)
+    other = attention_flops_per_token(n_layers, dim, seq_len) * tokens
     shares = [policy_share(model, policy, tokens, other) for policy in POLICIES]
     return Diagnosis(tokens, version, shares, _findings(model, tokens, version, error, shares, compile_model))
 

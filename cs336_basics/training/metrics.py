@@ -26,12 +26,17 @@ def peak_flops(device: torch.device) -> float | None:
     return next((peak for key, peak in _BF16_PEAK_FLOPS.items() if key in name), None)
 
 
+def attention_flops_per_token(n_layers: int, dim: int, seq_len: int) -> float:
+    """Training FLOPs per token of attention's score and value matmuls: 12·L·d·T (the PaLM appendix-B convention)."""
+    return 12.0 * n_layers * dim * seq_len
+
+
 def flops_per_token(config: ModelConfig, non_embedding_params: int, frozen_params: int = 0) -> float:
-    """Training FLOPs per token: 6N for the weight matmuls (forward + backward) plus 12·L·d·T for attention's
-    score and value matmuls (the PaLM appendix-B convention). N excludes the token embedding (a lookup, no
-    matmul) but includes the lm_head. Of N, `frozen_params` (a fine-tune's frozen base) cost 4 each, not 6: their
-    backward computes the input's gradient only, never the weight's."""
-    attention = 12 * config.n_layers * config.dim * config.context_length
+    """Training FLOPs per token: 6N for the weight matmuls (forward + backward) plus attention's score and value
+    matmuls (attention_flops_per_token). N excludes the token embedding (a lookup, no matmul) but includes the
+    lm_head. Of N, `frozen_params` (a fine-tune's frozen base) cost 4 each, not 6: their backward computes the input's
+    gradient only, never the weight's."""
+    attention = attention_flops_per_token(config.n_layers, config.dim, config.context_length)
     return 6 * non_embedding_params - 2 * frozen_params + attention
 
 
