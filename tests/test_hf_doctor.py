@@ -151,7 +151,10 @@ def test_the_seed_failure_is_named_cause_by_cause_with_its_numbers():
     assert by_cause["FP8 slower than BF16"].measured.startswith("0.820x (82 vs 100 tokens/s, eager")
     overhead = by_cause["FP8 costs more than its GEMMs save"]
     assert "predicted 1.053x from X = 15%" in overhead.measured and "s = 1.50x, measured 0.820x" in overhead.measured
-    assert "Compile the model" in overhead.advice
+    assert "Compile the model" in overhead.advice and "--fp8_shape_filter keeps" in overhead.advice
+    filtered = measured_findings(result(95.0, 9.0), result(100.0, 10.0), amdahl(0.5, 1.6, 0.95), True, True)
+    advice = next(f.advice for f in filtered if f.cause == "FP8 costs more than its GEMMs save")
+    assert advice == "More tokens per micro-batch amortise each cast over a larger GEMM."  # the filter is on already
     assert "X = 15% of the BF16 step" in by_cause["little of the step in converted GEMMs"].measured
     memory = by_cause["FP8 uses more memory than BF16"]
     assert "14.30 vs 10.00 GiB (1.43x, eager" in memory.measured and "compile the model" in memory.advice

@@ -228,9 +228,11 @@ SHORTFALL = 0.9  # measured speedup under this fraction of the Amdahl prediction
 MORE_MEMORY = 1.05  # FP8 peak over BF16 peak
 
 
-def measured_findings(fp8: TrainResult, bf16: TrainResult, row: AmdahlRow | None, compiled: bool) -> list[Finding]:
+def measured_findings(fp8: TrainResult, bf16: TrainResult, row: AmdahlRow | None, compiled: bool,
+                      shape_filter: bool = False) -> list[Finding]:  # fmt: skip
     """What the two measured runs (and, on a GPU, the Amdahl row: X from the BF16 profile, s from the GEMM
-    microbenchmark) say about why FP8 is as fast as it is, each with its number."""
+    microbenchmark) say about why FP8 is as fast as it is, each with its number. `compiled`, `shape_filter`: the FP8
+    run's settings, which decide the advice."""
     found = []
     ratio = fp8.tokens_per_sec / bf16.tokens_per_sec if fp8.tokens_per_sec and bf16.tokens_per_sec else None
     how = "compiled" if compiled else "eager (no torch.compile)"
@@ -246,10 +248,10 @@ def measured_findings(fp8: TrainResult, bf16: TrainResult, row: AmdahlRow | None
                 "FP8 costs more than its GEMMs save", f"predicted {row.predicted_speedup:.3f}x from X = {100 * x:.0f}% "
                 f"of the BF16 step in the converted GEMMs at s = {s:.2f}x, measured {row.measured_speedup:.3f}x: "
                 f"{row.cast_overhead_ms:+.2f} ms per step of casts and scaling over the prediction",
-                "Compile the model (casts fuse into the surrounding kernels) and feed more tokens per micro-batch, "
-                "so each cast is amortised over a larger GEMM." if not compiled else "More tokens per micro-batch "
-                "amortise each cast over a larger GEMM; layers below the shape rule's thresholds cost their casts "
-                "and save little (--fp8_shape_filter).",
+                ("Compile the model (casts fuse into the surrounding kernels) and feed more tokens per micro-batch, "
+                 "so each cast is amortised over a larger GEMM." if not compiled else "More tokens per micro-batch "
+                 "amortise each cast over a larger GEMM.")
+                + ("" if shape_filter else " --fp8_shape_filter keeps the layers too small to pay in BF16."),
             ))  # fmt: skip
         if x < LOW_SHARE:
             found.append(Finding(

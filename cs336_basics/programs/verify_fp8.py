@@ -491,7 +491,9 @@ def verify_fp8(
         timings = time_matmuls(shapes, device, config.fp8.fp8_recipe)
         row = amdahl_row(config, device, bf16_profile, fp8_profile, conversion, timings, notes=[])
     if diagnosis is not None and on_gpu:  # speed and memory on the CPU say nothing about a GPU's
-        diagnosis.findings += measured_findings(fp8_result, bf16_result, row, compiled=config.train.compile_model)
+        diagnosis.findings += measured_findings(
+            fp8_result, bf16_result, row, config.train.compile_model, bool(config.fp8.fp8_shape_filter)
+        )
 
     # Listed by number (1, 2 with a LoRA fine-tune's two beside it, 3, 4, 5), not in the order they ran.
     checks = [
