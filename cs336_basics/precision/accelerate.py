@@ -23,12 +23,12 @@ from cs336_basics.precision.converter import Converter
 from cs336_basics.precision.fp8 import (
     SKIP_NOT_16,
     FP8ConversionReport,
+    check_float8_conversion,
     check_model_ready,
     count_float8_linears,
-    describe_format,
     dims_divisible_by_16,
     file_decisions,
-    float8_linear_names,
+    float8_report,
     nothing_converted_error,
     torchao_float8_config,
 )
@@ -102,13 +102,7 @@ class AccelerateFP8(Converter):
 
         config = torchao_float8_config(self.fp8)
         check_model_ready(model, self.fp8)
-        report = FP8ConversionReport(
-            recipe=self.fp8.fp8_recipe,
-            format=describe_format(config),
-            format_short=describe_format(config, short=True),
-            emulate=self.fp8.fp8_emulate,
-            path="accelerate",
-        )
+        report = float8_report(self.fp8, config, path="accelerate")
         file_decisions(model, accelerate_skip_rule(model), report)
         if not report.converted:
             raise nothing_converted_error(report)
@@ -122,14 +116,11 @@ class AccelerateFP8(Converter):
                 f"{device}: Accelerate keeps one state per process. Convert this model in a fresh process."
             )
         # The model stays where the build stage put it; Accelerate converts it in place and wraps its forward.
-        prepared = accelerator.prepare(model, device_placement=[False])
-        actual = float8_linear_names(model)
-        if prepared is not model or actual != report.converted:
-            raise RuntimeError(
-                f"Accelerate converted {len(actual)} layers where its filter names {len(report.converted)} (this "
-                f"Accelerate's filter is not the one precision/accelerate.py describes): "
-                f"{sorted(set(actual) ^ set(report.converted))[:5]}"
-            )
+        keys_before = list(model.state_dict().keys())
+        if accelerator.prepare(model, device_placement=[False]) is not model:
+            raise RuntimeError("Accelerate's prepare returned another module than the model it converts in place")
+        # A mismatch would mean this Accelerate's filter is not the one accelerate_skip_rule describes.
+        check_float8_conversion(model, report, keys_before, "Accelerate")
         return report
 
     def count(self, model: nn.Module) -> int:

@@ -427,28 +427,39 @@ def convert_model_to_fp8(model: nn.Module, cfg: FP8Config, fsdp_float8_all_gathe
             f"it to CUDA + BF16 (order: {ORDER})."
         )
 
-    report = FP8ConversionReport(
-        recipe=cfg.fp8_recipe,
-        format=describe_format(config),
-        format_short=describe_format(config, short=True),
-        emulate=cfg.fp8_emulate,
-    )
+    report = float8_report(cfg, config)
     decide_conversions(model, cfg, report)
 
     keys_before = list(model.state_dict().keys())
     filter_fn = module_filter(cfg)
     ao.convert_to_float8_training(model, config=config, module_filter_fn=filter_fn)
+    check_float8_conversion(model, report, keys_before, "torchao")
+    return report
 
-    # Check the outcome independently of the filter: count the swapped modules and compare names.
+
+def float8_report(cfg: FP8Config, config: Float8LinearConfig, path: str = "torchao") -> FP8ConversionReport:
+    """The empty report of a conversion to torchao's Float8Linear with `config` (TorchAO's path, Accelerate's)."""
+    return FP8ConversionReport(
+        recipe=cfg.fp8_recipe,
+        format=describe_format(config),
+        format_short=describe_format(config, short=True),
+        emulate=cfg.fp8_emulate,
+        path=path,
+    )
+
+
+def check_float8_conversion(model: nn.Module, report: FP8ConversionReport, keys_before: list[str], who: str) -> None:
+    """The outcome of a conversion to Float8Linear checked independently of the filter that decided it: the swapped
+    modules are the ones `report` names, and the state-dict keys are those from before (so that BF16 and FP8
+    checkpoints load into each other)."""
     actual = float8_linear_names(model)
     if actual != report.converted:
         raise RuntimeError(
-            f"torchao converted {len(actual)} layers but the filter approved {len(report.converted)}: "
+            f"{who} converted {len(actual)} layers but the filter approved {len(report.converted)}: "
             f"unexpected {sorted(set(actual) ^ set(report.converted))[:5]}"
         )
     if list(model.state_dict().keys()) != keys_before:
         raise RuntimeError("FP8 conversion changed the model's state-dict keys; BF16/FP8 checkpoints would not load")
-    return report
 
 
 def float8_linear_names(model: nn.Module) -> list[str]:
