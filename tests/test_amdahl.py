@@ -22,6 +22,7 @@ from cs336_basics.benchmark.amdahl import (
     cast_overhead_ms,
     format_shape_table,
     format_table,
+    format_top_kernels,
     linear_gemm_shapes,
     matmul_speedup,
     predicted_step_ms,
@@ -220,7 +221,10 @@ def test_bf16_profile_attributes_gemms_by_op_and_shape():
     assert b.attention_ms == pytest.approx(0.03)
     assert b.fp8_gemm_ms == 0 and b.n_scaled_mm_calls == 0 and b.n_linear_gemm_calls == 5
     assert b.converted_share == pytest.approx(0.15 / 0.5)
-    assert b.top_kernels[0] == ("nvjet_tst_a", pytest.approx(0.2))
+    assert b.top_kernels[0] == ("nvjet_tst_a", pytest.approx(0.2), 2)  # two launches of 100 us
+    top_two = breakdown_from_events(events, toy_shapes(), top_kernels=2).top_kernels
+    assert [name for name, _, _ in top_two] == ["nvjet_tst_a", "triton_poi_fused_add"]
+    assert "| `triton_poi_fused_add` | 0.065 | 1 |" in format_top_kernels("FP8", top_two)
     assert b.to_dict()["non_gemm_kernel_ms"] == pytest.approx(0.4 - 0.305)
 
 

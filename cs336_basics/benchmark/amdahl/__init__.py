@@ -38,7 +38,7 @@ from cs336_basics.benchmark.amdahl.measure import (
     profile_step_breakdown,
     time_matmuls,
 )
-from cs336_basics.benchmark.amdahl.report import AmdahlRow, format_shape_table, format_table
+from cs336_basics.benchmark.amdahl.report import AmdahlRow, format_shape_table, format_table, format_top_kernels
 
 __all__ = [
     "GEMM_KINDS",
@@ -52,6 +52,7 @@ __all__ = [
     "cast_overhead_ms",
     "format_shape_table",
     "format_table",
+    "format_top_kernels",
     "linear_gemm_shapes",
     "matmul_speedup",
     "predicted_step_ms",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 
 from cs336_basics.benchmark.amdahl.measure import analyse
-from cs336_basics.benchmark.amdahl.report import format_shape_table, format_table
+from cs336_basics.benchmark.amdahl.report import format_shape_table, format_table, format_top_kernels
 from cs336_basics.errors import ConfigError, report_error
 from cs336_basics.results import write_results
 
@@ -20,11 +20,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=8, help="training steps per precision before timing (>= 3)")
     parser.add_argument("--timing_steps", type=positive_int, default=5, help="CUDA-event-timed steps (median)")
     parser.add_argument("--profile_steps", type=positive_int, default=1, help="profiled steps (averaged)")
+    parser.add_argument(
+        "--top_kernels", type=positive_int, default=8, help="name each precision's N kernels with the most time"
+    )
     parser.add_argument("--json", help="write the result here ({gpu, torch, torchao, command, runs: [row]})")
     args = parser.parse_args(argv)
     try:
         config = config_from_args(args)
-        row = analyse(config, steps=args.steps, timing_steps=args.timing_steps, profile_steps=args.profile_steps)
+        row = analyse(
+            config,
+            steps=args.steps,
+            timing_steps=args.timing_steps,
+            profile_steps=args.profile_steps,
+            top_kernels=args.top_kernels,
+        )
     except ConfigError as exc:
         return report_error(exc)
     print(format_table([row]))
@@ -41,6 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     for note in row.notes:
         print(f"note: {note}")
+    for name, breakdown in (("BF16", bf16), ("FP8", fp8)):
+        print(f"\n{format_top_kernels(name, breakdown['top_kernels'])}")
     if args.json:
         write_results(args.json, [row.to_dict()])
     return 0

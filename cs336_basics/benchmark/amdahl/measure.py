@@ -201,7 +201,8 @@ class StepBreakdown:
     attribution: str = "shape"
     steps_profiled: int = 1
     step_ms_samples: list[float] = field(default_factory=list)
-    top_kernels: list[tuple[str, float]] = field(default_factory=list)
+    # (kernel name, ms per step, launches per step) of the kernels with the most time, most first.
+    top_kernels: list[tuple[str, float, float]] = field(default_factory=list)
 
     @property
     def linear_share(self) -> float:
@@ -389,12 +390,15 @@ def _converted_gemm_us(times: _GemmTimes, shapes: list[GemmShape]) -> tuple[floa
     return converted_us, attribution, unmatched_us
 
 
-def _top_kernels_us(device_events: list[Any], n: int = 8) -> list[tuple[str, float]]:
-    """The `n` kernels (by name) with the most total time, in us, most first."""
-    per_kernel: dict[str, float] = {}
+def _top_kernels_us(device_events: list[Any], n: int) -> list[tuple[str, float, int]]:
+    """The `n` kernels (by name) with the most total time: (name, us, launches), most time first."""
+    per_kernel: dict[str, list[float]] = {}
     for e in device_events:
-        per_kernel[e.name] = per_kernel.get(e.name, 0.0) + _duration_us(e)
-    return sorted(per_kernel.items(), key=lambda kv: -kv[1])[:n]
+        total = per_kernel.setdefault(e.name, [0.0, 0])
+        total[0] += _duration_us(e)
+        total[1] += 1
+    ranked = sorted(per_kernel.items(), key=lambda kv: -kv[1][0])[:n]
+    return [(name, us, launches) for name, (us, launches) in ranked]
 
 
 def breakdown_from_events(
@@ -402,6 +406,7 @@ def breakdown_from_events(
     shapes: Iterable[GemmShape] = (),
     steps: int = 1,
     step_ms_samples: Iterable[float] = (),
+    top_kernels: int = 8,
 ) -> StepBreakdown:
     """Classify a profile's events (torch.profiler FunctionEvents: CPU ops with .kernels, and device events)
     into a per-step StepBreakdown. Pure: works on any objects with the same attributes."""
@@ -438,7 +443,9 @@ def breakdown_from_events(
         attribution=attribution,
         steps_profiled=steps,
         step_ms_samples=samples,
-        top_kernels=[(name[:100], ms(us)) for name, us in _top_kernels_us(device_events)],
+        top_kernels=[
+            (name[:100], ms(us), launches / steps) for name, us, launches in _top_kernels_us(device_events, top_kernels)
+        ],
     )
 
 
@@ -448,9 +455,11 @@ def profile_step_breakdown(
     *,
     profile_steps: int = 1,
     timing_steps: int = 5,
+    top_kernels: int = 8,
 ) -> StepBreakdown:
     """Time `timing_steps` warm training steps with CUDA events (median: the wall step time T), then profile
-    `profile_steps` more with torch.profiler (CPU + CUDA, shapes recorded) and classify their kernels.
+    `profile_steps` more with torch.profiler (CPU + CUDA, shapes recorded) and classify their kernels (the
+    `top_kernels` with the most time named).
 
     The trainer must already be warm (compiled, optimizer state allocated): train a few steps first. `shapes`
     defaults to linear_gemm_shapes(trainer's model config, batch size, trainer's FP8 config)."""
@@ -465,7 +474,7 @@ def profile_step_breakdown(
         )
     samples = time_calls_ms(trainer.train_step, timing_steps)
     events = profiled_steps(trainer, profile_steps)
-    return breakdown_from_events(events, shapes, steps=profile_steps, step_ms_samples=samples)
+    return breakdown_from_events(events, shapes, steps=profile_steps, step_ms_samples=samples, top_kernels=top_kernels)
 
 
 def profiled_steps(trainer: Any, steps: int = 1) -> list[Any]:
@@ -515,6 +524,7 @@ def _measure_precision(
     *,
     profile_steps: int,
     timing_steps: int,
+    top_kernels: int,
 ) -> tuple[StepBreakdown, FP8ConversionReport | None]:
     """Build one precision's model (seeded: the BF16 and FP8 twins start from the same weights), train it (compile,
     warm-up), then time and profile its steps; (its StepBreakdown, its FP8 conversion report). The model and its
@@ -524,7 +534,9 @@ def _measure_precision(
 
     built = build(precision_plan)
     trainer, _ = train_for_measurement(built, *tokens, log)
-    breakdown = profile_step_breakdown(trainer, shapes, profile_steps=profile_steps, timing_steps=timing_steps)
+    breakdown = profile_step_breakdown(
+        trainer, shapes, profile_steps=profile_steps, timing_steps=timing_steps, top_kernels=top_kernels
+    )
     conversion = built.conversion
     del trainer, built
     release_memory()
@@ -594,6 +606,7 @@ def analyse(
     data: Any = None,
     profile_steps: int = 1,
     timing_steps: int = 5,
+    top_kernels: int = 8,
     log: Callable[[str], Any] = print,
 ) -> AmdahlRow:
     """Predicted (Amdahl) vs measured FP8 speedup for config's model and batch, on a CUDA GPU.
@@ -601,6 +614,7 @@ def analyse(
     BF16 model (seeded) -> Trainer (compiled, `steps` steps) -> timed + profiled steps; the same for the model
     converted with config.fp8 (use_fp8 forced on); then the GEMM microbenchmark at the linears' shapes.
     `data`: a PreparedData, a (train, val) pair of token arrays, or None for prepare_data(config.data, vocab).
+    `top_kernels`: how many of each precision's most time-consuming kernels its breakdown names.
     """
     _check_analysis_request(device, steps)
     fp8_plan = measurement_plan(config, steps, device)
@@ -615,7 +629,9 @@ def analyse(
 
     def measure(use_fp8: bool) -> tuple[StepBreakdown, FP8ConversionReport | None]:
         twin = fp8_plan.with_fp8(use_fp8)
-        return _measure_precision(twin, tokens, shapes, log, profile_steps=profile_steps, timing_steps=timing_steps)
+        return _measure_precision(
+            twin, tokens, shapes, log, profile_steps=profile_steps, timing_steps=timing_steps, top_kernels=top_kernels
+        )
 
     log(f"[amdahl] BF16: {steps} steps, then {timing_steps} timed and {profile_steps} profiled ...")
     bf16, _ = measure(use_fp8=False)

@@ -105,3 +105,10 @@ def format_shape_table(shape_rows: Iterable[dict[str, Any]]) -> str:
             f"{format_or_na(s['fp8_ms'], '.3f')} | {format_or_na(s['speedup'], '.2f', 'x')} | {s['layers']} |"
         )
     return "\n".join(lines)
+
+
+def format_top_kernels(label: str, top_kernels: Iterable[tuple[str, float, float]]) -> str:
+    """A StepBreakdown's top_kernels as a table: which kernels took the step's GPU time."""
+    lines = [f"| {label}: kernel | ms per step | launches per step |", "|---|---|---|"]
+    lines += [f"| `{name}` | {ms:.3f} | {launches:g} |" for name, ms, launches in top_kernels]
+    return "\n".join(lines)
