@@ -21,7 +21,7 @@ import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
 from cs336_basics.precision.fused.scaling import E4M3, E5M2, fp8_max
-from cs336_basics.precision.fused.tiles import BLOCK_F, BLOCK_M, WARPS, tile_grid, tile_offsets
+from cs336_basics.precision.fused.tiles import SWIGLU_GRAD_TILE, SWIGLU_TILE, Tile, tile_offsets
 
 # Each program writes its tile's amax (and saturation count) to its own slot; torch reduces the slots. Atomics on
 # one address from every program serialise and cost more than the pass itself.
@@ -92,12 +92,14 @@ def _check(*tensors: torch.Tensor) -> tuple[int, int]:
     return shape
 
 
-def _launch(kernel, inputs, outputs, scales, n: int, dtype: torch.dtype, record: bool, transposed: bool = True):
-    """Runs `kernel` over `inputs` ((M, F) tensors) for its n produced tensors: casting them into `outputs` (pairs of
-    (M, F) and (F, M) FP8 tensors; the second is not written unless `transposed`) when given, recording when
-    `record`. Returns (amax, saturated) of shape (n,), or empty tensors when not recording."""
+def _launch(
+    kernel, tile: Tile, inputs, outputs, scales, n: int, dtype: torch.dtype, record: bool, transposed: bool = True
+):
+    """Runs `kernel`, tiled by `tile`, over `inputs` ((M, F) tensors) for its n produced tensors: casting them into
+    `outputs` (pairs of (M, F) and (F, M) FP8 tensors; the second is not written unless `transposed`) when given,
+    recording when `record`. Returns (amax, saturated) of shape (n,), or empty tensors when not recording."""
     m, f = _check(*inputs)
-    grid = tile_grid(m, f)
+    grid = tile.grid(m, f)
     device = inputs[0].device
     slots = (n, grid[0] * grid[1]) if record else (0,)
     amax_slots = torch.empty(slots, device=device, dtype=torch.float32)
@@ -106,8 +108,7 @@ def _launch(kernel, inputs, outputs, scales, n: int, dtype: torch.dtype, record:
     unused = inputs[0]  # the pointer a launch passes for what it does not write
     wrap_triton(kernel)[grid](
         *inputs, *(outputs if cast else [unused] * 2 * n), scales if cast else unused, amax_slots, saturated_slots,
-        m, f, LIMIT=fp8_max(dtype), CAST=cast, AMAX=record, TRANSPOSE=transposed, BLOCK_M=BLOCK_M, BLOCK_F=BLOCK_F,
-        num_warps=WARPS,
+        m, f, LIMIT=fp8_max(dtype), CAST=cast, AMAX=record, TRANSPOSE=transposed, **tile.launch_options(),
     )  # fmt: skip
     if not record:
         return amax_slots, saturated_slots
@@ -123,7 +124,7 @@ def _fp8_pair(m: int, f: int, like: torch.Tensor, dtype: torch.dtype, transposed
 
 @triton_op("cs336_fp8::swiglu_amax", mutates_args={})
 def swiglu_amax(h1: torch.Tensor, h3: torch.Tensor) -> torch.Tensor:
-    return _launch(_swiglu_kernel, (h1, h3), None, None, 1, E4M3, record=True)[0]
+    return _launch(_swiglu_kernel, SWIGLU_TILE, (h1, h3), None, None, 1, E4M3, record=True)[0]
 
 
 @triton_op("cs336_fp8::swiglu_cast", mutates_args={})
@@ -131,12 +132,12 @@ def swiglu_cast(
     h1: torch.Tensor, h3: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype, record: bool, transposed: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     g = _fp8_pair(*h1.shape, h1, dtype, transposed)
-    return (*g, *_launch(_swiglu_kernel, (h1, h3), g, scale, 1, dtype, record, transposed))
+    return (*g, *_launch(_swiglu_kernel, SWIGLU_TILE, (h1, h3), g, scale, 1, dtype, record, transposed))
 
 
 @triton_op("cs336_fp8::swiglu_grad_amax", mutates_args={})
 def swiglu_grad_amax(dg: torch.Tensor, h1: torch.Tensor, h3: torch.Tensor) -> torch.Tensor:
-    return _launch(_swiglu_grad_kernel, (dg, h1, h3), None, None, 2, E5M2, record=True)[0]
+    return _launch(_swiglu_grad_kernel, SWIGLU_GRAD_TILE, (dg, h1, h3), None, None, 2, E5M2, record=True)[0]
 
 
 @triton_op("cs336_fp8::swiglu_grad_cast", mutates_args={})
@@ -150,4 +151,7 @@ def swiglu_grad_cast(
     transposed: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     grads = _fp8_pair(*dg.shape, dg, dtype, transposed) + _fp8_pair(*dg.shape, dg, dtype, transposed)
-    return (*grads, *_launch(_swiglu_grad_kernel, (dg, h1, h3), grads, scales, 2, dtype, record, transposed))
+    return (
+        *grads,
+        *_launch(_swiglu_grad_kernel, SWIGLU_GRAD_TILE, (dg, h1, h3), grads, scales, 2, dtype, record, transposed),
+    )

@@ -1,16 +1,33 @@
-"""The tiling every FP8 cast kernel of the fused path shares (Triton, CUDA): one program per tile of BLOCK_M rows x
-BLOCK_F columns of a row-major (M, F) tensor; 128 rows give 128-byte runs in the transposed FP8 stores."""
+"""The tiling every FP8 cast kernel of the fused path shares (Triton, CUDA): one program per tile of block_m rows x
+block_f columns of a row-major (M, F) tensor, which it reads once and writes in FP8, row-major and transposed.
+
+Each kernel has its own tile size and warp count, the fastest of those measured for it at the 366m and 1.3b shapes
+on an H200 (benchmarks/results/2026-11-25-tile-sizes-h200/README.md)."""
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import triton
 import triton.language as tl
 
-BLOCK_M, BLOCK_F, WARPS = 128, 64, 8
+
+class Tile(NamedTuple):
+    block_m: int
+    block_f: int
+    warps: int
+
+    def grid(self, m: int, f: int) -> tuple[int, int]:
+        return triton.cdiv(m, self.block_m), triton.cdiv(f, self.block_f)
+
+    def launch_options(self) -> dict[str, int]:
+        """The kernel's tile constants and warp count, as a launch takes them."""
+        return {"BLOCK_M": self.block_m, "BLOCK_F": self.block_f, "num_warps": self.warps}
 
 
-def tile_grid(m: int, f: int) -> tuple[int, int]:
-    return triton.cdiv(m, BLOCK_M), triton.cdiv(f, BLOCK_F)
+TRANSPOSE_TILE = Tile(128, 64, 8)
+SWIGLU_TILE = Tile(32, 128, 4)
+SWIGLU_GRAD_TILE = Tile(32, 64, 4)
 
 
 @triton.jit

@@ -5,7 +5,7 @@ inductor writes both layouts in one tiled pointwise kernel after the amax pass. 
 reduces its tensor row by row (scaling.py), and inductor then folds the transposed writes into that row-reduction
 kernel, where each row's values go to a column of the transpose: one-byte stores a row apart, several times slower
 than the cast itself at the 1.3b shape (benchmarks/results/2026-11-23-delayed-transpose-h200/). As a custom op the
-transpose stays a kernel of its own: tiles of the row-major FP8 tensor read once, written transposed in 128-byte runs.
+transpose stays a kernel of its own: tiles of the row-major FP8 tensor read once, written transposed.
 
 Imported only on CUDA machines: triton ships with torch's Linux CUDA wheels.
 """
@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
-from cs336_basics.precision.fused.tiles import BLOCK_F, BLOCK_M, WARPS, tile_grid, tile_offsets
+from cs336_basics.precision.fused.tiles import TRANSPOSE_TILE, tile_offsets
 
 
 @triton.jit
@@ -33,5 +33,5 @@ def transpose(x: torch.Tensor) -> torch.Tensor:
         raise ValueError("the transpose kernel takes a contiguous 2-D CUDA tensor")
     m, f = x.shape
     out = torch.empty(f, m, device=x.device, dtype=x.dtype)
-    wrap_triton(_transpose_kernel)[tile_grid(m, f)](x, out, m, f, BLOCK_M=BLOCK_M, BLOCK_F=BLOCK_F, num_warps=WARPS)
+    wrap_triton(_transpose_kernel)[TRANSPOSE_TILE.grid(m, f)](x, out, m, f, **TRANSPOSE_TILE.launch_options())
     return out
