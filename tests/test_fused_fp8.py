@@ -171,16 +171,15 @@ def test_amax_is_max_accumulated_within_a_step():
 
 
 @pytest.mark.parametrize(("rows", "sized_for"), [(48, None), (5, None), (48, 48), (7, 48)])
-@pytest.mark.parametrize("grad_pieces", [1, 3])
-def test_recorded_amax_and_saturation_count_are_exact_for_any_row_count(rows, sized_for, grad_pieces):
+@pytest.mark.parametrize("grad_row", [None, 8])
+def test_recorded_amax_and_saturation_count_are_exact_for_any_row_count(rows, sized_for, grad_row):
     # The cast records per row: straight into buffers sized for its rows, else folded into bins of rows first. An
-    # output gradient recorded in pieces (a row of 24 in three) has that many entries per token.
-    sites = [SiteScaling(DTYPES, delayed=True, grad_pieces=grad_pieces) for _ in range(2)]
+    # output gradient recorded in pieces of `grad_row` features (a row of 24 in three) is folded the same way.
+    sites = [SiteScaling(DTYPES, delayed=True, grad_row=grad_row) for _ in range(2)]
     state = DelayedScalingState(sites)
     if sized_for is not None:
         state.size_row_buffers(sized_for)
-        assert sites[0].amax_input.shape == (sized_for,)
-        assert sites[0].saturated_grad.shape == (sized_for * grad_pieces,)
+        assert sites[0].amax_input.shape == (sized_for,) and sites[0].saturated_grad.shape == (sized_for,)
     record(sites[0], GRAD, 1.0)
     state.update()  # scale 57344 (E5M2's max)
     x = torch.randn(rows, 24) / 2
@@ -309,10 +308,6 @@ def test_the_trainer_sizes_the_recordings_for_its_micro_batches(tmp_path):
     site = model.layers[0].attn.output_proj.scaling
     tokens = 3 * config.model.context_length
     assert site.amax_input.shape == site.saturated_grad.shape == (tokens,)
-    # q/k/v's gradients come back from attention head by head: recorded per token and head.
-    attention = model.layers[0].attn
-    k_site = attention.qkv.scalings[1]  # (q, k, v)
-    assert k_site.grad_pieces == attention.n_kv_heads and k_site.amax_grad.shape == (tokens * attention.n_kv_heads,)
     trainer.train_step()
     recorded = converter.scaling.history[:, :, 0]
     # Every site's weight and gradient were recorded. Inputs: by the site that casts them, so in each of the two

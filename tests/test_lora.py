@@ -185,8 +185,8 @@ def test_a_delayed_fp8_base_scales_from_recorded_amaxes_without_an_amax_pass():
         report.summary_lines()
     )
     attention = delayed.layers[0].attn
-    assert attention.k_proj.scaling.grad_pieces == attention.n_kv_heads  # gradients recorded head by head
-    assert attention.output_proj.scaling.grad_pieces == 1
+    assert attention.k_proj.scaling.grad_row == attention.head_dim  # gradients recorded head by head
+    assert attention.output_proj.scaling.grad_row is None
     evaluations = {}
     for name, model in (("delayed", delayed), ("dynamic", dynamic_base)):
         with torch.no_grad(), CountOps() as counter:

@@ -19,7 +19,7 @@ from cs336_basics.errors import ConfigError
 from cs336_basics.lora.layers import FrozenFp8LMHead, FrozenFp8SwiGLU, FrozenLinear, FrozenSharedInput
 from cs336_basics.precision.converter import Converter, delayed_scaling
 from cs336_basics.precision.fp8 import FAST_ACCUM_BACKWARD_NOTE, FP8ConversionReport, is_lm_head, skip_reason
-from cs336_basics.precision.fused.convert import fast_accum_backward, fp8_units, fused_dtypes, grad_pieces, set_child
+from cs336_basics.precision.fused.convert import fast_accum_backward, fp8_units, fused_dtypes, set_child
 from cs336_basics.precision.fused.scaling import SiteScaling
 
 
@@ -97,9 +97,10 @@ class LoRAConverter(Converter):
             rank = ft.lora_rank if _target_of(fqn) in targets else 0
             scaling = None
             if reason is None:  # FP8: its input and output gradient cast per step (its weight is cast once)
+                per_head = _target_of(fqn) in ("q", "k", "v")  # their gradients come from attention, head by head
+                grad_row = model.config.head_dim if per_head else None
                 fast = fast_accum_backward(fp8, linear, fqn)
-                pieces = grad_pieces(model, fqn)
-                scaling = SiteScaling(fused_dtypes(fp8), fast, delayed, linear.weight.device, 1, pieces)
+                scaling = SiteScaling(fused_dtypes(fp8), fast, delayed, linear.weight.device, 1, grad_row)
             fused_loss = scaling is not None and rank == 0 and is_lm_head(linear, fqn)
             layer = (FrozenFp8LMHead if fused_loss else FrozenLinear)(
                 linear, scaling, rank=rank, scale=ft.scale, dropout=ft.lora_dropout

@@ -105,9 +105,6 @@ class CausalSelfAttention(nn.Module):
     # q, k and v read the same input: a precision conversion may run them through one joint module set as `qkv`
     # (e.g. to cast the input once), the layers keeping their own weights (and state-dict keys).
     SHARED_INPUT = {"qkv": ("q_proj", "k_proj", "v_proj")}
-    # The linears whose outputs attention splits into heads of `head_dim` features: their output gradients come back
-    # head by head, in (batch, head, seq, d) layout (an FP8 conversion records their amaxes per head).
-    HEAD_SPLIT_OUTPUTS = ("q_proj", "k_proj", "v_proj")
 
     def __init__(self, config: ModelConfig, rope: RotaryEmbedding | None = None, *, use_rope: bool = True) -> None:
         super().__init__()

@@ -45,16 +45,6 @@ def fast_accum_backward(cfg: FP8Config, linear: nn.Module, fqn: str) -> bool:
     return cfg.fp8_fast_accum_backward and not is_lm_head(linear, fqn)
 
 
-def grad_pieces(model: nn.Module, fqn: str) -> int:
-    """In how many pieces SiteScaling records each row of the output gradient of the linear at `fqn`: one per head
-    for the linears whose outputs attention splits into heads (the module's HEAD_SPLIT_OUTPUTS), else 1."""
-    owner, _, attr = fqn.rpartition(".")
-    module = model.get_submodule(owner) if owner else model
-    if attr not in getattr(module, "HEAD_SPLIT_OUTPUTS", ()):
-        return 1
-    return model.get_submodule(fqn).out_features // module.head_dim
-
-
 def count_fused_linears(model: nn.Module) -> int:
     """Linear layers whose GEMMs run in FP8 on the fused path (members of a shared-input group included)."""
     return sum(
@@ -152,14 +142,7 @@ class FusedFP8(Converter):
         device = next(model.parameters()).device
         delayed = cfg.fp8_scaling == "delayed"
         scalings = {
-            name: SiteScaling(
-                dtypes,
-                fast_accum_backward(cfg, linear, name),
-                delayed,
-                device,
-                linear.out_features,
-                grad_pieces(model, name),
-            )  # fmt: skip
+            name: SiteScaling(dtypes, fast_accum_backward(cfg, linear, name), delayed, device, linear.out_features)
             for name, linear in ((name, model.get_submodule(name)) for name in report.converted)
         }
         keys_before = list(model.state_dict().keys())

@@ -93,9 +93,8 @@ def record_produced(
 # or a chain of small kernels per cast. Each site keeps one buffer per role and statistic with one entry per row:
 # max-accumulating a cast's row results into it is then a pointwise epilogue of that same kernel, with no kernel of
 # its own. The entries become one amax per role once per step, in DelayedScalingState.update. A weight has its
-# out_features rows; an input has the micro-batch's tokens, an output gradient its tokens times its pieces per row
-# (`size_row_buffers`), and until those are known, or for results of another length, the results are first folded
-# into bins (a small kernel).
+# out_features rows; an input or an output gradient has the micro-batch's tokens (`size_row_buffers`), and until
+# those are known, or for results of another length, the results are first folded into bins (a small kernel).
 BINS = 16
 
 
@@ -119,16 +118,16 @@ class SiteScaling(nn.Module):
 
     def __init__(self, dtypes: tuple[torch.dtype, torch.dtype, torch.dtype], fast_accum_backward: bool = False,
                  delayed: bool = False, device: torch.device | str | None = None, weight_rows: int = BINS,
-                 grad_pieces: int = 1):  # fmt: skip
+                 grad_row: int | None = None):  # fmt: skip
         super().__init__()
         self.dtypes = dtypes
         self.fast_accum_backward = fast_accum_backward
         self.delayed = delayed
-        # The output gradient's amax is recorded in `grad_pieces` equal pieces of each row when its producer writes
-        # it in such pieces: q/k/v's gradients come from attention one head at a time, and a reduction over whole
-        # token rows across heads compiles into a slow pass of its own (benchmarks/results/
-        # 2026-11-23-lora-delayed-h200/README.md; head_pieces in fused/convert.py says which linears).
-        self.grad_pieces = grad_pieces
+        # The output gradient's amax is recorded per `grad_row` features instead of per whole row when its producer
+        # writes it in such pieces: q/k/v's gradients come from attention one head at a time, and a reduction over
+        # whole token rows across heads compiles into a slow pass of its own (benchmarks/results/
+        # 2026-11-23-lora-delayed-h200/README.md).
+        self.grad_row = grad_row
         self._separate_transpose = None  # see transposed()
         if not delayed:
             return
@@ -152,12 +151,12 @@ class SiteScaling(nn.Module):
         self.register_buffer(f"saturated_{role}", torch.zeros(rows, device=device, dtype=torch.int32), persistent=False)
 
     def size_row_buffers(self, tokens: int) -> None:
-        """One entry per token for the input recording, and per token and gradient piece for the gradient's (each
-        micro-batch's rows), so that recording rides in the casting kernel. Call before the first compiled step: a
-        compiled graph is traced for the sizes it first sees."""
+        """One entry per token for the input and gradient recordings (each micro-batch's rows), so that recording
+        rides in the casting kernel. Call before the first compiled step: a compiled graph is traced for the sizes
+        it first sees."""
         device = self.scale.device
-        self._register_row_buffers("input", tokens, device)
-        self._register_row_buffers("grad", tokens * self.grad_pieces, device)
+        for role in ("input", "grad"):
+            self._register_row_buffers(role, tokens, device)
 
     def scale_inv(self, role: int) -> torch.Tensor:
         return getattr(self, _SCALE_INV[role])
@@ -201,7 +200,7 @@ class SiteScaling(nn.Module):
             return dynamic_cast(x, dtype)
         scale = self.scale[role]
         if record:
-            row = x.shape[-1] // self.grad_pieces if role == GRAD else x.shape[-1]
+            row = self.grad_row if role == GRAD and self.grad_row else x.shape[-1]
             magnitude = x.reshape(-1, row).abs()
             saturated = (magnitude.float() * scale > fp8_max(dtype)).sum(dim=-1)
             self.accumulate(role, magnitude.amax(dim=-1), saturated)
