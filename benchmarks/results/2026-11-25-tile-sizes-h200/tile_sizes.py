@@ -1,5 +1,8 @@
 """GPU time of the fused path's tiled FP8 producer kernels (SwiGLU forward and backward, the FP8 transpose) at the
-366m and 1.3b shapes, for several tile sizes and warp counts: `python3 tile_sizes.py OUT.json` (GPU).
+366m and 1.3b shapes, for several tile sizes and warp counts.
+
+    python3 tile_sizes.py run RAW.json                  # GPU: the measurements, as the device wrote them (raw/)
+    python3 tile_sizes.py schema OUT.json RAW.json ...  # CPU: the results schema's records from raw files
 
 Each kernel is launched directly (not through its torch op) with delayed scaling's settings (cast, transposed copy,
 amax and saturation recorded). 20 back-to-back launches are captured in a CUDA graph, so that the host's launch cost
@@ -70,7 +73,7 @@ def triton_cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def main(out_path: str) -> None:
+def run(out_path: str) -> None:
     rows = []
     for (preset, (m, f)), (bm, bf, warps) in itertools.product(SWIGLU_SHAPES.items(), TILES):
         forward, backward = swiglu_launches(m, f, bm, bf, warps)
@@ -98,5 +101,29 @@ def main(out_path: str) -> None:
               f"{best['tb_per_s']:.2f} |")  # fmt: skip
 
 
+def schema(out_path: str, raw_paths: list[str]) -> None:
+    """One results file (the shared schema: a record per kernel, shape and tile) from the raw files of `run`."""
+    from cs336_basics.config_layers import build_config
+    from cs336_basics.results import run_record, write_json_atomic
+
+    fp8 = {"use_fp8": True, "fp8_path": "fused", "fp8_scaling": "delayed", "fp8_lm_head": True}
+    records, gpus = [], []
+    for path in raw_paths:
+        with open(path) as fh:
+            raw = json.load(fh)
+        gpus.append(raw["gpu"])
+        for row in raw["rows"]:
+            config = build_config({"preset": row["preset"], "fp8": fp8})
+            records.append(run_record(config, compile=False, attention=None, gpu=raw["gpu"], torch=raw["torch"],
+                                      measured=f"one {row['kernel']} kernel launch, GPU time", **row))  # fmt: skip
+    header = dict(
+        gpu=" + ".join(gpus), torch=raw["torch"], torchao=None, command=f"tile_sizes.py run (raw: {raw_paths})"
+    )
+    write_json_atomic(out_path, dict(header, runs=records))
+
+
 if __name__ == "__main__":
-    main(sys.argv[1])
+    if sys.argv[1] == "run":
+        run(sys.argv[2])
+    else:
+        schema(sys.argv[2], sys.argv[3:])

@@ -2,7 +2,8 @@
 block_f columns of a row-major (M, F) tensor, which it reads once and writes in FP8, row-major and transposed.
 
 Each kernel has its own tile size and warp count, the fastest of those measured for it at the 366m and 1.3b shapes
-on an H200 (benchmarks/results/2026-11-25-tile-sizes-h200/README.md)."""
+on an H200, each also faster than the one tile they all had before on an H100
+(benchmarks/results/2026-11-25-tile-sizes-h200/README.md)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ class Tile(NamedTuple):
         return {"BLOCK_M": self.block_m, "BLOCK_F": self.block_f, "num_warps": self.warps}
 
 
-TRANSPOSE_TILE = Tile(128, 64, 8)
+TRANSPOSE_TILE = Tile(128, 128, 8)
 SWIGLU_TILE = Tile(32, 128, 4)
 SWIGLU_GRAD_TILE = Tile(32, 64, 4)
 
