@@ -19,7 +19,7 @@ from torch import nn
 
 from cs336_basics.config import FP8Config
 from cs336_basics.errors import ConfigError
-from cs336_basics.precision.converter import Converter
+from cs336_basics.precision.converter import FP8Converter
 from cs336_basics.precision.fp8 import (
     SKIP_NOT_16,
     FP8ConversionReport,
@@ -68,12 +68,8 @@ def _require_accelerate() -> Any:
     return accelerate
 
 
-class AccelerateFP8(Converter):
+class AccelerateFP8(FP8Converter):
     """Accelerate's TorchAO backend, as `accelerator.prepare` applies it (the module docstring says what it does)."""
-
-    def __init__(self, fp8: FP8Config, world_size: int = 1):
-        self.check_options(fp8, world_size)
-        self.fp8 = fp8
 
     @staticmethod
     def check_options(fp8: FP8Config, world_size: int = 1) -> None:

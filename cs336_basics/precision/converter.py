@@ -58,6 +58,20 @@ class Converter:
 NO_CONVERSION = Converter()
 
 
+class FP8Converter(Converter):
+    """An FP8 path's converter: the settings it is given are checked before anything is built (check_options, which
+    choose_fp8 also calls on the chosen settings)."""
+
+    def __init__(self, fp8: FP8Config, world_size: int = 1):
+        self.check_options(fp8, world_size)
+        self.fp8 = fp8
+
+    @staticmethod
+    def check_options(fp8: FP8Config, world_size: int = 1) -> None:
+        """Refuse, with the reason, the settings this path does not have."""
+        raise NotImplementedError
+
+
 def delayed_scaling(sites: list[SiteScaling], fp8: FP8Config) -> DelayedScalingState:
     """The amax histories of these delayed-scaling sites, with the history settings fp8 gives."""
     return DelayedScalingState(sites, fp8.fp8_amax_history_len, fp8.fp8_amax_compute_algo, fp8.fp8_margin)

@@ -22,7 +22,7 @@ from torch import nn
 from cs336_basics.compiled import compiled_submodules, unwrap
 from cs336_basics.config import FP8Config
 from cs336_basics.errors import ConfigError
-from cs336_basics.precision.converter import Converter
+from cs336_basics.precision.converter import FP8Converter
 from cs336_basics.precision.support import TORCHAO_INSTALL_HINT, import_torchao
 
 if TYPE_CHECKING:
@@ -477,13 +477,12 @@ def count_float8_linears(model: nn.Module) -> int:
     return sum(isinstance(m, Float8Linear) for _, m in unwrap(model).named_modules(remove_duplicate=False))
 
 
-class TorchAOFP8(Converter):
+class TorchAOFP8(FP8Converter):
     """TorchAO's path (`--fp8_path torchao`): convert_to_float8_training swaps the linears for Float8Linear.
     `fsdp_float8_all_gather`: the model will be sharded by FSDP2, which then all-gathers FP8 weights."""
 
     def __init__(self, fp8: FP8Config, fsdp_float8_all_gather: bool = False):
-        self.check_options(fp8)
-        self.fp8 = fp8
+        super().__init__(fp8)
         self.fsdp_float8_all_gather = fsdp_float8_all_gather
         self.model: nn.Module | None = None
 

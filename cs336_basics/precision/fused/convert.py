@@ -20,7 +20,7 @@ from torch import nn
 from cs336_basics.config import FP8Config
 from cs336_basics.errors import ConfigError
 from cs336_basics.model.layers import SwiGLU
-from cs336_basics.precision.converter import Converter, delayed_scaling
+from cs336_basics.precision.converter import FP8Converter, delayed_scaling
 from cs336_basics.precision.fp8 import ORDER, FP8ConversionReport, check_model_ready, decide_conversions, is_lm_head
 from cs336_basics.precision.fused.head import Fp8LMHead
 from cs336_basics.precision.fused.linear import Fp8Linear, Fp8SharedInputLinears
@@ -88,12 +88,8 @@ def fp8_units(
     return blocks, groups
 
 
-class FusedFP8(Converter):
+class FusedFP8(FP8Converter):
     """This package's FP8 path (`--fp8_path fused`)."""
-
-    def __init__(self, fp8: FP8Config, world_size: int = 1):
-        self.check_options(fp8, world_size)
-        self.fp8 = fp8
 
     @staticmethod
     def check_options(fp8: FP8Config, world_size: int = 1) -> None:
