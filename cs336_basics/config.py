@@ -301,6 +301,11 @@ class FP8Config:
         True, "each SwiGLU block runs as one FP8 unit whose kernels write its activation and the activation's "
         "gradients directly in FP8 (Triton on CUDA), instead of BF16 tensors cast afterwards", only_on="fused",
     )  # fmt: skip
+    fp8_fused_rope: bool = setting(
+        True, "q/k/v's shared input group also applies RoPE, so one kernel writes q's, k's and v's gradients directly "
+        "in FP8 from attention's (RoPE's backward included; Triton on CUDA), instead of BF16 tensors cast afterwards",
+        only_on="fused",
+    )  # fmt: skip
     fp8_fast_accum_backward: bool = setting(
         False, "fast (lower-precision) accumulation in the two backward FP8 GEMMs too (the forward GEMM always uses "
         "it, as TorchAO does), except the lm_head's, whose gradient it would ruin", only_on="fused",

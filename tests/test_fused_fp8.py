@@ -27,6 +27,7 @@ from cs336_basics.precision import FusedFP8, choose_fp8
 from cs336_basics.precision.fused.convert import count_fused_linears
 from cs336_basics.precision.fused.head import Fp8LMHead
 from cs336_basics.precision.fused.linear import Fp8Linear, Fp8SharedInputLinears, fp8_linears
+from cs336_basics.precision.fused.qkv_rope import Fp8QkvRope
 from cs336_basics.precision.fused.scaling import (
     E4M3,
     E5M2,
@@ -249,11 +250,17 @@ def test_conversion_keeps_the_state_dict_and_shares_input_casts():
     assert report.n_converted == 14 and report.shared_input_groups == 2 and report.fused_swiglu_blocks == 2
     assert count_fused_linears(model) == 14
     attn, ffn = model.layers[0].attn, model.layers[0].ffn
-    assert isinstance(attn.qkv, Fp8SharedInputLinears) and isinstance(ffn, Fp8SwiGLU)
+    assert isinstance(attn.qkv_rope, Fp8QkvRope) and attn.qkv is None and isinstance(ffn, Fp8SwiGLU)
     assert isinstance(attn.output_proj, Fp8Linear) and ffn.producers == "torch reference"
     assert attn.output_proj.weight is dict(model.named_parameters())["layers.0.attn.output_proj.weight"]
     line = report.summary_line()
-    assert "14 of 15 linears converted (2 groups share an input cast) (2 SwiGLU blocks fused, producers: torch" in line
+    assert "14 of 15 linears converted (2 groups share an input cast, 2 with RoPE fused) (2 SwiGLU blocks fused" in line
+
+    # Without the fused RoPE, q/k/v are a plain shared-input group and attention rotates their outputs itself.
+    model = tiny_lm()
+    report = FusedFP8(FP8Config(**{**vars(FUSED), "fp8_fused_rope": False})).convert(model)
+    assert report.shared_input_groups == 2 and report.fused_rope_groups == 0
+    assert isinstance(model.layers[0].attn.qkv, Fp8SharedInputLinears) and model.layers[0].attn.qkv_rope is None
 
     # Without the fused SwiGLU, w1/w3 share their input cast and w2 is a linear of its own.
     model = tiny_lm()
@@ -451,4 +458,4 @@ def test_gpu_transpose_kernel_equals_torchs_transpose_compiled_or_not(dtype):
 
 def test_fused_modules_are_not_nn_linear():
     # TorchAO's converter and the filters look for nn.Linear: an FP8 linear must never be converted twice.
-    assert not any(issubclass(m, nn.Linear) for m in (Fp8Linear, Fp8SharedInputLinears, Fp8SwiGLU))
+    assert not any(issubclass(m, nn.Linear) for m in (Fp8Linear, Fp8SharedInputLinears, Fp8QkvRope, Fp8SwiGLU))

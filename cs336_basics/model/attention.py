@@ -105,6 +105,9 @@ class CausalSelfAttention(nn.Module):
     # q, k and v read the same input: a precision conversion may run them through one joint module set as `qkv`
     # (e.g. to cast the input once), the layers keeping their own weights (and state-dict keys).
     SHARED_INPUT = {"qkv": ("q_proj", "k_proj", "v_proj")}
+    # Such a module may also take over RoPE, set as `qkv_rope` instead (e.g. so that RoPE's backward writes q's and k's
+    # gradients in a conversion's own format): called as qkv_rope(x, positions), it returns q, k (rotated by this
+    # layer's rope) and v as (batch, heads, seq, head_dim).
 
     def __init__(self, config: ModelConfig, rope: RotaryEmbedding | None = None, *, use_rope: bool = True) -> None:
         super().__init__()
@@ -118,6 +121,7 @@ class CausalSelfAttention(nn.Module):
         self.v_proj = nn.Linear(config.dim, self.n_kv_heads * self.head_dim, bias=False)
         self.output_proj = nn.Linear(self.n_heads * self.head_dim, config.dim, bias=False)
         self.qkv: nn.Module | None = None  # see SHARED_INPUT
+        self.qkv_rope: nn.Module | None = None
         # The LM passes one shared instance to every layer; a standalone module builds its own.
         if rope is None and use_rope:
             rope = RotaryEmbedding(self.head_dim, config.context_length, config.rope_theta)
@@ -129,20 +133,22 @@ class CausalSelfAttention(nn.Module):
         if positions is not None:
             if self.rope is None:
                 raise ValueError("this attention has no RoPE, so token positions would have no effect; pass none.")
-            if positions.ndim == 2:
-                # q and k are (batch, heads, seq, d): without a head axis, (batch, seq) positions would align
-                # their batch axis with the heads (silently wrong when batch == heads).
-                positions = positions.unsqueeze(1)
-            elif positions.ndim != 1:
+            if positions.ndim not in (1, 2):
                 raise ValueError(
                     f"attention positions must be (seq,) or (batch, seq); got shape {tuple(positions.shape)} "
                     f"for x of shape {tuple(x.shape)}."
                 )
-        q, k, v = self.qkv(x) if self.qkv is not None else (self.q_proj(x), self.k_proj(x), self.v_proj(x))
-        q = q.view(batch, seq, self.n_heads, self.head_dim).transpose(1, 2)
-        k = k.view(batch, seq, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        v = v.view(batch, seq, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        if self.rope is not None:
-            q, k = self.rope(q, positions), self.rope(k, positions)
+        if self.qkv_rope is not None:
+            q, k, v = self.qkv_rope(x, positions)
+        else:
+            q, k, v = self.qkv(x) if self.qkv is not None else (self.q_proj(x), self.k_proj(x), self.v_proj(x))
+            q = q.view(batch, seq, self.n_heads, self.head_dim).transpose(1, 2)
+            k = k.view(batch, seq, self.n_kv_heads, self.head_dim).transpose(1, 2)
+            v = v.view(batch, seq, self.n_kv_heads, self.head_dim).transpose(1, 2)
+            if self.rope is not None:
+                # q and k are (batch, heads, seq, d): without a head axis, (batch, seq) positions would align their
+                # batch axis with the heads (silently wrong when batch == heads).
+                heads_axis = positions.unsqueeze(1) if positions is not None and positions.ndim == 2 else positions
+                q, k = self.rope(q, heads_axis), self.rope(k, heads_axis)
         out = causal_attention(q, k, v, self.backend)
         return self.output_proj(out.transpose(1, 2).reshape(batch, seq, self.n_heads * self.head_dim))

@@ -289,6 +289,7 @@ class FP8ConversionReport:
     fast_accum_backward: bool = False  # --fp8_fast_accum_backward (fused path)
     shared_input_groups: int = 0  # groups of converted linears that share one cast of their input (fused path)
     fused_swiglu_blocks: int = 0  # SwiGLU blocks run as one FP8 unit (fused path)
+    fused_rope_groups: int = 0  # of the shared_input_groups, attention's q/k/v with RoPE as one unit (fused path)
     producers: str = ""  # what writes those blocks' FP8 activations: Triton kernels or the torch reference
     fused_loss_head: bool = False  # the lm_head computes the loss and casts the logits' gradient itself (fused path)
 
@@ -309,7 +310,8 @@ class FP8ConversionReport:
                 head += f", {FAST_ACCUM_BACKWARD_NOTE}"
         line = f"{head}: {self.n_converted} of {self.n_linear} linears converted"
         if self.shared_input_groups:
-            line += f" ({self.shared_input_groups} groups share an input cast)"
+            line += f" ({self.shared_input_groups} groups share an input cast"
+            line += f", {self.fused_rope_groups} with RoPE fused)" if self.fused_rope_groups else ")"
         if self.fused_swiglu_blocks:
             line += f" ({self.fused_swiglu_blocks} SwiGLU blocks fused, producers: {self.producers})"
         if self.fused_loss_head:

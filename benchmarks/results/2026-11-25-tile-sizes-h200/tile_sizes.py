@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import statistics
 import sys
 
 import torch
@@ -21,24 +20,11 @@ import torch
 from cs336_basics.precision.fused.scaling import E4M3, E5M2, fp8_max
 from cs336_basics.precision.fused.swiglu_triton import _swiglu_grad_kernel, _swiglu_kernel
 from cs336_basics.precision.fused.transpose_triton import _transpose_kernel
-from cs336_basics.timing import time_calls_ms
+from cs336_basics.timing import graph_kernel_ms
 
 SWIGLU_SHAPES = {"366m": (16384, 3584), "1.3b": (8192, 5632)}
 TRANSPOSE_SHAPES = {"366m": [(16384, 896), (16384, 3584)], "1.3b": [(8192, 2048), (8192, 5632)]}
 TILES = [(bm, bf, w) for bm, bf, w in itertools.product((32, 64, 128, 256), (32, 64, 128), (4, 8)) if bm * bf <= 16384]
-
-
-LAUNCHES_PER_GRAPH = 20
-
-
-def median_ms(fn) -> float:
-    fn()  # compile the kernel before capturing it
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(LAUNCHES_PER_GRAPH):
-            fn()
-    return statistics.median(time_calls_ms(graph.replay, 15, warmup=3)) / LAUNCHES_PER_GRAPH
 
 
 def swiglu_launches(m: int, f: int, bm: int, bf: int, warps: int):
@@ -78,12 +64,12 @@ def run(out_path: str) -> None:
     for (preset, (m, f)), (bm, bf, warps) in itertools.product(SWIGLU_SHAPES.items(), TILES):
         forward, backward = swiglu_launches(m, f, bm, bf, warps)
         for kernel, fn, gb in (("swiglu", forward, m * f * 6 / 1e9), ("swiglu_grad", backward, m * f * 10 / 1e9)):
-            ms = median_ms(fn)
+            ms = graph_kernel_ms(fn)
             rows.append(dict(preset=preset, kernel=kernel, m=m, f=f, block_m=bm, block_f=bf, warps=warps, ms=ms,
                              tb_per_s=gb / ms))  # fmt: skip
     for preset, shapes in TRANSPOSE_SHAPES.items():
         for (m, f), (bm, bf, warps) in itertools.product(shapes, TILES):
-            ms = median_ms(transpose_launch(m, f, bm, bf, warps))
+            ms = graph_kernel_ms(transpose_launch(m, f, bm, bf, warps))
             rows.append(dict(preset=preset, kernel="transpose", m=m, f=f, block_m=bm, block_f=bf, warps=warps, ms=ms,
                              tb_per_s=m * f * 2 / 1e9 / ms))  # fmt: skip
     meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, command=" ".join(sys.argv))

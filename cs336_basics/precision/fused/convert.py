@@ -3,11 +3,12 @@
 Each nn.Linear that passes the filters becomes an Fp8Linear. The filters, their reasons and the report are the
 TorchAO path's (fp8.py), so both paths convert the same layers by the same rules and report them the same way.
 Layers a model declares as reading one input (a module's SHARED_INPUT, e.g. attention's q/k/v) are run together
-by an Fp8SharedInputLinears, which casts that input once, when every one of them converts. A SwiGLU block whose
-three linears all convert becomes one Fp8SwiGLU (--fp8_fused_swiglu), whose kernels write its activation and the
-activation's gradients in FP8. Each FP8 linear has its own SiteScaling; with delayed scaling the converter keeps one
-DelayedScalingState that holds their amax histories and updates their scales once per step (the Trainer's hooks,
-precision/converter.py).
+by an Fp8SharedInputLinears, which casts that input once, when every one of them converts; attention's q/k/v group
+also takes over RoPE (Fp8QkvRope, --fp8_fused_rope), so that one kernel writes their gradients in FP8. A SwiGLU
+block whose three linears all convert becomes one Fp8SwiGLU (--fp8_fused_swiglu), whose kernels write its activation
+and the activation's gradients in FP8. Each FP8 linear has its own SiteScaling; with delayed scaling the converter
+keeps one DelayedScalingState that holds their amax histories and updates their scales once per step (the Trainer's
+hooks, precision/converter.py).
 """
 
 from __future__ import annotations
@@ -19,15 +20,17 @@ from torch import nn
 
 from cs336_basics.config import FP8Config
 from cs336_basics.errors import ConfigError
+from cs336_basics.model.attention import CausalSelfAttention
 from cs336_basics.model.layers import SwiGLU
 from cs336_basics.precision.converter import FP8Converter, delayed_scaling
 from cs336_basics.precision.fp8 import ORDER, FP8ConversionReport, check_model_ready, decide_conversions, is_lm_head
 from cs336_basics.precision.fused.head import Fp8LMHead
 from cs336_basics.precision.fused.linear import Fp8Linear, Fp8SharedInputLinears
+from cs336_basics.precision.fused.qkv_rope import Fp8QkvRope
 from cs336_basics.precision.fused.scaling import E4M3, E5M2, SiteScaling
 from cs336_basics.precision.fused.swiglu import Fp8SwiGLU
 
-FUSED_MODULES = (Fp8Linear, Fp8SharedInputLinears, Fp8SwiGLU)  # Fp8LMHead is an Fp8Linear
+FUSED_MODULES = (Fp8Linear, Fp8SharedInputLinears, Fp8QkvRope, Fp8SwiGLU)  # Fp8LMHead is an Fp8Linear
 _NAMES = {E4M3: "E4M3", E5M2: "E5M2"}
 
 
@@ -153,7 +156,13 @@ class FusedFP8(FP8Converter):
             names = [f"{owner}.{m}" if owner else m for m in members]
             linears = tuple(model.get_submodule(name) for name in names)
             member_scalings = tuple(scalings[n] for n in names)
-            set_child(model, f"{owner}.{attr}" if owner else attr, Fp8SharedInputLinears(linears, member_scalings))
+            attention = model.get_submodule(owner)
+            if cfg.fp8_fused_rope and isinstance(attention, CausalSelfAttention) and attention.rope is not None:
+                heads = (attention.n_heads, attention.n_kv_heads, attention.n_kv_heads)
+                attention.qkv_rope = Fp8QkvRope(linears, member_scalings, attention.rope, heads)
+                report.fused_rope_groups += 1
+            else:
+                set_child(model, f"{owner}.{attr}" if owner else attr, Fp8SharedInputLinears(linears, member_scalings))
             grouped.update(names)
         for name in report.converted:
             if name not in grouped:

@@ -1,0 +1,104 @@
+"""Attention's q/k/v projections and RoPE as one FP8 unit (`--fp8_fused_rope`, on by default).
+
+As a shared-input group (linear.py: Fp8SharedInputLinears) q, k and v cast their input once. Here the unit also
+rotates q and k, so that in backward one kernel takes attention's gradients of q, k and v as they come, applies
+RoPE's backward to q's and k's, and writes each straight in FP8, row-major and transposed, with its delayed-scaling
+recordings (rope_triton.py on CUDA; rope_reference.py, the same math in torch, in CPU emulation). Unfused, the rotated
+gradients are written in BF16 and re-read by casts that reduce each token's row across the heads. The forward
+rotates with the model's own RotaryEmbedding, so its values are the BF16 module's.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+import torch
+from torch import nn
+
+from cs336_basics.model.layers import RotaryEmbedding
+from cs336_basics.precision.fused import rope_reference
+from cs336_basics.precision.fused.linear import backward_gemms, forward_gemm
+from cs336_basics.precision.fused.scaling import GRAD, INPUT, SiteScaling, produce_scales, record_produced
+
+
+def rope_ops(device: torch.device) -> ModuleType:
+    """The producer implementation for `device`: the Triton kernel on CUDA, the torch definition elsewhere."""
+    if device.type != "cuda":
+        return rope_reference
+    from cs336_basics.precision.fused import rope_triton  # imports triton
+
+    return rope_triton
+
+
+class _Fp8QkvRope(torch.autograd.Function):
+    """(q, k, v) as (batch, heads, seq, head_dim), q and k rotated, from x (batch, seq, dim): three FP8 GEMMs on one
+    cast of x. `heads` is each output's head count; `positions` None or integer (batch or 1, seq)."""
+
+    @staticmethod
+    def forward(ctx, x, ops: ModuleType, rope: RotaryEmbedding, heads: tuple[int, ...], positions,
+                scalings: tuple[SiteScaling, ...], record: bool, *weights):  # fmt: skip
+        batch, seq, _ = x.shape
+        x_fp8, x_inv = scalings[0].cast(x.reshape(-1, x.shape[-1]), INPUT, record)
+        outputs, saved_weights, weight_invs = [], [], []
+        for weight, scaling, n in zip(weights, scalings, heads, strict=True):
+            y, w_fp8_t, w_inv = forward_gemm(x_fp8, x_inv, weight, scaling, record)
+            outputs.append(y.view(batch, seq, n, -1).transpose(1, 2))
+            saved_weights.append(w_fp8_t)
+            weight_invs.append(w_inv)
+        # The rotation RotaryEmbedding.forward applies, with its positions in attention's layout (a heads axis).
+        angles = None if positions is None else positions.unsqueeze(1)
+        q, k, v = rope(outputs[0], angles), rope(outputs[1], angles), outputs[2]
+        ctx.save_for_backward(scalings[0].transposed(x_fp8), x_inv, positions, *saved_weights, *weight_invs)
+        ctx.ops, ctx.rope, ctx.scalings, ctx.record = ops, rope, scalings, record
+        return q, k, v
+
+    @staticmethod
+    def backward(ctx, *grads: torch.Tensor):
+        x_fp8_t, x_inv, positions, *rest = ctx.saved_tensors
+        weights_t, weight_invs = rest[:3], rest[3:]
+        ops, rope, record = ctx.ops, ctx.rope, ctx.record
+        dx, dws = None, []
+        for i, (grad, scaling, w_t, w_inv) in enumerate(zip(grads, ctx.scalings, weights_t, weight_invs, strict=True)):
+            rotate = i < 2  # q and k; not v
+
+            def amax(grad=grad, rotate=rotate):
+                return ops.rope_grad_amax(grad, rope.cos, rope.sin, positions, rotate)
+
+            scale, (g_inv,) = produce_scales((scaling,), GRAD, amax)
+            g_fp8, g_fp8_t, rows_amax, rows_saturated = ops.rope_grad_cast(
+                grad, rope.cos, rope.sin, positions, scale, scaling.dtypes[GRAD], record and scaling.delayed, rotate
+            )
+            record_produced((scaling,), GRAD, rows_amax[None], rows_saturated[None], record)
+            part, dw = backward_gemms(g_fp8, g_fp8_t, g_inv, w_t, w_inv, x_fp8_t, x_inv, scaling.fast_accum_backward)
+            dx = part if dx is None else dx + part
+            dws.append(dw)
+        batch, _, seq, _ = grads[0].shape
+        return dx.view(batch, seq, -1), None, None, None, None, None, None, *dws
+
+
+class Fp8QkvRope(nn.Module):
+    """Stands in for attention's q/k/v projections and RoPE (a CausalSelfAttention's `qkv_rope`): the same q_proj,
+    k_proj and v_proj weights (so the same state-dict keys and optimizer state), run as one FP8 unit with the
+    attention's own RotaryEmbedding. The scalings are the linears' own; q_proj's also scales the shared input."""
+
+    def __init__(self, linears: tuple[nn.Linear, ...], scalings: tuple[SiteScaling, ...], rope: RotaryEmbedding,
+                 heads: tuple[int, int, int]):  # fmt: skip
+        super().__init__()
+        self.linears = tuple(linears)  # not registered: they stay where the model has them
+        self.scalings = nn.ModuleList(scalings)
+        self.rope = (rope,)  # not registered: the attention (and the model) owns it
+        self.heads = heads
+        self.ops = rope_ops(linears[0].weight.device)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+        """x: (batch, seq, dim); positions: None or integer, (seq,) or (batch or 1, seq). Returns (q, k, v) as
+        (batch, heads, seq, head_dim), q and k rotated."""
+        if positions is not None:
+            positions = positions.reshape(-1, x.shape[1]).contiguous()
+        return _Fp8QkvRope.apply(
+            x, self.ops, self.rope[0], self.heads, positions, tuple(self.scalings), self.training,
+            *(layer.weight for layer in self.linears),
+        )  # fmt: skip
+
+    def extra_repr(self) -> str:
+        return f"q/k/v projections and RoPE as one unit, fp8, producer: {self.ops.__name__.rsplit('.', 1)[-1]}"

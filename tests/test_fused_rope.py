@@ -1,0 +1,156 @@
+"""Attention's q/k/v projections and RoPE as one FP8 unit (--fp8_fused_rope): the gradient producer against autograd
+of RotaryEmbedding and against SiteScaling's own cast, the unit against the shared-input group it replaces (values,
+gradients and recordings), with and without token positions. CPU runs the torch reference producer; the Triton
+kernel is compared with it on the GPU (marked)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from numerics import sqnr_db
+from test_fused_swiglu import assert_same_fp8
+
+from cs336_basics.config import FP8Config, ModelConfig
+from cs336_basics.model.attention import CausalSelfAttention
+from cs336_basics.model.layers import RotaryEmbedding
+from cs336_basics.precision import FusedFP8
+from cs336_basics.precision.fused import rope_reference as reference
+from cs336_basics.precision.fused.qkv_rope import Fp8QkvRope
+from cs336_basics.precision.fused.scaling import E5M2, GRAD, INPUT, WEIGHT, SiteScaling, amax_to_scale
+
+DTYPES = (torch.float8_e4m3fn, torch.float8_e4m3fn, E5M2)
+
+
+def attention_grad(batch: int, heads: int, seq: int, head_dim: int, device: str = "cpu", layout: str = "bshd"):
+    """A gradient as attention hands it back: (batch, heads, seq, head_dim), stored token-major ("bshd", a transposed
+    view) or head-major ("bhsd", contiguous)."""
+    gen = torch.Generator(device).manual_seed(0)
+    shape = (batch, seq, heads, head_dim) if layout == "bshd" else (batch, heads, seq, head_dim)
+    g = torch.randn(shape, device=device, generator=gen).mul(3).to(torch.bfloat16)
+    return g.transpose(1, 2) if layout == "bshd" else g
+
+
+@pytest.mark.parametrize("with_positions", [False, True])
+def test_reference_gradient_is_autograd_of_rotary_embedding(with_positions):
+    rope = RotaryEmbedding(16, 64)
+    grad = attention_grad(2, 3, 10, 16)
+    positions = torch.randint(0, 64, (2, 10)) if with_positions else None
+    x = torch.randn(2, 3, 10, 16).to(torch.bfloat16).requires_grad_()
+    rope(x, None if positions is None else positions[:, None, :]).backward(grad)
+    expected = x.grad.transpose(1, 2).reshape(20, 48)
+    assert torch.equal(reference.rope_grad(grad, rope.cos, rope.sin, positions, rotate=True), expected)
+    assert torch.equal(reference.rope_grad(grad, rope.cos, rope.sin, positions, rotate=False),
+                       grad.transpose(1, 2).reshape(20, 48))  # fmt: skip
+
+
+def test_reference_cast_records_per_row_as_the_sites_own_cast():
+    rope = RotaryEmbedding(16, 64)
+    grad = attention_grad(2, 3, 10, 16)
+    g = reference.rope_grad(grad, rope.cos, rope.sin, None, rotate=True)
+    scale = amax_to_scale(g.abs().amax().float() / 4, E5M2).reshape(1)  # a quarter of the range: some saturate
+    g8, g8_t, amax, saturated = reference.rope_grad_cast(grad, rope.cos, rope.sin, None, scale, E5M2, True, True)
+    site = SiteScaling(DTYPES, delayed=True)
+    site.size_row_buffers(20)
+    site.scale[GRAD] = scale[0]
+    expected, _ = site.cast(g, GRAD, record=True)
+    assert torch.equal(g8.view(torch.uint8), expected.view(torch.uint8)) and torch.equal(g8_t, g8.t())
+    assert torch.equal(amax, site.amax_grad) and torch.equal(saturated, site.saturated_grad) and saturated.sum() > 0
+    assert reference.rope_grad_amax(grad, rope.cos, rope.sin, None, True).item() == g.abs().max().item()
+    assert reference.rope_grad_cast(grad, rope.cos, rope.sin, None, scale, E5M2, False, True)[2].numel() == 0
+
+
+def attention_pair(fp8: FP8Config, kv_heads: int = 2, seq: int = 16):
+    """The same attention layer converted to FP8 twice: as a shared-input group rotated by the attention, and as one
+    q/k/v + RoPE unit."""
+    config = ModelConfig(vocab_size=64, context_length=seq, dim=64, n_layers=1, n_heads=4, n_kv_heads=kv_heads,
+                         intermediate_size=64)  # fmt: skip
+    torch.manual_seed(0)
+    layers = [torch.nn.Sequential(CausalSelfAttention(config)).to(torch.bfloat16) for _ in range(2)]
+    layers[1].load_state_dict(layers[0].state_dict())
+    FusedFP8(FP8Config(**{**vars(fp8), "fp8_fused_rope": False})).convert(layers[0])
+    FusedFP8(fp8).convert(layers[1])
+    assert layers[0][0].qkv is not None and isinstance(layers[1][0].qkv_rope, Fp8QkvRope)
+    return layers[0][0], layers[1][0]
+
+
+@pytest.mark.parametrize("scaling", ["dynamic", "delayed"])
+@pytest.mark.parametrize("kv_heads, with_positions", [(4, False), (2, True)])
+def test_fused_unit_equals_the_group_it_replaces(scaling, kv_heads, with_positions):
+    fp8 = FP8Config(use_fp8=True, fp8_emulate=True, fp8_path="fused", fp8_scaling=scaling)
+    plain, fused = attention_pair(fp8, kv_heads)
+    x = torch.randn(3, 16, 64, dtype=torch.bfloat16)
+    positions = torch.randint(0, 16, (3, 16)) if with_positions else None
+    xs = (x.clone().requires_grad_(), x.clone().requires_grad_())
+    ys = (plain(xs[0], positions), fused(xs[1], positions))
+    upstream = torch.randn_like(ys[0])
+    for y in ys:
+        (y.float() * upstream).sum().backward()
+    assert torch.equal(ys[0], ys[1]) and torch.equal(xs[0].grad, xs[1].grad)
+    for name in ("q_proj", "k_proj", "v_proj", "output_proj"):
+        assert torch.equal(getattr(plain, name).weight.grad, getattr(fused, name).weight.grad), name
+    if scaling == "delayed":
+        for site_plain, site_fused in zip(plain.qkv.scalings, fused.qkv_rope.scalings, strict=True):
+            for role in (INPUT, WEIGHT, GRAD):
+                assert torch.equal(site_plain.amax[role], site_fused.amax[role])
+                assert torch.equal(site_plain.saturated[role], site_fused.saturated[role])
+            assert site_fused.amax[GRAD] > 0
+
+
+def test_positions_in_the_fused_unit_move_the_rotation_as_in_bf16():
+    fp8 = FP8Config(use_fp8=True, fp8_emulate=True, fp8_path="fused")
+    _, fused = attention_pair(fp8)
+    x = torch.randn(1, 8, 64, dtype=torch.bfloat16)
+    shifted = torch.arange(8) + 3  # within the table of 16 positions
+    assert not torch.equal(fused(x), fused(x, shifted))
+    # Relative positions are what attention sees: a shift of every position changes nothing beyond rounding.
+    assert sqnr_db(fused(x).float(), fused(x, shifted).float()) > 25
+
+
+# ---- GPU: the Triton kernel against the reference ----
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["bshd", "bhsd"])
+@pytest.mark.parametrize("shape, with_positions", [((2, 14, 300, 64), False), ((3, 4, 128, 128), True)])
+def test_gpu_triton_producer_matches_the_reference(layout, shape, with_positions):
+    from cs336_basics.precision.fused import rope_triton as triton_ops
+
+    batch, heads, seq, head_dim = shape
+    rope = RotaryEmbedding(head_dim, 512).cuda()
+    grad = attention_grad(*shape, device="cuda", layout=layout)
+    positions = torch.randint(0, 512, (batch, seq), device="cuda") if with_positions else None
+    for rotate in (True, False):
+        args = (grad, rope.cos, rope.sin, positions, rotate)
+        amax = reference.rope_grad_amax(*args)
+        torch.testing.assert_close(triton_ops.rope_grad_amax(*args), amax, rtol=1e-2, atol=0)
+        scale = amax_to_scale(amax / 2, E5M2)  # some values saturate
+        for record in (False, True):
+            cast_args = (grad, rope.cos, rope.sin, positions, scale, E5M2, record, rotate)
+            tested, expected = triton_ops.rope_grad_cast(*cast_args), reference.rope_grad_cast(*cast_args)
+            for test, ref in zip(tested[:2], expected[:2], strict=True):
+                assert_same_fp8(test, ref)
+            if record:
+                torch.testing.assert_close(tested[2], expected[2], rtol=1e-2, atol=0)
+                assert (tested[3] - expected[3]).abs().max() <= 2 and tested[3].sum() > 0
+            else:
+                assert tested[2].numel() == 0 == expected[2].numel()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("scaling", ["dynamic", "delayed"])
+def test_gpu_compiled_fused_unit_matches_the_group_it_replaces(scaling):
+    fp8 = FP8Config(use_fp8=True, fp8_path="fused", fp8_scaling=scaling)
+    plain, fused = (layer.cuda() for layer in attention_pair(fp8, kv_heads=2, seq=256))
+    for module in (plain, fused):
+        for site in module.modules():
+            if isinstance(site, SiteScaling) and site.delayed:
+                site.size_row_buffers(4 * 256)
+    x = torch.randn(4, 256, 64, device="cuda", dtype=torch.bfloat16)
+    xs = (x.clone().requires_grad_(), x.clone().requires_grad_())
+    ys = (torch.compile(plain, fullgraph=True)(xs[0]), torch.compile(fused, fullgraph=True)(xs[1]))
+    upstream = torch.randn_like(ys[0])
+    for y in ys:
+        (y.float() * upstream).sum().backward()
+    assert sqnr_db(ys[0], ys[1]) > 40 and sqnr_db(xs[0].grad, xs[1].grad) > 30
+    for name in ("q_proj", "k_proj", "v_proj"):
+        assert sqnr_db(getattr(plain, name).weight.grad, getattr(fused, name).weight.grad) > 30, name
