@@ -59,13 +59,13 @@ def test_reference_cast_records_per_row_as_the_sites_own_cast():
     assert reference.rope_grad_cast(grad, rope.cos, rope.sin, None, scale, E5M2, False, True)[2].numel() == 0
 
 
-def attention_pair(fp8: FP8Config, kv_heads: int = 2, seq: int = 16):
+def attention_pair(fp8: FP8Config, kv_heads: int = 2, seq: int = 16, device: str = "cpu"):
     """The same attention layer converted to FP8 twice: as a shared-input group rotated by the attention, and as one
     q/k/v + RoPE unit."""
     config = ModelConfig(vocab_size=64, context_length=seq, dim=64, n_layers=1, n_heads=4, n_kv_heads=kv_heads,
                          intermediate_size=64)  # fmt: skip
     torch.manual_seed(0)
-    layers = [torch.nn.Sequential(CausalSelfAttention(config)).to(torch.bfloat16) for _ in range(2)]
+    layers = [torch.nn.Sequential(CausalSelfAttention(config)).to(device, torch.bfloat16) for _ in range(2)]
     layers[1].load_state_dict(layers[0].state_dict())
     FusedFP8(FP8Config(**{**vars(fp8), "fp8_fused_rope": False})).convert(layers[0])
     FusedFP8(fp8).convert(layers[1])
@@ -140,7 +140,7 @@ def test_gpu_triton_producer_matches_the_reference(layout, shape, with_positions
 @pytest.mark.parametrize("scaling", ["dynamic", "delayed"])
 def test_gpu_compiled_fused_unit_matches_the_group_it_replaces(scaling):
     fp8 = FP8Config(use_fp8=True, fp8_path="fused", fp8_scaling=scaling)
-    plain, fused = (layer.cuda() for layer in attention_pair(fp8, kv_heads=2, seq=256))
+    plain, fused = attention_pair(fp8, kv_heads=2, seq=256, device="cuda")
     for module in (plain, fused):
         for site in module.modules():
             if isinstance(site, SiteScaling) and site.delayed:

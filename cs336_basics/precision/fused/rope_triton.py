@@ -21,57 +21,68 @@ import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
 from cs336_basics.precision.fused.scaling import E5M2, fp8_max
-from cs336_basics.precision.fused.tiles import ROPE_GRAD_TILE, tile_offsets
+from cs336_basics.precision.fused.tiles import ROPE_GRAD_TILE, Tile
 
 
 @triton.jit
 def _rope_grad_kernel(
     g_ptr, cos_ptr, sin_ptr, pos_ptr, out_ptr, out_t_ptr, scale_ptr, amax_ptr, sat_ptr,
-    M, F, seq, head_dim, stride_b, stride_h, stride_s, stride_d, pos_stride_b,
+    M, F, seq, heads, head_dim, stride_b, stride_h, stride_s, stride_d, pos_stride_b,
     LIMIT: tl.constexpr, ROTATE: tl.constexpr, POSITIONS: tl.constexpr, CAST: tl.constexpr, AMAX: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_F: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
-    # Rows are tokens (batch * seq), columns channels (heads * head_dim) of the token-major gradient.
-    offs, offs_t, mask = tile_offsets(M, F, BLOCK_M, BLOCK_F)
+    # A tile is BLOCK_M tokens (rows of the token-major gradient: batch * seq) x BLOCK_H heads x BLOCK_D channels of a
+    # head (its head_dim, padded to a power of two), so that every head of the tile shares one load of the angles.
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
+    head = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    dim = tl.arange(0, BLOCK_D)
     batch, pos = rows // seq, rows % seq
-    head, dim = cols // head_dim, cols % head_dim
-    token = batch.to(tl.int64)[:, None] * stride_b + pos[:, None].to(tl.int64) * stride_s
-    at = g_ptr + token + head[None, :].to(tl.int64) * stride_h
-    g = tl.load(at + dim[None, :] * stride_d, mask=mask, other=0.0).to(tl.float32)
+    r3, h3, d3 = rows[:, None, None], head[None, :, None], dim[None, None, :]
+    mask = (r3 < M) & (h3 < heads) & (d3 < head_dim)
+    token = batch.to(tl.int64)[:, None, None] * stride_b + pos.to(tl.int64)[:, None, None] * stride_s
+    g = tl.load(g_ptr + token + h3 * stride_h + d3 * stride_d, mask=mask, other=0.0).to(tl.float32)
     if ROTATE:
-        # Channel pairs (2i, 2i+1) were rotated by pos * theta_i: rotate back, pairing each channel with its partner.
-        partner = tl.load(at + (dim ^ 1)[None, :] * stride_d, mask=mask, other=0.0).to(tl.float32)
+        # Channel pairs (2i, 2i+1) were rotated by pos * theta_i: rotate them back.
         if POSITIONS:
             pos = tl.load(pos_ptr + batch * pos_stride_b + pos, mask=rows < M, other=0)
-        angle = pos[:, None].to(tl.int64) * (head_dim // 2) + (dim // 2)[None, :]
-        cos = tl.load(cos_ptr + angle, mask=mask, other=0.0)
-        sin = tl.load(sin_ptr + angle, mask=mask, other=0.0)
-        sign = tl.where(dim % 2 == 0, 1.0, -1.0)[None, :]
+        pair = tl.arange(0, BLOCK_D // 2)
+        angle = pos.to(tl.int64)[:, None] * (head_dim // 2) + pair[None, :]
+        angle_mask = (rows < M)[:, None] & (pair < head_dim // 2)[None, :]
+        cos = tl.load(cos_ptr + angle, mask=angle_mask, other=0.0)[:, None, :]
+        sin = tl.load(sin_ptr + angle, mask=angle_mask, other=0.0)[:, None, :]
+        g1, g2 = tl.split(tl.reshape(g, (BLOCK_M, BLOCK_H, BLOCK_D // 2, 2)))
         # Rounded to BF16 as the unfused backward writes it.
-        g = (g * cos + sign * partner * sin).to(tl.bfloat16).to(tl.float32)
+        d1 = (g1 * cos + g2 * sin).to(tl.bfloat16).to(tl.float32)
+        d2 = (g2 * cos - g1 * sin).to(tl.bfloat16).to(tl.float32)
+        g = tl.reshape(tl.join(d1, d2), (BLOCK_M, BLOCK_H, BLOCK_D))
+    channel = h3 * head_dim + d3
     magnitude = tl.abs(g)
     slot = tl.program_id(1) * M + rows
     if CAST:
         scale = tl.load(scale_ptr)
         y = tl.minimum(tl.maximum(g * scale, -LIMIT), LIMIT).to(out_ptr.dtype.element_ty)
-        tl.store(out_ptr + offs, y, mask=mask)
-        tl.store(out_t_ptr + offs_t, y, mask=mask)
+        tl.store(out_ptr + r3.to(tl.int64) * F + channel, y, mask=mask)
+        tl.store(out_t_ptr + channel.to(tl.int64) * M + r3, y, mask=mask)
         if AMAX:
-            tl.store(sat_ptr + slot, tl.sum((magnitude * scale > LIMIT).to(tl.int32), axis=1), mask=rows < M)
+            saturated = tl.sum(tl.sum((magnitude * scale > LIMIT).to(tl.int32), axis=2), axis=1)
+            tl.store(sat_ptr + slot, saturated, mask=rows < M)
     if AMAX:
-        tl.store(amax_ptr + slot, tl.max(magnitude, axis=1), mask=rows < M)
+        tl.store(amax_ptr + slot, tl.max(tl.max(magnitude, axis=2), axis=1), mask=rows < M)
 
 
-def _launch(grad, cos, sin, positions, outputs, scale, dtype: torch.dtype, record: bool, rotate: bool):
-    """Runs the kernel over `grad` (batch, heads, seq, head_dim): casting into `outputs` (an (M, F) and an (F, M) FP8
-    tensor) when given, recording when `record`. Returns (amax, saturated) per token row, or empty tensors."""
+def _launch(grad, cos, sin, positions, outputs, scale, dtype: torch.dtype, record: bool, rotate: bool,
+            tile: Tile = ROPE_GRAD_TILE):  # fmt: skip
+    """Runs the kernel over `grad` (batch, heads, seq, head_dim), tiled by `tile`: casting into `outputs` (an (M, F)
+    and an (F, M) FP8 tensor) when given, recording when `record`. Returns (amax, saturated) per token row, or empty
+    tensors."""
     if grad.dim() != 4 or not grad.is_cuda:
         raise ValueError("the RoPE gradient kernel takes a 4-D (batch, heads, seq, head_dim) CUDA tensor")
     batch, heads, seq, head_dim = grad.shape
     m, f = batch * seq, heads * head_dim
-    grid = ROPE_GRAD_TILE.grid(m, f)
+    block_d = triton.next_power_of_2(head_dim)
+    # The tile's channels (block_f) in whole heads.
+    block_h = min(max(1, tile.block_f // block_d), triton.next_power_of_2(heads))
+    grid = (triton.cdiv(m, tile.block_m), triton.cdiv(heads, block_h))
     slots = (grid[1], m) if record else (0,)
     amax_slots = torch.empty(slots, device=grad.device, dtype=torch.float32)
     saturated_slots = torch.empty(slots, device=grad.device, dtype=torch.int32)
@@ -81,8 +92,9 @@ def _launch(grad, cos, sin, positions, outputs, scale, dtype: torch.dtype, recor
     pos_stride = positions.stride(0) if positions is not None and positions.shape[0] > 1 else 0
     wrap_triton(_rope_grad_kernel)[grid](
         grad, cos, sin, pos, *(outputs if cast else (unused, unused)), scale if cast else unused, amax_slots,
-        saturated_slots, m, f, seq, head_dim, *grad.stride(), pos_stride, LIMIT=fp8_max(dtype), ROTATE=rotate,
-        POSITIONS=positions is not None, CAST=cast, AMAX=record, **ROPE_GRAD_TILE.launch_options(),
+        saturated_slots, m, f, seq, heads, head_dim, *grad.stride(), pos_stride, LIMIT=fp8_max(dtype),
+        ROTATE=rotate, POSITIONS=positions is not None, CAST=cast, AMAX=record, BLOCK_M=tile.block_m,
+        BLOCK_H=block_h, BLOCK_D=block_d, num_warps=tile.warps,
     )  # fmt: skip
     if not record:
         return amax_slots, saturated_slots
