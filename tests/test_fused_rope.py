@@ -43,20 +43,29 @@ def test_reference_gradient_is_autograd_of_rotary_embedding(with_positions):
                        grad.transpose(1, 2).reshape(20, 48))  # fmt: skip
 
 
-def test_reference_cast_records_per_row_as_the_sites_own_cast():
+@pytest.mark.parametrize("rows", [20, 8])  # a buffer per token; fewer entries than tokens (rows fold onto them)
+def test_reference_cast_records_into_the_sites_buffers_as_its_own_cast(rows):
     rope = RotaryEmbedding(16, 64)
     grad = attention_grad(2, 3, 10, 16)
     g = reference.rope_grad(grad, rope.cos, rope.sin, None, rotate=True)
     scale = amax_to_scale(g.abs().amax().float() / 4, E5M2).reshape(1)  # a quarter of the range: some saturate
-    g8, g8_t, amax, saturated = reference.rope_grad_cast(grad, rope.cos, rope.sin, None, scale, E5M2, True, True)
-    site = SiteScaling(DTYPES, delayed=True)
-    site.size_row_buffers(20)
-    site.scale[GRAD] = scale[0]
-    expected, _ = site.cast(g, GRAD, record=True)
+    sites = [SiteScaling(DTYPES, delayed=True) for _ in range(2)]
+    for site in sites:
+        site._register_row_buffers("grad", rows, None)
+        site.scale[GRAD] = scale[0]
+        site.accumulate(GRAD, torch.full((1,), 0.5), torch.ones(1, dtype=torch.int32))  # an earlier cast's
+    expected, _ = sites[0].cast(g, GRAD, record=True)
+    g8, g8_t = reference.rope_grad_cast(grad, rope.cos, rope.sin, None, scale, E5M2, True, True,
+                                        *sites[1].row_buffers(GRAD))  # fmt: skip
     assert torch.equal(g8.view(torch.uint8), expected.view(torch.uint8)) and torch.equal(g8_t, g8.t())
-    assert torch.equal(amax, site.amax_grad) and torch.equal(saturated, site.saturated_grad) and saturated.sum() > 0
+    assert sites[1].amax[GRAD] == sites[0].amax[GRAD] == g.abs().max()
+    assert sites[1].saturated[GRAD] == sites[0].saturated[GRAD] > 1
+    if rows == 20:  # one entry per token: the same entries
+        assert torch.equal(sites[0].amax_grad, sites[1].amax_grad)
     assert reference.rope_grad_amax(grad, rope.cos, rope.sin, None, True).item() == g.abs().max().item()
-    assert reference.rope_grad_cast(grad, rope.cos, rope.sin, None, scale, E5M2, False, True)[2].numel() == 0
+    untouched = [buffer.clone() for buffer in sites[1].row_buffers(GRAD)]
+    reference.rope_grad_cast(grad, rope.cos, rope.sin, None, scale, E5M2, True, False, *sites[1].row_buffers(GRAD))
+    assert all(map(torch.equal, untouched, sites[1].row_buffers(GRAD)))
 
 
 def attention_pair(fp8: FP8Config, kv_heads: int = 2, seq: int = 16, device: str = "cpu"):
@@ -125,15 +134,23 @@ def test_gpu_triton_producer_matches_the_reference(layout, shape, with_positions
         torch.testing.assert_close(triton_ops.rope_grad_amax(*args), amax, rtol=1e-2, atol=0)
         scale = amax_to_scale(amax / 2, E5M2)  # some values saturate
         for record in (False, True):
-            cast_args = (grad, rope.cos, rope.sin, positions, scale, E5M2, record, rotate)
-            tested, expected = triton_ops.rope_grad_cast(*cast_args), reference.rope_grad_cast(*cast_args)
-            for test, ref in zip(tested[:2], expected[:2], strict=True):
-                assert_same_fp8(test, ref)
-            if record:
-                torch.testing.assert_close(tested[2], expected[2], rtol=1e-2, atol=0)
-                assert (tested[3] - expected[3]).abs().max() <= 2 and tested[3].sum() > 0
-            else:
-                assert tested[2].numel() == 0 == expected[2].numel()
+            buffers = [(torch.rand(rows, device="cuda"), torch.randint(0, 9, (rows,), device="cuda", dtype=torch.int32))
+                       for rows in (batch * seq, 100)]  # fmt: skip
+            for amax_rows, saturated_rows in buffers:
+                before = (amax_rows.clone(), saturated_rows.clone())
+                expected_rows = (amax_rows.clone(), saturated_rows.clone())
+                cast_args = (grad, rope.cos, rope.sin, positions, scale, E5M2, rotate, record)
+                tested = triton_ops.rope_grad_cast(*cast_args, amax_rows, saturated_rows)
+                expected = reference.rope_grad_cast(*cast_args, *expected_rows)
+                for test, ref in zip(tested, expected, strict=True):
+                    assert_same_fp8(test, ref)
+                torch.testing.assert_close(amax_rows, expected_rows[0], rtol=1e-2, atol=0)
+                # A value at the edge of the range may saturate in one and not the other (its last bit).
+                assert (saturated_rows - expected_rows[1]).abs().max() <= 2
+                if record:
+                    assert amax_rows.sum() > before[0].sum() and saturated_rows.sum() > before[1].sum()
+                else:
+                    assert torch.equal(amax_rows, before[0]) and torch.equal(saturated_rows, before[1])
 
 
 @pytest.mark.gpu

@@ -5,9 +5,10 @@ and of the unit's gradient kernel for several tile sizes, at the 366m, 1.3b and 
     python3 rope_unit.py schema OUT.json RAW.json ...  # CPU: the results schema's records from raw files
 
 - `layer`: one attention layer (q/k/v, RoPE, SDPA, output projection) of the preset's shape and batch, converted to
-  the fused FP8 path twice, with the unit and without it, each compiled (fullgraph); forward + backward timed with
-  CUDA events after warm-up, median of 20 calls. Delayed and dynamic scaling. SDPA and the output projection are the
-  same in both: the difference is what the unit saves.
+  the fused FP8 path twice, with the unit and without it, each compiled (fullgraph); forward + backward after
+  warm-up: the GPU's busy time (5 calls profiled; one layer's host time exceeds its kernels', so wall time says little)
+  and its largest kernels, and the wall time (median of 20, CUDA events). Delayed and dynamic scaling. SDPA and the
+  output projection are the same in both: the difference is what the unit saves.
 - `tile`: the gradient kernel alone (delayed scaling's settings: cast, transposed copy, per-row recordings, with the
   reduction of its slots) on a gradient laid out as attention may hand it back, for each tile (tokens x channels,
   the channels in whole heads) and warp count, 20 launches captured in a CUDA graph (timing.graph_kernel_ms).
@@ -22,6 +23,7 @@ import sys
 
 import torch
 
+from cs336_basics.benchmark.amdahl.measure import _top_kernels_us, gpu_timeline
 from cs336_basics.config import FP8Config, ModelConfig
 from cs336_basics.model.attention import CausalSelfAttention
 from cs336_basics.precision import FusedFP8
@@ -48,11 +50,23 @@ def layer(batch: int, seq: int, dim: int, heads: int, fused: bool, scaling: str)
     return torch.compile(module, fullgraph=True)
 
 
-def layer_ms(batch: int, seq: int, dim: int, heads: int, fused: bool, scaling: str) -> float:
+def layer_ms(batch: int, seq: int, dim: int, heads: int, fused: bool, scaling: str) -> dict:
+    """GPU busy time of one forward + backward (5 profiled after warm-up), its kernels, and the wall time."""
     module = layer(batch, seq, dim, heads, fused, scaling)
     x = torch.randn(batch, seq, dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     upstream = torch.randn_like(x)
-    return statistics.median(time_calls_ms(lambda: module(x).backward(upstream), 20, warmup=3))
+
+    def step():
+        module(x).backward(upstream)
+
+    wall = statistics.median(time_calls_ms(step, 20, warmup=3))
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(5):
+            step()
+        torch.cuda.synchronize()
+    events = list(prof.events())
+    kernels = [(name[:90], us / 5e3, launches / 5) for name, us, launches in _top_kernels_us(events, 12)]
+    return dict(ms=gpu_timeline(events, steps=5).busy_ms, wall_ms=wall, kernels=kernels)
 
 
 def tile_launch(batch: int, seq: int, dim: int, heads: int, layout: str, bm: int, bf: int, warps: int):
@@ -65,9 +79,9 @@ def tile_launch(batch: int, seq: int, dim: int, heads: int, layout: str, bm: int
     cos, sin = (torch.rand(seq, head_dim // 2, device="cuda") for _ in range(2))
     outputs = (torch.empty(batch * seq, dim, device="cuda", dtype=E5M2),
                torch.empty(dim, batch * seq, device="cuda", dtype=E5M2))  # fmt: skip
+    recorded = (torch.zeros(batch * seq, device="cuda"), torch.zeros(batch * seq, device="cuda", dtype=torch.int32))
     scale = torch.ones(1, device="cuda")
-    # The launch as the op makes it (with the slots' reduction, as a step runs it), for the given tile.
-    return lambda: _launch(grad, cos, sin, None, outputs, scale, E5M2, True, True, Tile(bm, bf, warps))
+    return lambda: _launch(grad, cos, sin, None, outputs, scale, E5M2, True, recorded, Tile(bm, bf, warps))
 
 
 def run(out_path: str) -> None:
@@ -82,18 +96,21 @@ def run(out_path: str) -> None:
     for preset, shape in SHAPES.items():
         for scaling in ("delayed", "dynamic"):
             for fused in (False, True):
-                ms = layer_ms(*shape, fused, scaling)
-                rows.append(dict(kind="layer", preset=preset, fp8_scaling=scaling, fp8_fused_rope=fused, ms=ms))
+                measured = layer_ms(*shape, fused, scaling)
+                rows.append(dict(kind="layer", preset=preset, fp8_scaling=scaling, fp8_fused_rope=fused, **measured))
                 torch._dynamo.reset()
     meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, command=" ".join(sys.argv))
     with open(out_path, "w") as fh:
         json.dump(dict(meta, rows=rows), fh, indent=1)
-    print("| preset | scaling | group + attention's RoPE ms | unit ms | saved per layer ms |")
+    print(
+        "| preset | scaling | group + attention's RoPE: GPU ms (wall) | unit: GPU ms (wall) | GPU ms saved per layer |"
+    )
     print("|---|---|---|---|---|")
-    layers = {(r["preset"], r["fp8_scaling"], r["fp8_fused_rope"]): r["ms"] for r in rows if r["kind"] == "layer"}
+    layers = {(r["preset"], r["fp8_scaling"], r["fp8_fused_rope"]): r for r in rows if r["kind"] == "layer"}
     for preset, scaling in itertools.product(SHAPES, ("delayed", "dynamic")):
         plain, fused = layers[preset, scaling, False], layers[preset, scaling, True]
-        print(f"| {preset} | {scaling} | {plain:.3f} | {fused:.3f} | {plain - fused:.3f} |")
+        print(f"| {preset} | {scaling} | {plain['ms']:.3f} ({plain['wall_ms']:.3f}) | {fused['ms']:.3f} "
+              f"({fused['wall_ms']:.3f}) | {plain['ms'] - fused['ms']:.3f} |")  # fmt: skip
     print("\n| preset | layout | tile now | ms | best tile | best ms | best TB/s |")
     print("|---|---|---|---|---|---|---|")
     for preset, layout in itertools.product(SHAPES, ("bshd", "bhsd")):

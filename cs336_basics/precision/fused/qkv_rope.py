@@ -18,7 +18,7 @@ from torch import nn
 from cs336_basics.model.layers import RotaryEmbedding
 from cs336_basics.precision.fused import rope_reference
 from cs336_basics.precision.fused.linear import backward_gemms, forward_gemm
-from cs336_basics.precision.fused.scaling import GRAD, INPUT, SiteScaling, produce_scales, record_produced
+from cs336_basics.precision.fused.scaling import GRAD, INPUT, SiteScaling, produce_scales
 
 
 def rope_ops(device: torch.device) -> ModuleType:
@@ -65,10 +65,14 @@ class _Fp8QkvRope(torch.autograd.Function):
                 return ops.rope_grad_amax(grad, rope.cos, rope.sin, positions, rotate)
 
             scale, (g_inv,) = produce_scales((scaling,), GRAD, amax)
-            g_fp8, g_fp8_t, rows_amax, rows_saturated = ops.rope_grad_cast(
-                grad, rope.cos, rope.sin, positions, scale, scaling.dtypes[GRAD], record and scaling.delayed, rotate
+            recording = record and scaling.delayed
+            # The site's row buffers, which the producer records into; without recording, empty stand-ins.
+            rows = (
+                scaling.row_buffers(GRAD) if recording else (scale.new_empty(0), scale.new_empty(0, dtype=torch.int32))
             )
-            record_produced((scaling,), GRAD, rows_amax[None], rows_saturated[None], record)
+            g_fp8, g_fp8_t = ops.rope_grad_cast(
+                grad, rope.cos, rope.sin, positions, scale, scaling.dtypes[GRAD], rotate, recording, *rows
+            )
             part, dw = backward_gemms(g_fp8, g_fp8_t, g_inv, w_t, w_inv, x_fp8_t, x_inv, scaling.fast_accum_backward)
             dx = part if dx is None else dx + part
             dws.append(dw)

@@ -7,15 +7,16 @@ transpose; for q and k, RoPE's backward comes first (the rotation by the opposit
 names and signatures in both modules:
 - `rope_grad_amax(grad, cos, sin, positions, rotate)` -> amax (1,) of the gradient to cast: dynamic scaling's first
   pass;
-- `rope_grad_cast(grad, cos, sin, positions, scale, dtype, record, rotate)` -> (the gradient in FP8, its transpose
-  in FP8, amax per token row (tokens,), saturated values per token row (tokens,)); without `record` (dynamic scaling)
-  the two recordings are empty. `scale` has shape (1,).
+- `rope_grad_cast(grad, cos, sin, positions, scale, dtype, rotate, record, amax_rows, saturated_rows)` -> (the
+  gradient in FP8, its transpose in FP8). `scale` has shape (1,). With `record` (delayed scaling) it also files, in
+  place, each token row's amax and count of saturated values into a site's row buffers `amax_rows` and
+  `saturated_rows` (max-accumulated and added; row r into entry r modulo their length: the update reduces each
+  buffer to one number), as SiteScaling.cast does for the casts it runs itself; without it they are not touched.
 
 `rotate` says whether RoPE's backward applies (q, k) or not (v). `cos` and `sin` are RotaryEmbedding's float32
 tables (max_seq_len, head_dim / 2); `positions` is None (0..seq-1) or integer (batch or 1, seq). The rotated gradient
 is rounded to BF16 where autograd of RotaryEmbedding.forward in a BF16 model rounds it, so the FP8 tensors are the
-casts of the BF16 gradients the unfused path would have written, and its per-row recordings are those of
-SiteScaling.cast.
+casts of the BF16 gradients the unfused path would have written.
 """
 
 from __future__ import annotations
@@ -53,14 +54,16 @@ def rope_grad_cast(
     positions: torch.Tensor | None,
     scale: torch.Tensor,
     dtype: torch.dtype,
-    record: bool,
     rotate: bool,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    record: bool,
+    amax_rows: torch.Tensor,
+    saturated_rows: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
     g = rope_grad(grad, cos, sin, positions, rotate)
     g_fp8 = cast_to_fp8(g, scale[0], dtype)
-    if not record:
-        empty = scale.new_empty(0)
-        return g_fp8, g_fp8.t().contiguous(), empty, empty.to(torch.int32)
-    magnitude = g.abs().float()
-    saturated = (magnitude * scale[0] > fp8_max(dtype)).sum(dim=-1, dtype=torch.int32)
-    return g_fp8, g_fp8.t().contiguous(), magnitude.amax(dim=-1), saturated
+    if record:
+        magnitude = g.abs().float()
+        entry = torch.arange(g.shape[0], device=g.device) % amax_rows.numel()
+        amax_rows.scatter_reduce_(0, entry, magnitude.amax(dim=-1), "amax")
+        saturated_rows.scatter_add_(0, entry, (magnitude * scale[0] > fp8_max(dtype)).sum(dim=-1, dtype=torch.int32))
+    return g_fp8, g_fp8.t().contiguous()

@@ -80,12 +80,11 @@ def record_produced(
     scalings: tuple[SiteScaling, ...], role: int, amax: torch.Tensor, saturated: torch.Tensor, record: bool
 ) -> None:
     """File what a producer kernel recorded (delayed scaling with `record`): amaxes max-accumulated and saturated
-    values counted per site (row i of `amax` and `saturated`: one value, or one per row of the tensor the kernel
-    wrote), exactly as SiteScaling.cast does for the casts it runs itself."""
+    values counted per site, exactly as SiteScaling.cast does for the casts it runs itself."""
     if not (record and scalings[0].delayed):
         return
     for i, site in enumerate(scalings):
-        site.accumulate(role, amax[i].reshape(-1), saturated[i].reshape(-1))
+        site.accumulate(role, amax[i].reshape(1), saturated[i].reshape(1))
 
 
 # Delayed scaling records a tensor's amax and saturation count row by row. Reducing a tensor row by row runs in the
@@ -164,6 +163,10 @@ class SiteScaling(nn.Module):
 
     def scale_inv_buffers(self) -> list[torch.Tensor]:
         return [self._buffers[name] for name in _SCALE_INV]
+
+    def row_buffers(self, role: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The role's (amax, saturated) row buffers, for a producer kernel that records into them itself."""
+        return self._buffers[_AMAX[role]], self._buffers[_SATURATED[role]]
 
     def amax_buffers(self) -> list[torch.Tensor]:
         return [self._buffers[name] for name in _AMAX]
