@@ -29,7 +29,7 @@ class Tile(NamedTuple):
 TRANSPOSE_TILE = Tile(128, 128, 8)
 SWIGLU_TILE = Tile(32, 128, 4)
 SWIGLU_GRAD_TILE = Tile(32, 64, 4)
-ROPE_GRAD_TILE = Tile(32, 128, 4)  # block_f in whole heads (rope_triton.py)
+ROPE_GRAD_TILE = Tile(32, 64, 8)
 
 
 @triton.jit
