@@ -7,11 +7,11 @@ and of the unit's gradient kernel for several tile sizes, at the 366m, 1.3b and 
 - `layer`: one attention layer (q/k/v, RoPE, SDPA, output projection) of the preset's shape and batch, converted to
   the fused FP8 path twice, with the unit and without it, each compiled (fullgraph); forward + backward after
   warm-up: the GPU's busy time (5 calls profiled; one layer's host time exceeds its kernels', so wall time says little)
-  and its largest kernels, and the wall time (median of 20, CUDA events). Delayed and dynamic scaling. SDPA and the
-  output projection are the same in both: the difference is what the unit saves.
-- `tile`: the gradient kernel alone (delayed scaling's settings: cast, transposed copy, per-row recordings, with the
-  reduction of its slots) on a gradient laid out as attention may hand it back, for each tile (tokens x channels,
-  the channels in whole heads) and warp count, 20 launches captured in a CUDA graph (timing.graph_kernel_ms).
+  and its largest kernels, and the wall time (median of 20, CUDA events). Each preset at its default scaling
+  (LAYERS). SDPA and the output projection are the same in both: the difference is what the unit saves.
+- `tile`: the gradient kernel alone (delayed scaling's settings: cast, transposed copy, per-row recordings) on a
+  gradient laid out as attention may hand it back, for each tile (tokens x channels) and warp count, 20 launches
+  captured in a CUDA graph (timing.graph_kernel_ms).
 """
 
 from __future__ import annotations
@@ -34,7 +34,9 @@ from cs336_basics.timing import graph_kernel_ms, time_calls_ms
 
 # preset: (batch, seq, dim, heads)
 SHAPES = {"366m": (8, 2048, 896, 14), "1.3b": (4, 2048, 2048, 16), "gpt2-small": (16, 1024, 768, 12)}
-TILES = [(bm, bf, w) for bm, bf, w in itertools.product((16, 32, 64, 128), (64, 128, 256), (4, 8)) if bm * bf <= 8192]
+# The layer comparison at each preset's default scaling (the tile sweep covers the kernel at every shape).
+LAYERS = [("366m", "delayed"), ("1.3b", "dynamic"), ("gpt2-small", "delayed")]
+TILES = [(bm, bf, w) for bm, bf, w in itertools.product((16, 32, 64, 128), (64, 128, 256), (4, 8)) if bm * bf <= 16384]
 
 
 def layer(batch: int, seq: int, dim: int, heads: int, fused: bool, scaling: str):
@@ -93,12 +95,12 @@ def run(out_path: str) -> None:
             gb = batch * seq * dim * (2 + 2) / 1e9  # BF16 read, FP8 written twice
             rows.append(dict(kind="tile", preset=preset, layout=layout, block_m=bm, block_f=bf, warps=warps, ms=ms,
                              tb_per_s=gb / ms))  # fmt: skip
-    for preset, shape in SHAPES.items():
-        for scaling in ("delayed", "dynamic"):
-            for fused in (False, True):
-                measured = layer_ms(*shape, fused, scaling)
-                rows.append(dict(kind="layer", preset=preset, fp8_scaling=scaling, fp8_fused_rope=fused, **measured))
-                torch._dynamo.reset()
+    for preset, scaling in LAYERS:
+        shape = SHAPES[preset]
+        for fused in (False, True):
+            measured = layer_ms(*shape, fused, scaling)
+            rows.append(dict(kind="layer", preset=preset, fp8_scaling=scaling, fp8_fused_rope=fused, **measured))
+            torch._dynamo.reset()
     meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, command=" ".join(sys.argv))
     with open(out_path, "w") as fh:
         json.dump(dict(meta, rows=rows), fh, indent=1)
@@ -107,7 +109,7 @@ def run(out_path: str) -> None:
     )
     print("|---|---|---|---|---|")
     layers = {(r["preset"], r["fp8_scaling"], r["fp8_fused_rope"]): r for r in rows if r["kind"] == "layer"}
-    for preset, scaling in itertools.product(SHAPES, ("delayed", "dynamic")):
+    for preset, scaling in LAYERS:
         plain, fused = layers[preset, scaling, False], layers[preset, scaling, True]
         print(f"| {preset} | {scaling} | {plain['ms']:.3f} ({plain['wall_ms']:.3f}) | {fused['ms']:.3f} "
               f"({fused['wall_ms']:.3f}) | {plain['ms'] - fused['ms']:.3f} |")  # fmt: skip
@@ -140,7 +142,8 @@ def schema(out_path: str, raw_paths: list[str]) -> None:
             what = "one attention layer, forward + backward" if layer_row else "one gradient kernel launch"
             measured = f"{what}, GPU time"
             records.append(run_record(config, compile="default" if layer_row else False, attention="sdpa",
-                                      gpu=raw["gpu"], torch=raw["torch"], measured=measured, **row))  # fmt: skip
+                                      gpu=raw["gpu"], torch=raw["torch"], measured=measured,
+                                      raw=path.rsplit("/", 1)[-1], **row))  # fmt: skip
     command = f"rope_unit.py run (raw: {raw_paths})"
     header = dict(gpu=" + ".join(gpus), torch=raw["torch"], torchao=None, command=command)
     write_json_atomic(out_path, dict(header, runs=records))
