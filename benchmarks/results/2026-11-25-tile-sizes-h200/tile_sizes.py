@@ -90,22 +90,16 @@ def run(out_path: str) -> None:
 def schema(out_path: str, raw_paths: list[str]) -> None:
     """One results file (the shared schema: a record per kernel, shape and tile) from the raw files of `run`."""
     from cs336_basics.config_layers import build_config
-    from cs336_basics.results import run_record, write_json_atomic
+    from cs336_basics.results import run_record, write_results_from_raw
 
     fp8 = {"use_fp8": True, "fp8_path": "fused", "fp8_scaling": "delayed", "fp8_lm_head": True}
-    records, gpus = [], []
-    for path in raw_paths:
-        with open(path) as fh:
-            raw = json.load(fh)
-        gpus.append(raw["gpu"])
-        for row in raw["rows"]:
-            config = build_config({"preset": row["preset"], "fp8": fp8})
-            records.append(run_record(config, compile=False, attention=None, gpu=raw["gpu"], torch=raw["torch"],
-                                      measured=f"one {row['kernel']} kernel launch, GPU time", **row))  # fmt: skip
-    header = dict(
-        gpu=" + ".join(gpus), torch=raw["torch"], torchao=None, command=f"tile_sizes.py run (raw: {raw_paths})"
-    )
-    write_json_atomic(out_path, dict(header, runs=records))
+
+    def record(raw: dict, path: str, row: dict) -> dict:
+        config = build_config({"preset": row["preset"], "fp8": fp8})
+        return run_record(config, compile=False, attention=None, gpu=raw["gpu"], torch=raw["torch"],
+                          measured=f"one {row['kernel']} kernel launch, GPU time", **row)  # fmt: skip
+
+    write_results_from_raw(out_path, raw_paths, "tile_sizes.py", record)
 
 
 if __name__ == "__main__":

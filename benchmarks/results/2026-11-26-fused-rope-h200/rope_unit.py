@@ -127,26 +127,19 @@ def run(out_path: str) -> None:
 def schema(out_path: str, raw_paths: list[str]) -> None:
     """One results file (the shared schema: a record per measurement) from the raw files of `run`."""
     from cs336_basics.config_layers import build_config
-    from cs336_basics.results import run_record, write_json_atomic
+    from cs336_basics.results import run_record, write_results_from_raw
 
-    records, gpus = [], []
-    for path in raw_paths:
-        with open(path) as fh:
-            raw = json.load(fh)
-        gpus.append(raw["gpu"])
-        for row in raw["rows"]:
-            fp8 = {"use_fp8": True, "fp8_path": "fused", "fp8_scaling": row.get("fp8_scaling", "delayed"),
-                   "fp8_fused_rope": row.get("fp8_fused_rope", True)}  # fmt: skip
-            config = build_config({"preset": row["preset"], "fp8": fp8})
-            layer_row = row["kind"] == "layer"
-            what = "one attention layer, forward + backward" if layer_row else "one gradient kernel launch"
-            measured = f"{what}, GPU time"
-            records.append(run_record(config, compile="default" if layer_row else False, attention="sdpa",
-                                      gpu=raw["gpu"], torch=raw["torch"], measured=measured,
-                                      raw=path.rsplit("/", 1)[-1], **row))  # fmt: skip
-    command = f"rope_unit.py run (raw: {raw_paths})"
-    header = dict(gpu=" + ".join(gpus), torch=raw["torch"], torchao=None, command=command)
-    write_json_atomic(out_path, dict(header, runs=records))
+    def record(raw: dict, path: str, row: dict) -> dict:
+        fp8 = {"use_fp8": True, "fp8_path": "fused", "fp8_scaling": row.get("fp8_scaling", "delayed"),
+               "fp8_fused_rope": row.get("fp8_fused_rope", True)}  # fmt: skip
+        config = build_config({"preset": row["preset"], "fp8": fp8})
+        layer_row = row["kind"] == "layer"
+        what = "one attention layer, forward + backward" if layer_row else "one gradient kernel launch"
+        return run_record(config, compile="default" if layer_row else False, attention="sdpa", gpu=raw["gpu"],
+                          torch=raw["torch"], measured=f"{what}, GPU time", raw=path.rsplit("/", 1)[-1],
+                          **row)  # fmt: skip
+
+    write_results_from_raw(out_path, raw_paths, "rope_unit.py", record)
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ class Tile(NamedTuple):
 TRANSPOSE_TILE = Tile(128, 128, 8)
 SWIGLU_TILE = Tile(32, 128, 4)
 SWIGLU_GRAD_TILE = Tile(32, 64, 4)
+# Chosen on an H200 only (benchmarks/results/2026-11-26-fused-rope-h200/README.md); not yet timed on an H100.
 ROPE_GRAD_TILE = Tile(32, 64, 8)
 
 
