@@ -521,9 +521,6 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         # Under DDP, 400 MB buckets measured fastest of 25, 100 and 400 on 2 GPUs:
         # benchmarks/results/2026-11-23-sweep-1.3b-x2-h200x2/README.md.
         "train": dict(batch_size=4, ddp_bucket_mb=400),
-        # Dynamic scaling measured faster than delayed here (1.224x vs 1.182x of BF16):
-        # benchmarks/results/2026-11-23-delayed-transpose-h200/README.md, folder 6.
-        "fp8": dict(fp8_scaling="dynamic"),
     },
 }
 SECTIONS = {

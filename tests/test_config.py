@@ -160,7 +160,7 @@ def test_help_shows_the_values_a_run_here_uses(monkeypatch):
     parser = argparse.ArgumentParser()
     add_config_arguments(parser, defaults=build_config({"preset": "1.3b"}, device_type="cuda"))
     text = " ".join(parser.format_help().split())
-    assert "else dynamic (default here dynamic, from the 1.3b preset)" in text
+    assert "(default here 400, from the 1.3b preset)" in text
 
 
 @pytest.mark.parametrize("mode", ["reduce-overhead", "max-autotune"])

@@ -11,7 +11,7 @@ from numerics import sqnr_db
 
 from cs336_basics.model.layers import SwiGLU
 from cs336_basics.precision.fused import swiglu_reference as reference
-from cs336_basics.precision.fused.scaling import E4M3, E5M2, GRAD, INPUT, SiteScaling, amax_to_scale
+from cs336_basics.precision.fused.scaling import E4M3, E5M2, GRAD, INPUT, SiteScaling, amax_to_scale, fp8_max
 from cs336_basics.precision.fused.swiglu import Fp8SwiGLU
 
 DTYPES = (E4M3, E4M3, E5M2)
@@ -41,17 +41,36 @@ def test_reference_gradients_are_autograd_of_the_bf16_swiglu():
     assert torch.equal(dh1, h1.grad) and torch.equal(dh3, h3.grad)
 
 
+def row_buffers(rows: int = 8, device: str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """A site's (amax, saturated) row buffers, already holding earlier recordings."""
+    gen = torch.Generator(device).manual_seed(1)
+    amax = torch.rand(rows, device=device, generator=gen)
+    return amax, torch.randint(0, 9, (rows,), device=device, generator=gen, dtype=torch.int32)
+
+
+def assert_recorded(buffers, before, amax: float, saturated: int, saturated_tolerance: int = 0) -> None:
+    """The buffers hold what they held before plus one recording of (amax, saturated), in whichever entries."""
+    assert buffers[0].max().item() == pytest.approx(max(before[0].max().item(), amax), rel=1e-2)
+    assert (buffers[0] >= before[0]).all()  # max-accumulated: no entry went down
+    assert abs(int(buffers[1].sum() - before[1].sum()) - saturated) <= saturated_tolerance
+
+
 def test_reference_cast_writes_the_transpose_and_counts_saturations():
     _, h1, h3 = activations(37, 53)
     g = reference.swiglu(h1, h3).float()
     amax = reference.swiglu_amax(h1, h3)
     assert amax.item() == g.abs().max().item()
     scale = amax_to_scale(amax / 4, E4M3)  # a scale for a quarter of the range: the largest values saturate
-    g8, g8_t, recorded, saturated = reference.swiglu_cast(h1, h3, scale, E4M3, record=True)
-    assert g8.dtype == E4M3 and torch.equal(g8_t, g8.t()) and recorded.item() == amax.item()
-    assert saturated.item() == int((g.abs() * scale > 448).sum()) > 0
+    buffers = row_buffers()
+    before = tuple(b.clone() for b in buffers)
+    g8, g8_t = reference.swiglu_cast(h1, h3, scale, E4M3, True, *buffers)
+    assert g8.dtype == E4M3 and torch.equal(g8_t, g8.t())
+    count = int((g.abs() * scale > 448).sum())
+    assert count > 0 and amax.item() > before[0].max().item()
+    assert_recorded(buffers, before, amax.item(), count)
     assert g8.float().abs().max().item() == 448  # saturated at the FP8 max, never inf
-    assert reference.swiglu_cast(h1, h3, scale, E4M3, record=False)[2].numel() == 0
+    reference.swiglu_cast(h1, h3, scale, E4M3, False, *buffers)
+    assert_recorded(buffers, before, amax.item(), count)  # not recording: untouched
 
 
 def test_fused_block_matches_the_bf16_swiglu_values_and_gradients():
@@ -108,28 +127,45 @@ def test_gpu_triton_producers_match_the_reference(shape, record, transposed):
     amax = reference.swiglu_amax(h1, h3)
     torch.testing.assert_close(triton_ops.swiglu_amax(h1, h3), amax, rtol=1e-2, atol=0)
     scale = amax_to_scale(amax / 2, E4M3)  # some values saturate
-    for test, ref in zip(triton_ops.swiglu_cast(h1, h3, scale, E4M3, record, transposed),
-                         reference.swiglu_cast(h1, h3, scale, E4M3, record, transposed), strict=True):  # fmt: skip
-        if test.numel() == 0:  # not transposed (or not recorded): nothing written
-            assert ref.numel() == 0
-        elif test.dtype == E4M3:
-            assert_same_fp8(test, ref)
-        else:
-            torch.testing.assert_close(test.float(), ref.float(), rtol=1e-2, atol=2)
+    tested_rows, expected_rows = row_buffers(shape[0], "cuda"), row_buffers(shape[0], "cuda")
+    before = tuple(b.clone() for b in tested_rows)
+    tested = triton_ops.swiglu_cast(h1, h3, scale, E4M3, record, *tested_rows, transposed)
+    expected = reference.swiglu_cast(h1, h3, scale, E4M3, record, *expected_rows, transposed)
+    assert_same_outputs(tested, expected)
+    g = reference.swiglu(h1, h3).float()
+    count = int((g.abs() * scale > 448).sum()) if record else 0
+    assert_recorded(tested_rows, before, amax.item() if record else 0.0, count, saturated_tolerance=2)
+    assert not record or count > 0
 
     grad_amax = reference.swiglu_grad_amax(dg, h1, h3)
     torch.testing.assert_close(triton_ops.swiglu_grad_amax(dg, h1, h3), grad_amax, rtol=1e-2, atol=0)
+    # Compiled too, on freed memory full of large values: every slot of the first pass must be written.
+    compiled_amax = torch.compile(triton_ops.swiglu_grad_amax, fullgraph=True)
+    freed = [torch.full((1 << n,), 1e30, device="cuda") for n in range(10, 16)]
+    del freed
+    torch.testing.assert_close(compiled_amax(dg, h1, h3), grad_amax, rtol=1e-2, atol=0)
     scales = amax_to_scale(grad_amax / 2, E5M2)
-    tested = triton_ops.swiglu_grad_cast(dg, h1, h3, scales, E5M2, record, transposed)
-    for test, ref in zip(tested, reference.swiglu_grad_cast(dg, h1, h3, scales, E5M2, record, transposed), strict=True):
-        if test.numel() == 0:
+    tested_rows = [row_buffers(shape[0], "cuda") for _ in range(2)]
+    before = [tuple(b.clone() for b in rows) for rows in tested_rows]
+    tested = triton_ops.swiglu_grad_cast(dg, h1, h3, scales, E5M2, record, *tested_rows[0], *tested_rows[1], transposed)
+    expected_rows = [row_buffers(shape[0], "cuda") for _ in range(2)]
+    expected = reference.swiglu_grad_cast(dg, h1, h3, scales, E5M2, record, *expected_rows[0], *expected_rows[1],
+                                          transposed)  # fmt: skip
+    assert_same_outputs(tested, expected)
+    for grad, scale_k, rows, rows_before in zip(reference.swiglu_grads(dg, h1, h3), scales, tested_rows, before,
+                                                 strict=True):  # fmt: skip
+        magnitude = grad.float().abs()
+        count = int((magnitude * scale_k > fp8_max(E5M2)).sum()) if record else 0
+        assert_recorded(rows, rows_before, magnitude.max().item() if record else 0.0, count, saturated_tolerance=2)
+        assert not record or count > 0
+
+
+def assert_same_outputs(tested, expected) -> None:
+    for test, ref in zip(tested, expected, strict=True):
+        if test.numel() == 0:  # not transposed: nothing written
             assert ref.numel() == 0
-        elif test.dtype == E5M2:
-            assert_same_fp8(test, ref)
         else:
-            torch.testing.assert_close(test.float(), ref.float(), rtol=1e-2, atol=2)
-    if record:
-        assert triton_ops.swiglu_grad_cast(dg, h1, h3, scales, E5M2, record)[5].min() > 0  # saturations counted
+            assert_same_fp8(test, ref)
 
 
 @pytest.mark.gpu

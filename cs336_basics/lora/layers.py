@@ -44,7 +44,6 @@ from cs336_basics.precision.fused.scaling import (
     SiteScaling,
     dynamic_cast,
     produce_scales,
-    record_produced,
 )
 from cs336_basics.precision.fused.swiglu import swiglu_ops
 
@@ -192,8 +191,8 @@ class _FrozenFp8SwiGLU(torch.autograd.Function):
         h1 = fp8_matmul(x_fp8, x_inv, w1.t(), w1_inv, fast_accum=True)
         h3 = fp8_matmul(x_fp8, x_inv, w3.t(), w3_inv, fast_accum=True)
         g_scale, (g_inv,) = produce_scales((s2,), INPUT, lambda: ops.swiglu_amax(h1, h3))
-        g_fp8, _, amax, saturated = ops.swiglu_cast(h1, h3, g_scale, s2.dtypes[INPUT], record and s2.delayed, False)
-        record_produced((s2,), INPUT, amax, saturated, record)
+        rows = s2.producer_rows(INPUT, record, h1)
+        g_fp8, _ = ops.swiglu_cast(h1, h3, g_scale, s2.dtypes[INPUT], record and s2.delayed, *rows, False)
         y = fp8_matmul(g_fp8, g_inv, w2.t(), w2_inv, fast_accum=True)
         ctx.save_for_backward(h1, h3, w1_t, w1_inv, w3_t, w3_inv, w2_t, w2_inv)
         ctx.ops, ctx.scalings, ctx.record = ops, scalings, record
@@ -207,10 +206,8 @@ class _FrozenFp8SwiGLU(torch.autograd.Function):
         dy_fp8, dy_inv = s2.cast(dy.reshape(-1, dy.shape[-1]), GRAD, record)
         dg = fp8_matmul(dy_fp8, dy_inv, w2_t.t(), w2_inv, fast)
         scales, (dh1_inv, dh3_inv) = produce_scales((s1, s3), GRAD, lambda: ops.swiglu_grad_amax(dg, h1, h3))
-        dh1, _, dh3, _, amax, saturated = ops.swiglu_grad_cast(
-            dg, h1, h3, scales, s1.dtypes[GRAD], record and s1.delayed, False
-        )
-        record_produced((s1, s3), GRAD, amax, saturated, record)
+        rows = (*s1.producer_rows(GRAD, record, dg), *s3.producer_rows(GRAD, record, dg))
+        dh1, _, dh3, _ = ops.swiglu_grad_cast(dg, h1, h3, scales, s1.dtypes[GRAD], record and s1.delayed, *rows, False)
         dx = fp8_matmul(dh1, dh1_inv, w1_t.t(), w1_inv, fast) + fp8_matmul(dh3, dh3_inv, w3_t.t(), w3_inv, fast)
         return dx.reshape(*dy.shape[:-1], dx.shape[-1]), *([None] * 12)
 

@@ -15,7 +15,8 @@ happens around them:
 
 Everything here is plain torch code inside one autograd.Function: torch.compile traces it (fullgraph) and inductor
 fuses the casts, transposes and amax reductions into the surrounding kernels (except, with delayed scaling on CUDA,
-the transposes: SiteScaling.transposed says why).
+the transposes and the weight's cast, Triton kernels of their own: SiteScaling.transposed and cast_transposed say
+why).
 """
 
 from __future__ import annotations
@@ -69,11 +70,11 @@ def forward_gemm(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """y = x W^T in FP8 (x already cast, 2-D). Returns y and what backward needs of the weight: W^T in FP8, row-major
     (grad_input's B operand, column-major W), and its inverse scale."""
-    w_fp8, w_scale_inv = scaling.cast(weight, WEIGHT, record)
+    w_fp8, w_fp8_t, w_scale_inv = scaling.cast_transposed(weight, WEIGHT, record)
     # B = W^T, column-major as the FP8 GEMM wants it: the row-major W viewed transposed. Fast accumulation in the
     # forward GEMM, as TorchAO's recipes use.
     y = fp8_matmul(x_fp8, x_scale_inv, w_fp8.t(), w_scale_inv, fast_accum=True)
-    return y, scaling.transposed(w_fp8), w_scale_inv
+    return y, w_fp8_t, w_scale_inv
 
 
 def fp8_matmul(

@@ -65,11 +65,7 @@ class _Fp8QkvRope(torch.autograd.Function):
                 return ops.rope_grad_amax(grad, rope.cos, rope.sin, positions, rotate)
 
             scale, (g_inv,) = produce_scales((scaling,), GRAD, amax)
-            recording = record and scaling.delayed
-            # The site's row buffers, which the producer records into; without recording, empty stand-ins.
-            rows = (
-                scaling.row_buffers(GRAD) if recording else (scale.new_empty(0), scale.new_empty(0, dtype=torch.int32))
-            )
+            recording, rows = record and scaling.delayed, scaling.producer_rows(GRAD, record, grad)
             g_fp8, g_fp8_t = ops.rope_grad_cast(
                 grad, rope.cos, rope.sin, positions, scale, scaling.dtypes[GRAD], rotate, recording, *rows
             )

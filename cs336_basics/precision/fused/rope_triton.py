@@ -67,8 +67,8 @@ def _rope_grad_kernel(
             # atomically, as a row's channels are spread over several programs.
             entry = rows % recorded_rows
             saturated = tl.sum((magnitude * scale > LIMIT).to(tl.int32), axis=1)
-            tl.atomic_max(amax_ptr + entry, tl.max(magnitude, axis=1), mask=row_mask)
-            tl.atomic_add(sat_ptr + entry, saturated, mask=row_mask)
+            tl.atomic_max(amax_ptr + entry, tl.max(magnitude, axis=1), mask=row_mask, sem="relaxed")
+            tl.atomic_add(sat_ptr + entry, saturated, mask=row_mask, sem="relaxed")
     else:  # dynamic scaling's first pass: this tile's amax, in its own slot
         tl.store(amax_ptr + tl.program_id(0) * tl.num_programs(1) + tl.program_id(1), tl.max(magnitude))
 

@@ -76,17 +76,6 @@ def produce_scales(
     return producer_scales(amax_fn(), scalings[0].dtypes[role])
 
 
-def record_produced(
-    scalings: tuple[SiteScaling, ...], role: int, amax: torch.Tensor, saturated: torch.Tensor, record: bool
-) -> None:
-    """File what a producer kernel recorded (delayed scaling with `record`): amaxes max-accumulated and saturated
-    values counted per site, exactly as SiteScaling.cast does for the casts it runs itself."""
-    if not (record and scalings[0].delayed):
-        return
-    for i, site in enumerate(scalings):
-        site.accumulate(role, amax[i].reshape(1), saturated[i].reshape(1))
-
-
 # Delayed scaling records a tensor's amax and saturation count row by row. Reducing a tensor row by row runs in the
 # same loop as its cast (and as a producer that reduces rows, such as RMSNorm), so inductor computes both in the
 # kernel that writes the FP8 tensor; a reduction of the whole tensor to one number would cost a second pass over it
@@ -95,6 +84,8 @@ def record_produced(
 # its own. The entries become one amax per role once per step, in DelayedScalingState.update. A weight has its
 # out_features rows; an input or an output gradient has the micro-batch's tokens (`size_row_buffers`), and until
 # those are known, or for results of another length, the results are first folded into bins (a small kernel).
+# The Triton producers (SwiGLU, RoPE's backward) and, with delayed scaling on CUDA, the weight's cast
+# (`cast_transposed`) file their results into these buffers themselves (`producer_rows`).
 BINS = 16
 
 
@@ -128,13 +119,14 @@ class SiteScaling(nn.Module):
         # whole token rows across heads compiles into a slow pass of its own (benchmarks/results/
         # 2026-11-23-lora-delayed-h200/README.md).
         self.grad_row = grad_row
-        self._separate_transpose = None  # see transposed()
+        self._separate_transpose = self._cast_transposed = None  # see transposed() and cast_transposed()
         if not delayed:
             return
         if torch.device(device or "cpu").type == "cuda":
-            from cs336_basics.precision.fused.transpose_triton import transpose  # imports triton
+            from cs336_basics.precision.fused.cast_triton import cast_transposed  # imports triton
+            from cs336_basics.precision.fused.transpose_triton import transpose
 
-            self._separate_transpose = transpose
+            self._separate_transpose, self._cast_transposed = transpose, cast_transposed
         for role in ROLES:
             self._register_row_buffers(role, weight_rows if role == "weight" else BINS, device)
         # Before any history, scale 1: the first step casts unscaled (and warm-up starts at lr 0 anyway). The inverses
@@ -167,6 +159,15 @@ class SiteScaling(nn.Module):
     def row_buffers(self, role: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The role's (amax, saturated) row buffers, for a producer kernel that records into them itself."""
         return self._buffers[_AMAX[role]], self._buffers[_SATURATED[role]]
+
+    def producer_rows(self, role: int, record: bool, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The (amax, saturated) row buffers a producer kernel that casts this site's `role` tensor records into: the
+        role's own with delayed scaling in training (`record`); otherwise empty stand-ins on `like`'s device, which it
+        leaves alone (a custom op that may mutate them still takes tensors)."""
+        if record and self.delayed:
+            return self.row_buffers(role)
+        empty = like.new_empty(0, dtype=torch.float32)
+        return empty, empty.to(torch.int32)
 
     def amax_buffers(self) -> list[torch.Tensor]:
         return [self._buffers[name] for name in _AMAX]
@@ -217,6 +218,19 @@ class SiteScaling(nn.Module):
         if self._separate_transpose is not None and x_fp8.is_cuda:
             return self._separate_transpose(x_fp8)
         return x_fp8.t().contiguous()
+
+    def cast_transposed(
+        self, x: torch.Tensor, role: int, record: bool
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """`cast` and `transposed` of a 2-D x: (FP8 x, FP8 x^T row-major, the inverse of x's scale). With delayed
+        scaling on CUDA one kernel (cast_triton.py) reads x once and writes both, recording into the role's row
+        buffers itself; a weight, cast every step, needs no other pass. Elsewhere the cast and transpose above."""
+        if self._cast_transposed is None or not x.is_cuda:
+            x_fp8, scale_inv = self.cast(x, role, record)
+            return x_fp8, self.transposed(x_fp8), scale_inv
+        rows = self.producer_rows(role, record, x)
+        x_fp8, x_fp8_t = self._cast_transposed(x, self.scale[role], self.dtypes[role], record, *rows)
+        return x_fp8, x_fp8_t, self.scale_inv(role)
 
     def extra_repr(self) -> str:
         return "delayed" if self.delayed else "dynamic"

@@ -16,7 +16,7 @@ from torch import nn
 
 from cs336_basics.precision.fused import swiglu_reference
 from cs336_basics.precision.fused.linear import backward_gemms, forward_gemm
-from cs336_basics.precision.fused.scaling import GRAD, INPUT, SiteScaling, produce_scales, record_produced
+from cs336_basics.precision.fused.scaling import GRAD, INPUT, SiteScaling, produce_scales
 
 
 def swiglu_ops(device: torch.device) -> ModuleType:
@@ -38,8 +38,8 @@ class _Fp8SwiGLU(torch.autograd.Function):
         h1, w1_t, w1_inv = forward_gemm(x_fp8, x_inv, w1, s1, record)
         h3, w3_t, w3_inv = forward_gemm(x_fp8, x_inv, w3, s3, record)
         g_scale, (g_inv,) = produce_scales((s2,), INPUT, lambda: ops.swiglu_amax(h1, h3))
-        g_fp8, g_fp8_t, amax, saturated = ops.swiglu_cast(h1, h3, g_scale, s2.dtypes[INPUT], record and s2.delayed)
-        record_produced((s2,), INPUT, amax, saturated, record)
+        rows = s2.producer_rows(INPUT, record, h1)
+        g_fp8, g_fp8_t = ops.swiglu_cast(h1, h3, g_scale, s2.dtypes[INPUT], record and s2.delayed, *rows)
         y, w2_t, w2_inv = forward_gemm(g_fp8, g_inv, w2, s2, record)
         ctx.save_for_backward(s1.transposed(x_fp8), x_inv, h1, h3, g_fp8_t, g_inv, w1_t, w1_inv, w3_t, w3_inv, w2_t,
                               w2_inv)  # fmt: skip
@@ -54,10 +54,8 @@ class _Fp8SwiGLU(torch.autograd.Function):
         dy_fp8, dy_inv = s2.cast(dy.reshape(-1, dy.shape[-1]), GRAD, record)
         dg, dw2 = backward_gemms(dy_fp8, s2.transposed(dy_fp8), dy_inv, w2_t, w2_inv, g_fp8_t, g_inv, fast)
         scales, (dh1_inv, dh3_inv) = produce_scales((s1, s3), GRAD, lambda: ops.swiglu_grad_amax(dg, h1, h3))
-        dh1, dh1_t, dh3, dh3_t, amax, saturated = ops.swiglu_grad_cast(
-            dg, h1, h3, scales, s1.dtypes[GRAD], record and s1.delayed
-        )
-        record_produced((s1, s3), GRAD, amax, saturated, record)
+        rows = (*s1.producer_rows(GRAD, record, dg), *s3.producer_rows(GRAD, record, dg))
+        dh1, dh1_t, dh3, dh3_t = ops.swiglu_grad_cast(dg, h1, h3, scales, s1.dtypes[GRAD], record and s1.delayed, *rows)
         dx1, dw1 = backward_gemms(dh1, dh1_t, dh1_inv, w1_t, w1_inv, x_fp8_t, x_inv, fast)
         dx3, dw3 = backward_gemms(dh3, dh3_t, dh3_inv, w3_t, w3_inv, x_fp8_t, x_inv, fast)
         return (dx1 + dx3).reshape(*dy.shape[:-1], dx1.shape[-1]), None, None, None, dw1, dw3, dw2

@@ -3,13 +3,16 @@ implementation on CPU (FP8 emulation).
 
 Four operations, the same names and signatures in both modules:
 - `swiglu_amax(h1, h3)` -> amax of g = silu(h1) * h3, shape (1,): dynamic scaling's first pass;
-- `swiglu_cast(h1, h3, scale, dtype, record, transposed=True)` -> (g in FP8, its transpose in FP8, amax, saturated):
-  g is never written in BF16; without `transposed` (a frozen weight needs no weight gradient) the transpose is an
-  empty tensor. `scale` has shape (1,). With `record` (delayed scaling) amax (1,) and the count of values that
-  saturated (1,) come back; without it both are empty;
+- `swiglu_cast(h1, h3, scale, dtype, record, amax_rows, saturated_rows, transposed=True)` -> (g in FP8, its transpose
+  in FP8): g is never written in BF16; without `transposed` (a frozen weight needs no weight gradient) the transpose
+  is an empty tensor. `scale` has shape (1,). With `record` (delayed scaling) g's amax and its count of values that
+  saturated are filed, in place, into a site's row buffers `amax_rows` and `saturated_rows` (max-accumulated and
+  added; into which entries is each implementation's choice, as the update reduces each buffer to one number);
+  without it they are not touched;
 - `swiglu_grad_amax(dg, h1, h3)` -> amaxes (2,) of dh1 and dh3, the gradients of h1 and h3;
-- `swiglu_grad_cast(dg, h1, h3, scales, dtype, record, transposed=True)` -> (dh1, dh1^T, dh3, dh3^T in FP8, amax (2,),
-  saturated (2,)); the transposes empty without `transposed`.
+- `swiglu_grad_cast(dg, h1, h3, scales, dtype, record, amax_rows1, saturated_rows1, amax_rows3, saturated_rows3,
+  transposed=True)` -> (dh1, dh1^T, dh3, dh3^T in FP8), dh1 recorded into the first pair of buffers and dh3 into the
+  second; the transposes empty without `transposed`.
 
 Each value is first rounded to BF16 exactly where autograd of `F.silu(h1) * h3` in BF16 rounds it, so the FP8 tensors
 are the casts of the BF16 tensors the unfused path would have written. All tensors are 2-D and row-major; the
@@ -24,14 +27,11 @@ import torch.nn.functional as F
 from cs336_basics.precision.fused.scaling import cast_to_fp8, fp8_max
 
 
-def _recorded(values: list[torch.Tensor], scales: torch.Tensor, dtype: torch.dtype, record: bool):
-    if not record:
-        empty = scales.new_empty(0)
-        return empty, empty.to(torch.int32)
-    magnitudes = [v.abs().float() for v in values]
-    amax = torch.stack([m.amax() for m in magnitudes])
-    saturated = torch.stack([(m * s > fp8_max(dtype)).sum() for m, s in zip(magnitudes, scales, strict=True)])
-    return amax, saturated.to(torch.int32)
+def _record(value: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype, amax_rows, saturated_rows) -> None:
+    """value's amax and saturation count filed into entry 0 of a site's row buffers."""
+    magnitude = value.abs().float()
+    amax_rows[:1] = torch.maximum(amax_rows[:1], magnitude.amax())
+    saturated_rows[:1] += (magnitude * scale > fp8_max(dtype)).sum(dtype=torch.int32)
 
 
 def swiglu(h1: torch.Tensor, h3: torch.Tensor) -> torch.Tensor:
@@ -52,11 +52,20 @@ def _transpose(x: torch.Tensor, transposed: bool) -> torch.Tensor:
 
 
 def swiglu_cast(
-    h1: torch.Tensor, h3: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype, record: bool, transposed: bool = True
-):
+    h1: torch.Tensor,
+    h3: torch.Tensor,
+    scale: torch.Tensor,
+    dtype: torch.dtype,
+    record: bool,
+    amax_rows: torch.Tensor,
+    saturated_rows: torch.Tensor,
+    transposed: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
     g = swiglu(h1, h3)
     g_fp8 = cast_to_fp8(g, scale[0], dtype)
-    return (g_fp8, _transpose(g_fp8, transposed), *_recorded([g], scale, dtype, record))
+    if record:
+        _record(g, scale[0], dtype, amax_rows, saturated_rows)
+    return g_fp8, _transpose(g_fp8, transposed)
 
 
 def swiglu_grad_amax(dg: torch.Tensor, h1: torch.Tensor, h3: torch.Tensor) -> torch.Tensor:
@@ -70,14 +79,15 @@ def swiglu_grad_cast(
     scales: torch.Tensor,
     dtype: torch.dtype,
     record: bool,
+    amax_rows1: torch.Tensor,
+    saturated_rows1: torch.Tensor,
+    amax_rows3: torch.Tensor,
+    saturated_rows3: torch.Tensor,
     transposed: bool = True,
-):
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     dh1, dh3 = swiglu_grads(dg, h1, h3)
     dh1_fp8, dh3_fp8 = cast_to_fp8(dh1, scales[0], dtype), cast_to_fp8(dh3, scales[1], dtype)
-    return (
-        dh1_fp8,
-        _transpose(dh1_fp8, transposed),
-        dh3_fp8,
-        _transpose(dh3_fp8, transposed),
-        *_recorded([dh1, dh3], scales, dtype, record),
-    )
+    if record:
+        _record(dh1, scales[0], dtype, amax_rows1, saturated_rows1)
+        _record(dh3, scales[1], dtype, amax_rows3, saturated_rows3)
+    return dh1_fp8, _transpose(dh1_fp8, transposed), dh3_fp8, _transpose(dh3_fp8, transposed)

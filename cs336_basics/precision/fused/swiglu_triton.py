@@ -20,11 +20,8 @@ import triton
 import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
-from cs336_basics.precision.fused.scaling import E4M3, E5M2, fp8_max
-from cs336_basics.precision.fused.tiles import SWIGLU_GRAD_TILE, SWIGLU_TILE, Tile, tile_offsets
-
-# Each program writes its tile's amax (and saturation count) to its own slot; torch reduces the slots. Atomics on
-# one address from every program serialise and cost more than the pass itself.
+from cs336_basics.precision.fused.scaling import fp8_max
+from cs336_basics.precision.fused.tiles import SWIGLU_GRAD_TILE, SWIGLU_TILE, Tile, record_tile, tile_offsets
 
 
 @triton.jit
@@ -33,29 +30,30 @@ def _round_bf16(x):
 
 
 @triton.jit
-def _produce(value, k, scale_ptr, out_ptr, out_t_ptr, amax_ptr, sat_ptr, offs, offs_t, mask,
-             LIMIT: tl.constexpr, CAST: tl.constexpr, AMAX: tl.constexpr, TRANSPOSE: tl.constexpr):  # fmt: skip
-    """Tensor k of a producer: cast with its scale and store it, with its transpose if TRANSPOSE (CAST); write its
-    tile's amax (AMAX) and, when both, the count of its values beyond the scale's range (they saturate at the FP8
-    max) to this program's slot of row k."""
+def _produce(value, k, scale_ptr, out_ptr, out_t_ptr, amax_ptr, sat_ptr, recorded_rows, offs, offs_t, mask,
+             LIMIT: tl.constexpr, CAST: tl.constexpr, RECORD: tl.constexpr, TRANSPOSE: tl.constexpr):  # fmt: skip
+    """Tensor k of a producer. CAST: cast with its scale and store it, with its transpose if TRANSPOSE, and with RECORD
+    file the tile's amax and saturation count into the site's row buffers (record_tile). Otherwise (dynamic scaling's
+    first pass) write the tile's amax to this program's slot of row k; torch reduces the slots (atomics on one
+    address from every program would serialise)."""
     magnitude = tl.abs(value)
-    slot = k * tl.num_programs(0) * tl.num_programs(1) + tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)
     if CAST:
         scale = tl.load(scale_ptr + k)
         y = tl.minimum(tl.maximum(value * scale, -LIMIT), LIMIT).to(out_ptr.dtype.element_ty)
         tl.store(out_ptr + offs, y, mask=mask)
         if TRANSPOSE:
             tl.store(out_t_ptr + offs_t, y, mask=mask)
-        if AMAX:
-            tl.store(sat_ptr + slot, tl.sum((magnitude * scale > LIMIT).to(tl.int32)))
-    if AMAX:
-        tl.store(amax_ptr + slot, tl.max(magnitude))
+        if RECORD:
+            record_tile(magnitude, scale, amax_ptr, sat_ptr, recorded_rows, LIMIT)
+    else:
+        programs = tl.num_programs(0) * tl.num_programs(1)
+        tl.store(amax_ptr + k * programs + tl.program_id(1) * tl.num_programs(0) + tl.program_id(0), tl.max(magnitude))
 
 
 @triton.jit
 def _swiglu_kernel(
-    h1_ptr, h3_ptr, g_ptr, g_t_ptr, scale_ptr, amax_ptr, sat_ptr, M, F,
-    LIMIT: tl.constexpr, CAST: tl.constexpr, AMAX: tl.constexpr, TRANSPOSE: tl.constexpr, BLOCK_M: tl.constexpr,
+    h1_ptr, h3_ptr, g_ptr, g_t_ptr, scale_ptr, amax_ptr, sat_ptr, recorded_rows, M, F,
+    LIMIT: tl.constexpr, CAST: tl.constexpr, RECORD: tl.constexpr, TRANSPOSE: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_F: tl.constexpr,
 ):  # fmt: skip
     offs, offs_t, mask = tile_offsets(M, F, BLOCK_M, BLOCK_F)
@@ -63,13 +61,15 @@ def _swiglu_kernel(
     b = tl.load(h3_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     # silu as torch computes it, each result rounded to BF16 where the BF16 module rounds it.
     g = _round_bf16(_round_bf16(a / (1.0 + tl.exp(-a))) * b)
-    _produce(g, 0, scale_ptr, g_ptr, g_t_ptr, amax_ptr, sat_ptr, offs, offs_t, mask, LIMIT, CAST, AMAX, TRANSPOSE)
+    _produce(g, 0, scale_ptr, g_ptr, g_t_ptr, amax_ptr, sat_ptr, recorded_rows, offs, offs_t, mask,
+             LIMIT, CAST, RECORD, TRANSPOSE)  # fmt: skip
 
 
 @triton.jit
 def _swiglu_grad_kernel(
-    dg_ptr, h1_ptr, h3_ptr, dh1_ptr, dh1_t_ptr, dh3_ptr, dh3_t_ptr, scale_ptr, amax_ptr, sat_ptr, M, F,
-    LIMIT: tl.constexpr, CAST: tl.constexpr, AMAX: tl.constexpr, TRANSPOSE: tl.constexpr, BLOCK_M: tl.constexpr,
+    dg_ptr, h1_ptr, h3_ptr, dh1_ptr, dh1_t_ptr, dh3_ptr, dh3_t_ptr, scale_ptr, amax1_ptr, sat1_ptr, recorded_rows1,
+    amax3_ptr, sat3_ptr, recorded_rows3, M, F,
+    LIMIT: tl.constexpr, CAST: tl.constexpr, RECORD: tl.constexpr, TRANSPOSE: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_F: tl.constexpr,
 ):  # fmt: skip
     offs, offs_t, mask = tile_offsets(M, F, BLOCK_M, BLOCK_F)
@@ -80,8 +80,12 @@ def _swiglu_grad_kernel(
     sig = 1.0 / (1.0 + tl.exp(-a))
     dh1 = _round_bf16(_round_bf16(dg * b) * sig * (1.0 + a * (1.0 - sig)))
     dh3 = _round_bf16(dg * _round_bf16(a * sig))
-    _produce(dh1, 0, scale_ptr, dh1_ptr, dh1_t_ptr, amax_ptr, sat_ptr, offs, offs_t, mask, LIMIT, CAST, AMAX, TRANSPOSE)
-    _produce(dh3, 1, scale_ptr, dh3_ptr, dh3_t_ptr, amax_ptr, sat_ptr, offs, offs_t, mask, LIMIT, CAST, AMAX, TRANSPOSE)
+    _produce(dh1, 0, scale_ptr, dh1_ptr, dh1_t_ptr, amax1_ptr, sat1_ptr, recorded_rows1, offs, offs_t, mask,
+             LIMIT, CAST, RECORD, TRANSPOSE)  # fmt: skip
+    if not CAST:  # dynamic scaling's first pass: both tensors' tile amaxes go to one slot tensor (_amax_pass)
+        amax3_ptr = amax1_ptr
+    _produce(dh3, 1, scale_ptr, dh3_ptr, dh3_t_ptr, amax3_ptr, sat3_ptr, recorded_rows3, offs, offs_t, mask,
+             LIMIT, CAST, RECORD, TRANSPOSE)  # fmt: skip
 
 
 def _check(*tensors: torch.Tensor) -> tuple[int, int]:
@@ -92,27 +96,36 @@ def _check(*tensors: torch.Tensor) -> tuple[int, int]:
     return shape
 
 
-def _launch(
-    kernel, tile: Tile, inputs, outputs, scales, n: int, dtype: torch.dtype, record: bool, transposed: bool = True
-):
-    """Runs `kernel`, tiled by `tile`, over `inputs` ((M, F) tensors) for its n produced tensors: casting them into
-    `outputs` (pairs of (M, F) and (F, M) FP8 tensors; the second is not written unless `transposed`) when given,
-    recording when `record`. Returns (amax, saturated) of shape (n,), or empty tensors when not recording."""
+def _amax_pass(kernel, tile: Tile, inputs, n: int) -> torch.Tensor:
+    """Dynamic scaling's first pass of `kernel` over `inputs` ((M, F) tensors): the amaxes (n,) of its n produced
+    tensors."""
     m, f = _check(*inputs)
     grid = tile.grid(m, f)
-    device = inputs[0].device
-    slots = (n, grid[0] * grid[1]) if record else (0,)
-    amax_slots = torch.empty(slots, device=device, dtype=torch.float32)
-    saturated_slots = torch.zeros(slots, device=device, dtype=torch.int32)
-    cast = outputs is not None
-    unused = inputs[0]  # the pointer a launch passes for what it does not write
+    slots = torch.empty(n, grid[0] * grid[1], device=inputs[0].device, dtype=torch.float32)
+    unused = inputs[0]  # the pointer a launch passes for what it does not touch
+    # The slots go in as the first tensor's amax pointer only: passed as two pointers that a kernel writes, one tensor
+    # becomes two copies once torch.compile functionalizes the launch, and half of the slots are lost.
+    records = [slots, unused, 1] + [unused, unused, 1] * (n - 1)
     wrap_triton(kernel)[grid](
-        *inputs, *(outputs if cast else [unused] * 2 * n), scales if cast else unused, amax_slots, saturated_slots,
-        m, f, LIMIT=fp8_max(dtype), CAST=cast, AMAX=record, TRANSPOSE=transposed, **tile.launch_options(),
+        *inputs, *[unused] * 2 * n, unused, *records, m, f,
+        LIMIT=1.0, CAST=False, RECORD=False, TRANSPOSE=False, **tile.launch_options(),
     )  # fmt: skip
-    if not record:
-        return amax_slots, saturated_slots
-    return amax_slots.amax(dim=1), saturated_slots.sum(dim=1, dtype=torch.int32)
+    return slots.amax(dim=1)
+
+
+def _cast_pass(kernel, tile: Tile, inputs, outputs, scales, dtype: torch.dtype, record: bool, recorded,
+               transposed: bool) -> None:  # fmt: skip
+    """Runs `kernel` over `inputs`, casting its produced tensors into `outputs` (pairs of (M, F) and (F, M) FP8
+    tensors; the second is not written unless `transposed`) with `scales`, and with `record` filing each tensor's
+    amax and saturation count into its (amax, saturated) row buffers in `recorded`."""
+    m, f = _check(*inputs)
+    if not record:  # the stand-ins callers pass may be empty: the launch gets an input's pointer in their place
+        recorded = [(inputs[0], inputs[0])] * len(recorded)
+    rows = [arg for amax, saturated in recorded for arg in (amax, saturated, amax.numel())]
+    wrap_triton(kernel)[tile.grid(m, f)](
+        *inputs, *outputs, scales, *rows, m, f,
+        LIMIT=fp8_max(dtype), CAST=True, RECORD=record, TRANSPOSE=transposed, **tile.launch_options(),
+    )  # fmt: skip
 
 
 def _fp8_pair(m: int, f: int, like: torch.Tensor, dtype: torch.dtype, transposed: bool) -> list[torch.Tensor]:
@@ -124,23 +137,34 @@ def _fp8_pair(m: int, f: int, like: torch.Tensor, dtype: torch.dtype, transposed
 
 @triton_op("cs336_fp8::swiglu_amax", mutates_args={})
 def swiglu_amax(h1: torch.Tensor, h3: torch.Tensor) -> torch.Tensor:
-    return _launch(_swiglu_kernel, SWIGLU_TILE, (h1, h3), None, None, 1, E4M3, record=True)[0]
+    return _amax_pass(_swiglu_kernel, SWIGLU_TILE, (h1, h3), 1)
 
 
-@triton_op("cs336_fp8::swiglu_cast", mutates_args={})
+@triton_op("cs336_fp8::swiglu_cast", mutates_args={"amax_rows", "saturated_rows"})
 def swiglu_cast(
-    h1: torch.Tensor, h3: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype, record: bool, transposed: bool = True
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    h1: torch.Tensor,
+    h3: torch.Tensor,
+    scale: torch.Tensor,
+    dtype: torch.dtype,
+    record: bool,
+    amax_rows: torch.Tensor,
+    saturated_rows: torch.Tensor,
+    transposed: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
     g = _fp8_pair(*h1.shape, h1, dtype, transposed)
-    return (*g, *_launch(_swiglu_kernel, SWIGLU_TILE, (h1, h3), g, scale, 1, dtype, record, transposed))
+    _cast_pass(_swiglu_kernel, SWIGLU_TILE, (h1, h3), g, scale, dtype, record, [(amax_rows, saturated_rows)],
+               transposed)  # fmt: skip
+    return g[0], g[1]
 
 
 @triton_op("cs336_fp8::swiglu_grad_amax", mutates_args={})
 def swiglu_grad_amax(dg: torch.Tensor, h1: torch.Tensor, h3: torch.Tensor) -> torch.Tensor:
-    return _launch(_swiglu_grad_kernel, SWIGLU_GRAD_TILE, (dg, h1, h3), None, None, 2, E5M2, record=True)[0]
+    return _amax_pass(_swiglu_grad_kernel, SWIGLU_GRAD_TILE, (dg, h1, h3), 2)
 
 
-@triton_op("cs336_fp8::swiglu_grad_cast", mutates_args={})
+@triton_op(
+    "cs336_fp8::swiglu_grad_cast", mutates_args={"amax_rows1", "saturated_rows1", "amax_rows3", "saturated_rows3"}
+)
 def swiglu_grad_cast(
     dg: torch.Tensor,
     h1: torch.Tensor,
@@ -148,10 +172,13 @@ def swiglu_grad_cast(
     scales: torch.Tensor,
     dtype: torch.dtype,
     record: bool,
+    amax_rows1: torch.Tensor,
+    saturated_rows1: torch.Tensor,
+    amax_rows3: torch.Tensor,
+    saturated_rows3: torch.Tensor,
     transposed: bool = True,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     grads = _fp8_pair(*dg.shape, dg, dtype, transposed) + _fp8_pair(*dg.shape, dg, dtype, transposed)
-    return (
-        *grads,
-        *_launch(_swiglu_grad_kernel, SWIGLU_GRAD_TILE, (dg, h1, h3), grads, scales, 2, dtype, record, transposed),
-    )
+    recorded = [(amax_rows1, saturated_rows1), (amax_rows3, saturated_rows3)]
+    _cast_pass(_swiglu_grad_kernel, SWIGLU_GRAD_TILE, (dg, h1, h3), grads, scales, dtype, record, recorded, transposed)
+    return grads[0], grads[1], grads[2], grads[3]

@@ -31,6 +31,7 @@ SWIGLU_TILE = Tile(32, 128, 4)
 SWIGLU_GRAD_TILE = Tile(32, 64, 4)
 # Chosen on an H200 only (benchmarks/results/2026-11-26-fused-rope-h200/README.md); not yet timed on an H100.
 ROPE_GRAD_TILE = Tile(32, 64, 8)
+WEIGHT_CAST_TILE = Tile(64, 128, 4)  # cast_triton.py's: not tuned
 
 
 @triton.jit
@@ -42,3 +43,17 @@ def tile_offsets(M, F, BLOCK_M: tl.constexpr, BLOCK_F: tl.constexpr):
     offs = rows[:, None].to(tl.int64) * F + cols[None, :]
     offs_t = cols[None, :].to(tl.int64) * M + rows[:, None]
     return offs, offs_t, mask
+
+
+@triton.jit
+def record_tile(magnitude, scale, amax_ptr, saturated_ptr, recorded_rows, LIMIT: tl.constexpr):
+    """Delayed scaling's recording of one tile of a cast (|values|, 2-D, masked-out entries 0): the tile's amax
+    max-accumulated and its count of values beyond the scale's range added into a site's row buffers, at entry
+    (program id modulo the buffers' length). The once-per-step update reduces each buffer to one number, so any entry
+    will do; atomically, as other programs of the launch may share it. One pair of atomics per tile rather than per
+    row, whose values are spread over many programs; relaxed, as nothing in the launch reads them (Triton's default,
+    acq_rel, fences every program's memory traffic around them)."""
+    program = tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)
+    entry = program % recorded_rows
+    tl.atomic_max(amax_ptr + entry, tl.max(magnitude), sem="relaxed")
+    tl.atomic_add(saturated_ptr + entry, tl.sum((magnitude * scale > LIMIT).to(tl.int32)), sem="relaxed")
