@@ -103,8 +103,9 @@ def _amax_pass(kernel, tile: Tile, inputs, n: int) -> torch.Tensor:
     grid = tile.grid(m, f)
     slots = torch.empty(n, grid[0] * grid[1], device=inputs[0].device, dtype=torch.float32)
     unused = inputs[0]  # the pointer a launch passes for what it does not touch
-    # The slots go in as the first tensor's amax pointer only: passed as two pointers that a kernel writes, one tensor
-    # becomes two copies once torch.compile functionalizes the launch, and half of the slots are lost.
+    # The slots go in as the first tensor's amax pointer only. Passed as both tensors' amax pointers (two arguments the
+    # kernel writes, one tensor), the compiled block's input gradient came out wrong in a GPU test run, as if
+    # torch.compile's functionalized launch had written each argument to a copy of its own and kept one.
     records = [slots, unused, 1] + [unused, unused, 1] * (n - 1)
     wrap_triton(kernel)[grid](
         *inputs, *[unused] * 2 * n, unused, *records, m, f,
