@@ -93,6 +93,18 @@ def test_the_kernels_op_refuses_what_it_cannot_cast():
         cast_transposed(x, torch.ones(()), E4M3, False, *empty)
 
 
+@pytest.mark.parametrize("delayed, record", [(True, True), (True, False), (False, True)])
+def test_producer_rows_are_the_sites_buffers_only_when_recording(delayed, record):
+    site = SiteScaling(DTYPES, delayed=delayed, weight_rows=48)
+    like = torch.zeros(2, dtype=torch.bfloat16)
+    amax_rows, saturated_rows = site.producer_rows(WEIGHT, record, like)
+    if delayed and record:  # the buffers themselves, which the kernel fills in place
+        assert all(a is b for a, b in zip((amax_rows, saturated_rows), site.row_buffers(WEIGHT), strict=True))
+    else:  # stand-ins a custom op can take and never touch
+        assert amax_rows.numel() == saturated_rows.numel() == 0
+        assert (amax_rows.dtype, saturated_rows.dtype) == (torch.float32, torch.int32)
+
+
 # ---- GPU: the Triton kernel against the reference ----
 
 
