@@ -20,7 +20,7 @@ import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
 from cs336_basics.precision.fused.scaling import E4M3, E5M2, fp8_max
-from cs336_basics.precision.fused.tiles import WEIGHT_CAST_TILE, record_tile, tile_offsets
+from cs336_basics.precision.fused.tiles import WEIGHT_CAST_TILE, record_tile, saturating_cast, tile_offsets
 
 _INPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -33,8 +33,7 @@ def _cast_transposed_kernel(
     offs, offs_t, mask = tile_offsets(M, F, BLOCK_M, BLOCK_F)
     x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     scale = tl.load(scale_ptr)
-    # cast_to_fp8's arithmetic: float32 product, clamped to the format's max, converted.
-    y = tl.minimum(tl.maximum(x * scale, -LIMIT), LIMIT).to(out_ptr.dtype.element_ty)
+    y = saturating_cast(x, scale, LIMIT, out_ptr.dtype.element_ty)
     tl.store(out_ptr + offs, y, mask=mask)
     tl.store(out_t_ptr + offs_t, y, mask=mask)
     if RECORD:

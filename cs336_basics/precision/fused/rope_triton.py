@@ -22,7 +22,7 @@ import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
 from cs336_basics.precision.fused.scaling import E5M2, fp8_max
-from cs336_basics.precision.fused.tiles import ROPE_GRAD_TILE, Tile
+from cs336_basics.precision.fused.tiles import ROPE_GRAD_TILE, Tile, saturating_cast
 
 
 @triton.jit
@@ -59,7 +59,7 @@ def _rope_grad_kernel(
     magnitude = tl.abs(g)
     if CAST:
         scale = tl.load(scale_ptr)
-        y = tl.minimum(tl.maximum(g * scale, -LIMIT), LIMIT).to(out_ptr.dtype.element_ty)
+        y = saturating_cast(g, scale, LIMIT, out_ptr.dtype.element_ty)
         tl.store(out_ptr + rows[:, None].to(tl.int64) * F + cols[None, :], y, mask=mask)
         tl.store(out_t_ptr + cols[None, :].to(tl.int64) * M + rows[:, None], y, mask=mask)
         if RECORD:

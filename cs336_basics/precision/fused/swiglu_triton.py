@@ -21,7 +21,14 @@ import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
 from cs336_basics.precision.fused.scaling import fp8_max
-from cs336_basics.precision.fused.tiles import SWIGLU_GRAD_TILE, SWIGLU_TILE, Tile, record_tile, tile_offsets
+from cs336_basics.precision.fused.tiles import (
+    SWIGLU_GRAD_TILE,
+    SWIGLU_TILE,
+    Tile,
+    record_tile,
+    saturating_cast,
+    tile_offsets,
+)
 
 
 @triton.jit
@@ -39,7 +46,7 @@ def _produce(value, k, scale_ptr, out_ptr, out_t_ptr, amax_ptr, sat_ptr, recorde
     magnitude = tl.abs(value)
     if CAST:
         scale = tl.load(scale_ptr + k)
-        y = tl.minimum(tl.maximum(value * scale, -LIMIT), LIMIT).to(out_ptr.dtype.element_ty)
+        y = saturating_cast(value, scale, LIMIT, out_ptr.dtype.element_ty)
         tl.store(out_ptr + offs, y, mask=mask)
         if TRANSPOSE:
             tl.store(out_t_ptr + offs_t, y, mask=mask)

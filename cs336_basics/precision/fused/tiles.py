@@ -46,6 +46,13 @@ def tile_offsets(M, F, BLOCK_M: tl.constexpr, BLOCK_F: tl.constexpr):
 
 
 @triton.jit
+def saturating_cast(value, scale, LIMIT: tl.constexpr, dtype: tl.constexpr):
+    """scaling.cast_to_fp8's arithmetic in a kernel, which the tests hold the kernels to bit for bit: the float32
+    product, clamped to the format's max (+-LIMIT: saturation, never inf), converted to FP8 `dtype`."""
+    return tl.minimum(tl.maximum(value * scale, -LIMIT), LIMIT).to(dtype)
+
+
+@triton.jit
 def record_tile(magnitude, scale, amax_ptr, saturated_ptr, recorded_rows, LIMIT: tl.constexpr):
     """Delayed scaling's recording of one tile of a cast (|values|, 2-D, masked-out entries 0): the tile's amax
     max-accumulated and its count of values beyond the scale's range added into a site's row buffers, at entry
