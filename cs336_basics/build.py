@@ -21,13 +21,20 @@ from dataclasses import dataclass
 
 import torch
 
-from cs336_basics.compiled import auto_compile_mode
+from cs336_basics.compiled import auto_compile_mode, resolve_compile_scope
 from cs336_basics.config import CUDA_GRAPH_MODES, ModelConfig, RunConfig, TrainConfig
 from cs336_basics.errors import ConfigError
 from cs336_basics.lora import LoRAConverter, LoRAReport, check_finetune_request, load_base
 from cs336_basics.model import TransformerLM, check_attention_backend
 from cs336_basics.parallel.world import SINGLE, World, current_world, process_device
-from cs336_basics.parallel.wrap import NONE, SINGLE_PROCESS, ParallelPlan, check_parallel_request, resolve_parallel
+from cs336_basics.parallel.wrap import (
+    FSDP,
+    NONE,
+    SINGLE_PROCESS,
+    ParallelPlan,
+    check_parallel_request,
+    resolve_parallel,
+)
 from cs336_basics.precision import (
     NO_CONVERSION,
     Converter,
@@ -130,9 +137,14 @@ def plan(config: RunConfig) -> Plan:
         from cs336_basics.hf.models import check_hf_model_request
 
         check_hf_model_request(config, world.launched)
+    parallel_mode = _parallel_mode(config, world, device)
+    scope, why = resolve_compile_scope(t.compile_scope, config.model.hf_model is None, parallel_mode == FSDP)
+    if compile_model and t.compile_scope == "auto":
+        auto.append(f"compile_scope={scope} ({why})")
+    config = config.replace(train={"compile_scope": scope})
     choice = choose_fp8(
         config.fp8,
-        parallel_mode=_parallel_mode(config, world, device),
+        parallel_mode=parallel_mode,
         world_size=world.world_size,
         lora=config.finetune.lora,
         own_model=config.model.hf_model is None,

@@ -2,17 +2,21 @@
 
 `torch.compile(model)` returns a wrapper that holds the real module as `_orig_mod`, so names taken from the wrapper
 (or from submodules compiled on their own) carry an `_orig_mod.` prefix; `module.compile()` keeps the class and
-stores the compiled forward in `_compiled_call_impl`. Checkpoints, optimizer state and FP8 conversion all work on
+stores the compiled forward in `_compiled_call_impl`; the Trainer compiles regions in place, setting a compiled
+function as an instance attribute (a block's `forward`). Checkpoints, optimizer state and FP8 conversion all work on
 the plain module and its plain names.
 """
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
+
+from cs336_basics.errors import ConfigError
 
 if TYPE_CHECKING:
     from cs336_basics.config import TrainConfig
@@ -51,12 +55,41 @@ def is_compiled(model: nn.Module) -> bool:
 
 
 def compiled_submodules(model: nn.Module) -> list[str]:
-    """Names of the modules that are torch.compile wrappers or were compiled in place with module.compile()."""
+    """Names of the modules that are torch.compile wrappers or were compiled in place: by module.compile(), or by a
+    compiled function set as an attribute of their own (parallel/wrap.py compile_for_training)."""
     return [
         name or "<the model itself>"
         for name, module in model.named_modules()
-        if is_compiled(module) or getattr(module, "_compiled_call_impl", None) is not None
+        if is_compiled(module)
+        or getattr(module, "_compiled_call_impl", None) is not None
+        or any(hasattr(value, "_torchdynamo_orig_callable") for value in vars(module).values())
     ]
+
+
+@contextlib.contextmanager
+def eager():
+    """Run code that calls a module compiled in place without compiling anything: a no-grad evaluation would
+    otherwise compile each region once more (grad mode is part of what a compiled graph assumes), and under CUDA
+    graphs record graphs of its own."""
+    with torch.compiler.set_stance("force_eager"):
+        yield
+
+
+def resolve_compile_scope(scope: str, own_model: bool, fsdp: bool) -> tuple[str, str]:
+    """--compile_scope: (blocks or model, why). Blocks need this package's model (its `layers`); FSDP2 needs them
+    (its hooks run around each block, outside the graph). A scope asked for that cannot be honoured is an error."""
+    if scope == "auto":
+        if not own_model:
+            return "model", "a Hugging Face model is compiled whole"
+        return "blocks", "one graph per block, shared by all blocks: a first run compiles several times faster"
+    if scope == "blocks" and not own_model:
+        raise ConfigError("--compile_scope blocks compiles this package's model only; use model (or auto).")
+    if scope == "model" and fsdp:
+        raise ConfigError(
+            "--compile_scope model cannot run under FSDP2, whose hooks around each block a whole-model graph cannot "
+            "trace; use blocks (or auto)."
+        )
+    return scope, "asked for"
 
 
 def auto_compile_mode(train: TrainConfig, use_fp8: bool, device: torch.device, world: World) -> tuple[str, str]:

@@ -93,6 +93,7 @@ def run_record(config: RunConfig, status: str = "ok", **measured: Any) -> dict[s
         "seq_len": m.context_length,
         "precision": precision_label(config),
         "compile": t.compile_mode if t.compile_model else False,
+        "compile_scope": t.compile_scope if t.compile_model else None,
         "attention": m.attention,
         "gradient_checkpointing": m.gradient_checkpointing,
         "world_size": 1,

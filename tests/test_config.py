@@ -48,6 +48,14 @@ def test_auto_preset_and_plan_on_cpu():
     assert build_config(device_type="cuda").preset == "366m"
 
 
+def test_plan_resolves_the_compile_scope_and_says_so():
+    compiled = plan(config_from_args(parse("--device", "cpu", "--compile_model")))
+    assert compiled.config.train.compile_scope == "blocks"
+    assert any(note.startswith("compile_scope=blocks (") for note in compiled.auto_choices)
+    asked = plan(config_from_args(parse("--device", "cpu", "--compile_model", "--compile_scope", "model")))
+    assert asked.config.train.compile_scope == "model" and not any("compile_scope" in n for n in asked.auto_choices)
+
+
 def test_config_round_trips_through_dict():
     cfg = build_config({"model": {"n_kv_heads": 2}})
     assert RunConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg

@@ -6,19 +6,22 @@ import numpy as np
 import pytest
 import torch
 from tiny import TINY_MODEL
+from torch._dynamo.utils import counters
 
+from cs336_basics.compiled import compiled_submodules, is_compiled, resolve_compile_scope
 from cs336_basics.config_layers import build_config
+from cs336_basics.errors import ConfigError
 from cs336_basics.model import TransformerLM
 from cs336_basics.training.restore import load_checkpoint
 from cs336_basics.training.trainer import Trainer, TrainingDiverged
 
 
-def tiny_config(tmp_path, **train):
+def tiny_config(tmp_path, model=None, **train):
     defaults = dict(batch_size=4, max_steps=6, log_every=1, eval_every=0, checkpoint_every=2)
     defaults |= dict(out_dir=str(tmp_path), device="cpu", dtype="float32", compile_model=False)
     return build_config(
         {
-            "model": TINY_MODEL,
+            "model": TINY_MODEL | (model or {}),
             "train": defaults | train,
             "optim": dict(warmup_steps=1),
         }
@@ -72,14 +75,46 @@ def test_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path):
     assert all(torch.isfinite(v).all() for v in state["model"].values())
 
 
+def test_a_model_the_trainer_compiled_is_refused_by_the_next_trainer(tmp_path):
+    trainer = make_trainer(tiny_config(tmp_path, compile_model=True))  # compiles nothing until a step runs
+    assert compiled_submodules(trainer.model) == ["<the model itself>", "token_embeddings", "layers.0", "layers.1"]
+    with pytest.raises(ConfigError, match="pass the uncompiled module"):
+        Trainer(trainer.model, trainer.config, tokens(), tokens(seed=1), torch.device("cpu"))
+
+
+def test_compile_scope_model_compiles_the_whole_model_into_a_wrapper(tmp_path):
+    trainer = make_trainer(tiny_config(tmp_path, compile_model=True, compile_scope="model"))
+    assert is_compiled(trainer.step_model) and compiled_submodules(trainer.model) == []
+
+
+def test_compile_scope_resolves_and_refuses_what_cannot_be_honoured():
+    assert resolve_compile_scope("auto", own_model=True, fsdp=False)[0] == "blocks"
+    assert resolve_compile_scope("auto", own_model=True, fsdp=True)[0] == "blocks"
+    assert resolve_compile_scope("auto", own_model=False, fsdp=False)[0] == "model"
+    assert resolve_compile_scope("model", own_model=True, fsdp=False) == ("model", "asked for")
+    with pytest.raises(ConfigError, match="this package's model only"):
+        resolve_compile_scope("blocks", own_model=False, fsdp=False)
+    with pytest.raises(ConfigError, match="cannot run under FSDP2"):
+        resolve_compile_scope("model", own_model=True, fsdp=True)
+
+
 @pytest.mark.slow
-def test_compiled_training_matches_eager(tmp_path):
-    """One compile (inductor on CPU) of the full model, fullgraph: same losses as eager."""
-    eager = make_trainer(tiny_config(tmp_path / "eager", max_steps=3))
-    compiled = make_trainer(tiny_config(tmp_path / "compiled", max_steps=3, compile_model=True))
+@pytest.mark.parametrize("recompute", [False, True], ids=["plain", "activation-checkpointing"])
+def test_compiled_training_matches_eager(tmp_path, recompute):
+    """Compiled by region on CPU (the embedding, each block's forward and the output, fullgraph): the same losses as
+    eager, also with activation checkpointing; the three blocks share one compiled graph; evaluation compiles
+    nothing."""
+    model = dict(n_layers=3, gradient_checkpointing=recompute)
+    eager = make_trainer(tiny_config(tmp_path / "eager", model, max_steps=3, eval_every=3))
+    compiled = make_trainer(tiny_config(tmp_path / "compiled", model, max_steps=3, eval_every=3, compile_model=True))
+    torch._dynamo.reset()
+    counters.clear()
     result_eager, result_compiled = eager.train(), compiled.train()
+    assert counters["stats"]["unique_graphs"] == 3  # the embedding, one graph for the three blocks, the output
     assert result_compiled.compile_s is not None and result_compiled.compile_s > 0
     assert result_compiled.loss == pytest.approx(result_eager.loss, rel=1e-4)
+    assert result_eager.val_loss is not None
+    assert result_compiled.val_loss == pytest.approx(result_eager.val_loss, rel=1e-4)
     # Checkpoints come from the uncompiled module: no "_orig_mod." anywhere.
     keys = load_checkpoint(tmp_path / "compiled" / "checkpoint.pt", restore_rng=False)["model"].keys()
     assert not any("_orig_mod" in k for k in keys)

@@ -54,6 +54,10 @@ class TransformerLM(nn.Module):
         recompute = self.config.gradient_checkpointing and self.training and torch.is_grad_enabled()
         for block in self.layers:
             x = checkpoint(block, x, use_reentrant=False) if recompute else block(x)
+        return self.output(x, targets)
+
+    def output(self, x: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        """The last block's output to logits, or to the mean loss if targets is given."""
         x = self.ln_final(x)
         if targets is None:
             return self.lm_head(x)

@@ -16,6 +16,7 @@ from typing import Any
 
 from cs336_basics.atomic import write_json_atomic
 from cs336_basics.build import Built, build, plan
+from cs336_basics.compiled import eager
 from cs336_basics.config import RunConfig
 from cs336_basics.data import BPETokenizer, check_data_sources, prepare_data, require_windows
 from cs336_basics.errors import ConfigError, writing
@@ -150,7 +151,8 @@ def _report(result: TrainResult, built: Built, folder: RunFolder, data, results_
             append_runs(results_json, [record])
     log(format_outputs(folder, result))
     if data.tokenizer is not None and built.parallel.mode != FSDP:
-        sample = sample_text(built.model, data.tokenizer, Sampling(prompt="def ", max_new_tokens=48))
+        with eager():  # each new length would compile (and under CUDA graphs record) the model's regions again
+            sample = sample_text(built.model, data.tokenizer, Sampling(prompt="def ", max_new_tokens=48))
         log(f"sample: {sample!r}")
     elif data.tokenizer is not None:  # every rank would have to run the sharded model's forward passes in step
         out_dir = config.train.out_dir

@@ -49,6 +49,7 @@ from cs336_basics.benchmark.amdahl.measure import amdahl_row, profile_step_break
 from cs336_basics.benchmark.amdahl.report import AmdahlRow
 from cs336_basics.benchmark.doctor import Diagnosis, diagnose_config, measured_findings
 from cs336_basics.build import Built, Plan, build, plan
+from cs336_basics.compiled import eager
 from cs336_basics.config import RunConfig
 from cs336_basics.data import PreparedData, get_batch, prepare_data, require_windows
 from cs336_basics.devices import resolve_device
@@ -226,12 +227,12 @@ def _lora_linears_check(built: Built) -> Check:
 
 
 def _eager_step(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[int, set[str]]:
-    """One forward and backward of the uncompiled model: its aten._scaled_mm calls and the names of the parameters
-    that got a gradient. The gradients are dropped again (no update): the trainer clears them after its steps, so
-    they are read here, before anyone does."""
+    """One forward and backward of the model run eager (the Trainer compiled it in place): its aten._scaled_mm calls
+    and the names of the parameters that got a gradient. The gradients are dropped again (no update): the trainer
+    clears them after its steps, so they are read here, before anyone does."""
     x, y = batch
     counter = _OpCounter(_is_scaled_mm)
-    with counter:
+    with counter, eager():
         model(x, targets=y).backward()
     with_grads = {name for name, p in model.named_parameters() if p.grad is not None}
     model.zero_grad(set_to_none=True)

@@ -115,7 +115,13 @@ def _compile_line(config: RunConfig, par: ParallelPlan) -> str:
     t = config.train
     if not t.compile_model:
         return "off (eager)"
-    return f"on (mode {t.compile_mode}, fullgraph" + (", per block" if par.mode == FSDP else "") + ")"
+    if t.compile_scope == "model":
+        scope = "the whole model"
+    elif par.mode == FSDP:
+        scope = "per block, the root eager"
+    else:
+        scope = "per block (one graph for all blocks), the embedding and the output apart"
+    return f"on (mode {t.compile_mode}, fullgraph, {scope})"
 
 
 def _optimizer_line(config: RunConfig) -> str:

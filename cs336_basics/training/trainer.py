@@ -28,10 +28,11 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from cs336_basics.compiled import auto_compile_mode, is_compiled
-from cs336_basics.config import RunConfig
+from cs336_basics.compiled import auto_compile_mode, compiled_submodules, eager, resolve_compile_scope
+from cs336_basics.config import CUDA_GRAPH_MODES, RunConfig
 from cs336_basics.data import BatchSampler, get_rank_batch
 from cs336_basics.errors import ConfigError, WorkFailed, io_error, writing
+from cs336_basics.model import TransformerLM
 from cs336_basics.optim import MasterWeightAdamW, cosine_lr
 from cs336_basics.parallel import world as dist
 from cs336_basics.parallel.wrap import (
@@ -116,7 +117,7 @@ class Trainer:
         fits `config` first); the model, optimizer, step, sampler, RNG and log interval continue from it.
         `parallel`: the data-parallel plan (build.Built.parallel); default one process. `converter`: what converted
         the model's precision (build.Built.converter), whose step hooks the loop calls."""
-        if is_compiled(model):
+        if compiled_submodules(model):
             raise ConfigError(
                 "the Trainer compiles the model itself (after any FP8 conversion); pass the uncompiled module."
             )
@@ -141,7 +142,13 @@ class Trainer:
         mode = t.compile_mode
         if mode == "auto":  # build() resolves it (and its summary names the choice); a Trainer made without build() too
             mode, _ = auto_compile_mode(t, bool(config.fp8.use_fp8), device, self.world)
-        compiled = compile_for_training(model, self.parallel, mode) if t.compile_model else model
+        # build() resolves the scope too; a Trainer made without build() resolves it here.
+        fsdp = self.parallel.mode == FSDP
+        scope, _ = resolve_compile_scope(t.compile_scope, isinstance(model, TransformerLM), fsdp)
+        compiled = compile_for_training(model, self.parallel, mode, scope) if t.compile_model else model
+        # Under CUDA graphs each compiled region replays into memory of its own, which the next step's replay
+        # overwrites; with several regions torch cannot tell where a step begins, so each step says so.
+        self._marks_steps = t.compile_model and device.type == "cuda" and mode in CUDA_GRAPH_MODES
         self.step_model = parallelize(model, compiled, self.parallel, device)
         # BF16 keeps FP32's exponent range and torchao scales FP8 tensors itself, so no loss scaling: no AMP
         # GradScaler here on purpose (only fp16 training would need one). Under FSDP2 it steps each rank's shards.
@@ -259,6 +266,8 @@ class Trainer:
         total = torch.zeros((), device=self.device, dtype=torch.float32)
         for i in range(accum):
             x, y = self.sampler.next_batch()
+            if self._marks_steps:
+                torch.compiler.cudagraph_mark_step_begin()
             with gradient_sync(self.step_model, self.parallel, last_micro_batch=i == accum - 1):
                 loss = self.step_model(x, targets=y)
                 (loss / accum).backward()
@@ -271,17 +280,18 @@ class Trainer:
     @torch.no_grad()
     def evaluate(self) -> float:
         """Mean loss over fixed validation windows (the same ones every time, so evals are comparable), averaged
-        over the ranks, each of which evaluates its rows of every global batch. Runs the uncompiled model: a second
-        compiled graph for no-grad mode would cost another compile (under FSDP2 the blocks' forwards are compiled in
-        place, so they compile once more for it)."""
+        over the ranks, each of which evaluates its rows of every global batch. Runs eager (compiled.eager says
+        why)."""
         t, w = self.config.train, self.world
         rng = np.random.default_rng(t.seed + 1)
         self.model.eval()
         context = self.config.model.context_length
-        losses = [
-            self.model(*get_rank_batch(self.val_data, t.batch_size, context, self.device, rng, w.rank, w.world_size))
+        batches = (
+            get_rank_batch(self.val_data, t.batch_size, context, self.device, rng, w.rank, w.world_size)
             for _ in range(t.eval_batches)
-        ]
+        )
+        with eager():
+            losses = [self.model(*batch) for batch in batches]
         self.model.train()
         return dist.all_reduce_(torch.stack(losses).float().mean(), "avg").item()
 
