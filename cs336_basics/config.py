@@ -368,7 +368,7 @@ class TrainConfig:
     compile_scope: str = setting(
         "auto",
         "what one compiled graph holds; blocks: each transformer block (one graph shared by all), the embedding and "
-        "the output apart, compiled several times faster; model: the whole model, about 1%% faster per step after a "
+        "the output apart, compiled several times faster; model: the whole model, a little faster per step after a "
         "longer compile (README, Compile and attention); auto: blocks for this package's model, model for a Hugging "
         "Face one",
         choices=COMPILE_SCOPES,

@@ -4,7 +4,7 @@ The model itself holds no parallelism code. The Trainer applies, in order: the b
 BF16 and FP8-converted) -> `compile_for_training` -> `parallelize` (DDP wrapper, or FSDP2's `fully_shard` per
 transformer block and the root) -> the optimizer over the (possibly sharded) parameters. Compiling first is
 torchtitan's order, and under DDP the one that keeps fullgraph. This package's model is compiled by region, in
-place (each block's forward and, but under FSDP2, the output: `compile_for_training`):
+place (each block's forward and, but under FSDP2, the embedding and the output: `compile_for_training`):
 
 - DDP replicates the model; gradients are all-reduced in buckets while backward still runs (DDP's reducer hooks),
   with no search for unused parameters (every parameter gets a gradient every step). DDP wraps the model whose
@@ -169,7 +169,7 @@ def compile_for_training(model: nn.Module, plan: ParallelPlan, mode: str, scope:
     torch.compile wrapper. "blocks", for this package's TransformerLM: compiled by region, in place: each block's
     forward and, but under FSDP2, the embedding and the output (final norm, lm_head and loss). The blocks are one
     class of one shape, so dynamo compiles the first and reuses its code for the rest: compile time no longer grows
-    with depth. The whole-model graph compiled several times as long (FP8's most) and its step ran about 1% faster
+    with depth. The whole-model graph compiled several times as long (FP8's most) and its step ran a little faster,
     in BF16 and FP8 alike, for its fusions across the blocks' boundaries
     (benchmarks/results/2026-11-26-regional-compile/). Under FSDP2 the root's forward stays eager as it must: it
     calls the blocks, whose hooks a fullgraph compile could not trace."""
