@@ -99,18 +99,24 @@ def test_compile_scope_resolves_and_refuses_what_cannot_be_honoured():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("recompute", [False, True], ids=["plain", "activation-checkpointing"])
-def test_compiled_training_matches_eager(tmp_path, recompute):
-    """Compiled by region on CPU (the embedding, each block's forward and the output, fullgraph): the same losses as
-    eager, also with activation checkpointing; the three blocks share one compiled graph; evaluation compiles
-    nothing."""
+@pytest.mark.parametrize(
+    ("scope", "recompute", "graphs"),
+    # By block: the embedding, one graph for the three blocks, the output. The whole model: one graph.
+    [("blocks", False, 3), ("blocks", True, 3), ("model", False, 1)],
+    ids=["blocks", "blocks-activation-checkpointing", "model"],
+)
+def test_compiled_training_matches_eager(tmp_path, scope, recompute, graphs):
+    """Compiled on CPU (fullgraph), by block (the embedding, each block's forward and the output apart) or whole: the
+    same losses as eager, also with activation checkpointing; the three blocks share one compiled graph; evaluation
+    compiles nothing."""
     model = dict(n_layers=3, gradient_checkpointing=recompute)
     eager = make_trainer(tiny_config(tmp_path / "eager", model, max_steps=3, eval_every=3))
-    compiled = make_trainer(tiny_config(tmp_path / "compiled", model, max_steps=3, eval_every=3, compile_model=True))
+    train = dict(max_steps=3, eval_every=3, compile_model=True, compile_scope=scope)
+    compiled = make_trainer(tiny_config(tmp_path / "compiled", model, **train))
     torch._dynamo.reset()
     counters.clear()
     result_eager, result_compiled = eager.train(), compiled.train()
-    assert counters["stats"]["unique_graphs"] == 3  # the embedding, one graph for the three blocks, the output
+    assert counters["stats"]["unique_graphs"] == graphs
     assert result_compiled.compile_s is not None and result_compiled.compile_s > 0
     assert result_compiled.loss == pytest.approx(result_eager.loss, rel=1e-4)
     assert result_eager.val_loss is not None
