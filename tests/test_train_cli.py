@@ -191,21 +191,16 @@ def test_gpu_compiled_run(tmp_path, token_files, capsys, precision):
     assert verdict in stdout
 
 
-@pytest.mark.gpu
-def test_gpu_fp8_under_auto_cuda_graphs_evaluates_checkpoints_and_resumes_exactly(tmp_path, token_files, capsys):
-    """What a run does keeps working when --compile_mode auto puts the FP8 step under CUDA graphs: evaluation
-    (another graph, without gradients), delayed scaling's update, clipping, checkpoints, and an exact resume."""
-    gpu = ["--device", "cuda", "--dim", "64", "--intermediate_size", "128", "--use_fp8"]
-    base = [*TINY, *token_files, *gpu, "--log_every", "1", "--eval_every", "2", "--lr_decay_steps", "6"]
+def run_straight_and_split(tmp_path, token_files, capsys, flags) -> str:
+    """Six steps straight, and three then resumed to six, evaluating every 2nd step: the resumed run's losses and
+    evaluations must equal the straight run's, bit for bit. Returns the straight run's stdout."""
+    base = [*TINY, *token_files, *flags, "--log_every", "1", "--eval_every", "2", "--lr_decay_steps", "6"]
     straight, split = tmp_path / "straight", tmp_path / "split"
     code, stdout, err = run([*base, "--max_steps", "6", "--out_dir", straight], capsys)
     assert code == 0, err
-    assert "compile_mode=reduce-overhead" in stdout
-    assert json.loads((straight / "result.json").read_text())["compile"] == "reduce-overhead"
     assert run([*base, "--max_steps", "3", "--out_dir", split], capsys)[0] == 0
     code, _, err = run(["--resume", "--out_dir", split, "--max_steps", "6"], capsys)
     assert code == 0, err
-    assert json.loads((split / "config.json").read_text())["train"]["compile_mode"] == "auto"  # chosen again
     records = read_metrics(straight / "metrics.jsonl")
     resumed = read_metrics(split / "metrics.jsonl")
 
@@ -214,6 +209,25 @@ def test_gpu_fp8_under_auto_cuda_graphs_evaluates_checkpoints_and_resumes_exactl
 
     assert losses(resumed) == losses(records)  # bit for bit, evaluations included
     assert all(r.get("val_loss") is not None for r in records if r["step"] % 2 == 0)
+    return stdout
+
+
+@pytest.mark.slow
+def test_a_run_compiled_by_block_evaluates_checkpoints_and_resumes_exactly(tmp_path, token_files, capsys):
+    """The blocks compiled in place: evaluation runs them eager, checkpoints load into them, the resume is exact."""
+    stdout = run_straight_and_split(tmp_path, token_files, capsys, ["--compile_model", "--n_layers", "3"])
+    assert "compile_scope=blocks" in stdout
+
+
+@pytest.mark.gpu
+def test_gpu_fp8_under_auto_cuda_graphs_evaluates_checkpoints_and_resumes_exactly(tmp_path, token_files, capsys):
+    """What a run does keeps working when --compile_mode auto puts the FP8 step under CUDA graphs: evaluation (run
+    eager, outside the step's graphs), delayed scaling's update, clipping, checkpoints, and an exact resume."""
+    gpu = ["--device", "cuda", "--dim", "64", "--intermediate_size", "128", "--use_fp8"]
+    stdout = run_straight_and_split(tmp_path, token_files, capsys, gpu)
+    assert "compile_mode=reduce-overhead" in stdout
+    assert json.loads((tmp_path / "straight" / "result.json").read_text())["compile"] == "reduce-overhead"
+    assert json.loads((tmp_path / "split" / "config.json").read_text())["train"]["compile_mode"] == "auto"
 
 
 @pytest.mark.gpu
