@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
-from cs336_basics.compiled import auto_compile_mode, resolve_compile_scope
-from cs336_basics.config import CUDA_GRAPH_MODES, ModelConfig, RunConfig, TrainConfig
+from cs336_basics.compiled import auto_compile_mode, resolve_compile_scope, runs_cuda_graphs
+from cs336_basics.config import ModelConfig, RunConfig, TrainConfig
 from cs336_basics.errors import ConfigError
 from cs336_basics.lora import LoRAConverter, LoRAReport, check_finetune_request, load_base
 from cs336_basics.model import TransformerLM, check_attention_backend
@@ -93,7 +93,7 @@ def check_cuda_graphs_request(train: TrainConfig, device: torch.device) -> None:
     graph's own memory, where autograd keeps them as `.grad`; the next micro-batch's replay overwrites them before
     they are added to, so torch either fails ("accessing tensor output of CUDAGraphs that has been overwritten",
     pytorch/pytorch#169545, open) or accumulates the wrong gradients (the measurement in pytorch/pytorch#96693)."""
-    graphs = device.type == "cuda" and train.compile_model and train.compile_mode in CUDA_GRAPH_MODES
+    graphs = runs_cuda_graphs(train.compile_model, train.compile_mode, device)
     if graphs and train.gradient_accumulation_steps > 1:
         raise ConfigError(
             f"--compile_mode {train.compile_mode} runs the step under CUDA graphs, which overwrite one micro-batch's "

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from cs336_basics.config import CUDA_GRAPH_MODES
 from cs336_basics.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -90,6 +91,11 @@ def resolve_compile_scope(scope: str, own_model: bool, fsdp: bool) -> tuple[str,
             "trace; use blocks (or auto)."
         )
     return scope, "asked for"
+
+
+def runs_cuda_graphs(compile_model: bool, mode: str, device: torch.device) -> bool:
+    """Whether a compiled step in `mode` on `device` replays under CUDA graphs."""
+    return bool(compile_model) and device.type == "cuda" and mode in CUDA_GRAPH_MODES
 
 
 def auto_compile_mode(train: TrainConfig, use_fp8: bool, device: torch.device, world: World) -> tuple[str, str]:

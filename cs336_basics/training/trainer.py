@@ -28,8 +28,14 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from cs336_basics.compiled import auto_compile_mode, compiled_submodules, eager, resolve_compile_scope
-from cs336_basics.config import CUDA_GRAPH_MODES, RunConfig
+from cs336_basics.compiled import (
+    auto_compile_mode,
+    compiled_submodules,
+    eager,
+    resolve_compile_scope,
+    runs_cuda_graphs,
+)
+from cs336_basics.config import RunConfig
 from cs336_basics.data import BatchSampler, get_rank_batch
 from cs336_basics.errors import ConfigError, WorkFailed, io_error, writing
 from cs336_basics.model import TransformerLM
@@ -148,7 +154,7 @@ class Trainer:
         compiled = compile_for_training(model, self.parallel, mode, scope) if t.compile_model else model
         # Under CUDA graphs each compiled region replays into memory of its own, which the next step's replay
         # overwrites; with several regions torch cannot tell where a step begins, so each step says so.
-        self._marks_steps = t.compile_model and device.type == "cuda" and mode in CUDA_GRAPH_MODES
+        self._marks_steps = runs_cuda_graphs(t.compile_model, mode, device)
         self.step_model = parallelize(model, compiled, self.parallel, device)
         # BF16 keeps FP32's exponent range and torchao scales FP8 tensors itself, so no loss scaling: no AMP
         # GradScaler here on purpose (only fp16 training would need one). Under FSDP2 it steps each rank's shards.

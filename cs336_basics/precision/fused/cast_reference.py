@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from cs336_basics.precision.fused.scaling import cast_to_fp8, fp8_max
+from cs336_basics.precision.fused.scaling import cast_to_fp8, record_into_entry0
 
 
 def cast_transposed(
@@ -28,7 +28,5 @@ def cast_transposed(
     scale = scale.reshape(())
     x_fp8 = cast_to_fp8(x, scale, dtype)
     if record:
-        magnitude = x.abs().float()
-        amax_rows[:1] = torch.maximum(amax_rows[:1], magnitude.amax())
-        saturated_rows[:1] += (magnitude * scale > fp8_max(dtype)).sum(dtype=torch.int32)
+        record_into_entry0(x, scale, dtype, amax_rows, saturated_rows)
     return x_fp8, x_fp8.t().contiguous()

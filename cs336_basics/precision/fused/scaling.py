@@ -76,6 +76,16 @@ def produce_scales(
     return producer_scales(amax_fn(), scalings[0].dtypes[role])
 
 
+def record_into_entry0(
+    value: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype, amax_rows: torch.Tensor, saturated_rows: torch.Tensor
+) -> None:
+    """The torch references' recording of a whole cast tensor (the Triton kernels file theirs per tile): value's amax
+    max-accumulated and its count of values beyond the scale's range added into entry 0 of a site's row buffers."""
+    magnitude = value.abs().float()
+    amax_rows[:1] = torch.maximum(amax_rows[:1], magnitude.amax())
+    saturated_rows[:1] += (magnitude * scale > fp8_max(dtype)).sum(dtype=torch.int32)
+
+
 # Delayed scaling records a tensor's amax and saturation count row by row. Reducing a tensor row by row runs in the
 # same loop as its cast (and as a producer that reduces rows, such as RMSNorm), so inductor computes both in the
 # kernel that writes the FP8 tensor; a reduction of the whole tensor to one number would cost a second pass over it

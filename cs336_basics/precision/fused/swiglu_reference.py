@@ -24,14 +24,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from cs336_basics.precision.fused.scaling import cast_to_fp8, fp8_max
-
-
-def _record(value: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype, amax_rows, saturated_rows) -> None:
-    """value's amax and saturation count filed into entry 0 of a site's row buffers."""
-    magnitude = value.abs().float()
-    amax_rows[:1] = torch.maximum(amax_rows[:1], magnitude.amax())
-    saturated_rows[:1] += (magnitude * scale > fp8_max(dtype)).sum(dtype=torch.int32)
+from cs336_basics.precision.fused.scaling import cast_to_fp8, record_into_entry0
 
 
 def swiglu(h1: torch.Tensor, h3: torch.Tensor) -> torch.Tensor:
@@ -64,7 +57,7 @@ def swiglu_cast(
     g = swiglu(h1, h3)
     g_fp8 = cast_to_fp8(g, scale[0], dtype)
     if record:
-        _record(g, scale[0], dtype, amax_rows, saturated_rows)
+        record_into_entry0(g, scale[0], dtype, amax_rows, saturated_rows)
     return g_fp8, _transpose(g_fp8, transposed)
 
 
@@ -88,6 +81,6 @@ def swiglu_grad_cast(
     dh1, dh3 = swiglu_grads(dg, h1, h3)
     dh1_fp8, dh3_fp8 = cast_to_fp8(dh1, scales[0], dtype), cast_to_fp8(dh3, scales[1], dtype)
     if record:
-        _record(dh1, scales[0], dtype, amax_rows1, saturated_rows1)
-        _record(dh3, scales[1], dtype, amax_rows3, saturated_rows3)
+        record_into_entry0(dh1, scales[0], dtype, amax_rows1, saturated_rows1)
+        record_into_entry0(dh3, scales[1], dtype, amax_rows3, saturated_rows3)
     return dh1_fp8, _transpose(dh1_fp8, transposed), dh3_fp8, _transpose(dh3_fp8, transposed)
