@@ -3,6 +3,7 @@ tests."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -25,3 +26,11 @@ class RecordScaledMM(TorchDispatchMode):
             fast = args[7] if len(args) > 7 else (kwargs or {}).get("use_fast_accum", False)  # as the schema orders it
             self.calls.append((tuple(args[0].shape), bool(fast)))
         return func(*args, **(kwargs or {}))
+
+
+def assert_recorded(buffers, before, amax: float, saturated: int, saturated_tolerance: int = 0) -> None:
+    """A site's (amax, saturated) row buffers hold what they held before plus one recording of (amax, saturated), in
+    whichever entries: the update reduces each buffer to one number."""
+    assert buffers[0].max().item() == pytest.approx(max(before[0].max().item(), amax), rel=1e-2)
+    assert (buffers[0] >= before[0]).all()  # max-accumulated: no entry went down
+    assert abs(int(buffers[1].sum() - before[1].sum()) - saturated) <= saturated_tolerance

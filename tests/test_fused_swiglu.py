@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from numerics import sqnr_db
+from numerics import assert_recorded, sqnr_db
 
 from cs336_basics.model.layers import SwiGLU
 from cs336_basics.precision.fused import swiglu_reference as reference
@@ -46,13 +46,6 @@ def row_buffers(rows: int = 8, device: str = "cpu") -> tuple[torch.Tensor, torch
     gen = torch.Generator(device).manual_seed(1)
     amax = torch.rand(rows, device=device, generator=gen)
     return amax, torch.randint(0, 9, (rows,), device=device, generator=gen, dtype=torch.int32)
-
-
-def assert_recorded(buffers, before, amax: float, saturated: int, saturated_tolerance: int = 0) -> None:
-    """The buffers hold what they held before plus one recording of (amax, saturated), in whichever entries."""
-    assert buffers[0].max().item() == pytest.approx(max(before[0].max().item(), amax), rel=1e-2)
-    assert (buffers[0] >= before[0]).all()  # max-accumulated: no entry went down
-    assert abs(int(buffers[1].sum() - before[1].sum()) - saturated) <= saturated_tolerance
 
 
 def test_reference_cast_writes_the_transpose_and_counts_saturations():

@@ -1,13 +1,13 @@
 """The q/k/v gradients' FP8 producer as a Triton kernel (CUDA): RoPE's backward, the FP8 cast, its transposed copy and
-the per-row recordings of delayed scaling in one pass over attention's gradient.
+the recordings of delayed scaling in one pass over attention's gradient.
 
 Unfused, RoPE's backward writes q's and k's gradients in BF16 in attention's (batch, heads, seq, head_dim) layout and
 the projection's cast reads them back token-major, reducing each token's row across the heads: inductor fused the
 two into one kernel that ran at a fraction of the memory bandwidth, then a separate kernel wrote the transposed copy
 (benchmarks/results/2026-11-25-kernel-profiles-h200/README.md). Here each program reads a tile of tokens x channels
 of the gradient (any strides but a contiguous last axis), rotates it back, and writes it in FP8 row-major and
-transposed; with delayed scaling each row's amax and saturation count go straight into the site's own row buffers
-(atomically: a row's channels are spread over a few programs), with no kernel of their own.
+transposed; with delayed scaling each tile's amax and saturation count go straight into the site's own row buffers
+(tiles.record_tile), with no kernel of their own.
 The operations, their signatures and numerics are rope_reference.py's; tests compare the two on the GPU. They are
 torch custom ops (torch.library.triton_op), so torch.compile keeps them in its graph (fullgraph).
 
@@ -22,7 +22,7 @@ import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
 from cs336_basics.precision.fused.scaling import E5M2, fp8_max
-from cs336_basics.precision.fused.tiles import ROPE_GRAD_TILE, Tile, saturating_cast
+from cs336_basics.precision.fused.tiles import ROPE_GRAD_TILE, Tile, record_tile, saturating_cast
 
 
 @triton.jit
@@ -63,12 +63,7 @@ def _rope_grad_kernel(
         tl.store(out_ptr + rows[:, None].to(tl.int64) * F + cols[None, :], y, mask=mask)
         tl.store(out_t_ptr + cols[None, :].to(tl.int64) * M + rows[:, None], y, mask=mask)
         if RECORD:
-            # Max-accumulated into the site's own row buffer (entry: row modulo its length), as SiteScaling.cast does;
-            # atomically, as a row's channels are spread over several programs.
-            entry = rows % recorded_rows
-            saturated = tl.sum((magnitude * scale > LIMIT).to(tl.int32), axis=1)
-            tl.atomic_max(amax_ptr + entry, tl.max(magnitude, axis=1), mask=row_mask, sem="relaxed")
-            tl.atomic_add(sat_ptr + entry, saturated, mask=row_mask, sem="relaxed")
+            record_tile(magnitude, scale, amax_ptr, sat_ptr, recorded_rows, LIMIT)
     else:  # dynamic scaling's first pass: this tile's amax, in its own slot
         tl.store(amax_ptr + tl.program_id(0) * tl.num_programs(1) + tl.program_id(1), tl.max(magnitude))
 
