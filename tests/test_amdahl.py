@@ -375,7 +375,7 @@ def test_analyse_a_tiny_model_end_to_end():
     assert result.bf16_breakdown["n_scaled_mm_calls"] == 0
     assert result.attribution == "shape" and result.method == "cpu-op"
     for breakdown in (result.bf16_breakdown, result.fp8_breakdown):  # annotations are not kernels
-        assert not any(name.startswith("## ") for name, _ in breakdown["top_kernels"])
+        assert not any(name.startswith("## ") for name, *_ in breakdown["top_kernels"])
     json.dumps(result.to_dict(), allow_nan=False)
     assert "tiny" in format_table([result])
 
