@@ -142,12 +142,15 @@ def plan(config: RunConfig) -> Plan:
     if compile_model and t.compile_scope == "auto":
         auto.append(f"compile_scope={scope} ({why})")
     config = config.replace(train={"compile_scope": scope})
+    # The compile mode an FP8 step will get (its defaults matter only with FP8 on; build() resolves the mode itself).
+    fp8_mode = t.compile_mode if t.compile_mode != "auto" else auto_compile_mode(config.train, True, device, world)[0]
     choice = choose_fp8(
         config.fp8,
         parallel_mode=parallel_mode,
         world_size=world.world_size,
         lora=config.finetune.lora,
         own_model=config.model.hf_model is None,
+        cuda_graphs=runs_cuda_graphs(compile_model, fp8_mode, device),
     )
     config = dataclasses.replace(config, fp8=choice.config)
     if use_fp8 is not False:

@@ -21,8 +21,11 @@ from cs336_basics.precision.choice import AUTO_SETTINGS, choose_fp8
 README = Path(__file__).resolve().parents[1] / "README.md"
 
 
-def chosen(parallel_mode: str = "none", world_size: int = 1, lora: bool = False, **fp8) -> FP8Config:
-    return choose_fp8(FP8Config(**fp8), parallel_mode=parallel_mode, world_size=world_size, lora=lora).config
+def chosen(
+    parallel_mode: str = "none", world_size: int = 1, lora: bool = False, cuda_graphs: bool = False, **fp8
+) -> FP8Config:
+    where = {"parallel_mode": parallel_mode, "world_size": world_size, "lora": lora, "cuda_graphs": cuda_graphs}
+    return choose_fp8(FP8Config(**fp8), **where).config
 
 
 def settings(cfg: FP8Config) -> tuple:
@@ -55,6 +58,8 @@ def test_the_default_is_the_fused_path_with_the_fp8_head_and_delayed_scaling():
         ({}, {"fp8_path": "torchao", "fp8_shape_filter": False}, ("torchao", False, False, "dynamic")),
         # a LoRA base runs this package's own FP8 linears whatever the path, with the defaults measured for it
         ({"lora": True}, {}, ("fused", False, False, "dynamic")),
+        ({"lora": True, "cuda_graphs": True}, {}, ("fused", True, False, "delayed")),
+        ({"cuda_graphs": True}, {}, ("fused", True, False, "delayed")),  # pretraining's do not depend on it
     ],
 )
 def test_where_the_choice_differs(where, fp8, expected):

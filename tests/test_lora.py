@@ -174,6 +174,31 @@ def test_the_fp8_head_fuses_the_loss_and_matches_the_bf16_head():
     assert not fp8_lora("attn,lm_head", fp8_lm_head=True)[1].base.fused_loss_head  # adapters need the logits
 
 
+def test_the_fp8_base_keeps_its_bf16_weights_off_the_gpu_and_training_never_reads_them(monkeypatch):
+    """The FP8 frozen linears' BF16 weights wait in host memory (on the GPU they would add their size to the peak).
+    Put on the meta device instead, where any read of their values fails, the loss and the adapters' gradients are
+    unchanged: training reads only the FP8 copies. A weight another module reads (a tied embedding) stays."""
+    from cs336_basics.lora import apply
+
+    loss, grads, _ = loss_and_grads(fp8_lora("attn", fp8_lm_head=True)[0])
+    monkeypatch.setattr(apply, "HOST", torch.device("meta"))
+    model, report, _ = fp8_lora("attn", fp8_lm_head=True)
+    fp8_layers = [m for m in model.modules() if isinstance(m, FrozenLinear) and m.fp8]
+    assert report.weights_in_host_memory == len(fp8_layers) == report.base.n_converted == 15
+    assert all(m.weight.is_meta for m in fp8_layers)
+    assert "the BF16 weights of 15 FP8 linears kept in CPU memory" in dict(report.summary_lines())["LoRA base"]
+    moved_loss, moved_grads, _ = loss_and_grads(model)
+    torch.testing.assert_close(moved_loss, loss, rtol=0, atol=0)
+    for name, grad in grads.items():
+        torch.testing.assert_close(moved_grads[name], grad, rtol=0, atol=0, msg=name)
+    torch.manual_seed(0)
+    tied = TransformerLM(tiny_model(tie_embeddings=True)).to(torch.bfloat16)
+    fp8_config = dataclasses.replace(FP8, fp8_path="fused", fp8_lm_head=True)
+    report = LoRAConverter(FinetuneConfig(init_from="x", lora_rank=4, lora_targets="attn"), fp8_config).convert(tied)
+    assert report.weights_in_host_memory == 14 and not tied.lm_head.weight.is_meta
+    assert tied.lm_head.weight is tied.token_embeddings.weight
+
+
 def test_a_delayed_fp8_base_scales_from_recorded_amaxes_without_an_amax_pass():
     """--fp8_scaling delayed: one DelayedScalingState over every FP8 base linear; casts read its scales (no amax pass:
     an evaluation, which records nothing, reduces no tensor); training records the amaxes, and once the update has
@@ -429,7 +454,13 @@ def test_gpu_compiled_fp8_base_trains_its_adapters_like_the_bf16_base_and_never_
     assert len(compared) == len(bf16_grads) // 2
     for a, b in compared:
         assert sqnr_db(a, b) > 10
-    assert {m.weight_casts for m in fp8_model.modules() if isinstance(m, FrozenLinear) and m.fp8} == {1}
+    fp8_layers = [m for m in fp8_model.modules() if isinstance(m, FrozenLinear) and m.fp8]
+    assert {m.weight_casts for m in fp8_layers} == {1}
+    # The BF16 weights waited in host memory, the FP8 copies on the GPU.
+    assert report.weights_in_host_memory == len(fp8_layers)
+    assert {m.weight.device.type for m in fp8_layers} == {"cpu"} and {m.weight_fp8.is_cuda for m in fp8_layers} == {
+        True
+    }
 
 
 @pytest.mark.gpu
@@ -440,4 +471,7 @@ def test_gpu_lora_fine_tune_runs_compiled_with_an_fp8_base(base_run, tmp_path, t
     code, stdout, err = run([*argv, "--out_dir", tmp_path / "lora"], capsys)
     assert code == 0, err
     assert "15 frozen linears in FP8 (weights cast once), 0 in BF16" in stdout
+    # --compile_mode auto replays an FP8 step under CUDA graphs, where a LoRA base's scaling defaults to delayed.
+    assert "fp8_scaling=delayed (a LoRA base's under CUDA graphs defaults)" in stdout
+    assert "the BF16 weights of 15 FP8 linears kept in CPU memory" in stdout
     assert "2 shared input casts, 2 SwiGLU blocks made in FP8, loss fused into the FP8 head" in stdout

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
 from torch import nn
 
 from cs336_basics.config import LORA_FP8_PATH, LORA_TARGET_MODULES, FinetuneConfig, FP8Config, lora_target_list
@@ -34,6 +35,7 @@ class LoRAReport:
     adapter_layers: list[str] = field(default_factory=list)
     trainable: int = 0
     frozen: int = 0
+    weights_in_host_memory: int = 0  # FP8 frozen linears whose BF16 weight was moved to CPU memory
 
     def summary_lines(self) -> list[tuple[str, str]]:
         """(label, text) rows for the configuration summary."""
@@ -57,9 +59,34 @@ class LoRAReport:
                 f"rank {self.rank}, scale {self.scale:g}, adapters on {'+'.join(self.targets)}: "
                 f"{len(self.adapter_layers)} layers",
             ),
-            ("LoRA base", text + "; no weight-gradient GEMM (base weights frozen)"),
+            ("LoRA base", text + "; no weight-gradient GEMM (base weights frozen)" + self._host_note()),
             ("trainable", f"{self.trainable:,} trainable ({share:.3%}), {self.frozen:,} frozen"),
         ]
+
+    def _host_note(self) -> str:
+        if not self.weights_in_host_memory:
+            return ""
+        n = self.weights_in_host_memory
+        return f"; the BF16 weights of {n} FP8 linears kept in CPU memory (their GEMMs read the FP8 copies)"
+
+
+HOST = torch.device("cpu")  # where the FP8 frozen linears' BF16 weights wait (tests put them on "meta")
+
+
+def _move_fp8_weights_to_host(model: nn.Module) -> int:
+    """Move the BF16 weight of every FP8 frozen linear to CPU memory; return how many moved. Its GEMMs read only the
+    FP8 copies (the weight and its transposed copy: together the BF16 weight's size), so on the GPU the BF16 weight
+    would only raise the peak above a BF16 base's. It stays on the GPU where another module reads it (a tied
+    embedding). State dicts and merges see the same weight, on the host."""
+    fp8_layers = [m for m in model.modules() if isinstance(m, FrozenLinear) and m.fp8]
+    ids = {id(m) for m in fp8_layers}
+    shared = {id(p) for m in model.modules() if id(m) not in ids for p in m.parameters(recurse=False)}
+    moved = 0
+    for layer in fp8_layers:
+        if id(layer.weight) not in shared and layer.weight.device != HOST:
+            layer.weight = nn.Parameter(layer.weight.detach().to(HOST), requires_grad=False)
+            moved += 1
+    return moved
 
 
 def _target_of(fqn: str) -> str | None:
@@ -127,6 +154,8 @@ class LoRAConverter(Converter):
             # In the model's module order, the order the checkpoints of earlier runs keep their histories in.
             sites = [m.scaling for m in model.modules() if isinstance(m, FrozenLinear) and m.fp8]
             self.scaling = delayed_scaling(sites, fp8)
+        if fp8 is not None:
+            report.weights_in_host_memory = _move_fp8_weights_to_host(model)
         seen = {id(p): p for p in model.parameters()}.values()  # tied weights once
         report.trainable = sum(p.numel() for p in seen if p.requires_grad)
         report.frozen = sum(p.numel() for p in seen if not p.requires_grad)

@@ -120,8 +120,10 @@ class FrozenLinear(nn.Module):
     def refresh_fp8_weight(self) -> None:
         """Make the FP8 copies of the weight (non-persistent buffers: the BF16 weight stays the saved one), scaled
         by the weight's own amax. Needed again only if the base weight is changed in place, e.g. by loading other
-        base weights."""
-        w_fp8, w_scale_inv = dynamic_cast(self.weight, E4M3)
+        base weights. The copies stay where the first ones were made (LoRAConverter may have moved the BF16 weight
+        to CPU memory)."""
+        device = self.weight_fp8.device if self.weight_casts else self.weight.device
+        w_fp8, w_scale_inv = dynamic_cast(self.weight.to(device), E4M3)
         self.register_buffer("weight_fp8", w_fp8, persistent=False)
         self.register_buffer("weight_fp8_t", w_fp8.t().contiguous(), persistent=False)
         self.register_buffer("weight_scale_inv", w_scale_inv, persistent=False)
@@ -152,7 +154,7 @@ class FrozenLinear(nn.Module):
         if self.rank == 0:
             return self.weight.detach().clone()
         delta = self.scale * (self.lora_b.float() @ self.lora_a.float())
-        return (self.weight.float() + delta).to(self.weight.dtype)
+        return (self.weight.float().to(delta.device) + delta).to(self.weight.dtype)
 
     def extra_repr(self) -> str:
         base = f"in_features={self.in_features}, out_features={self.out_features}, frozen"

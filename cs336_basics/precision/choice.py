@@ -40,11 +40,18 @@ class FP8Choice:
 
 
 def choose_fp8(
-    fp8: FP8Config, *, parallel_mode: str, world_size: int, lora: bool = False, own_model: bool = True
+    fp8: FP8Config,
+    *,
+    parallel_mode: str,
+    world_size: int,
+    lora: bool = False,
+    own_model: bool = True,
+    cuda_graphs: bool = False,
 ) -> FP8Choice:
     """Resolve fp8's automatic settings for a run in `parallel_mode` ("none", "ddp", "fsdp") on `world_size`
     processes. `lora`: a LoRA fine-tune, whose frozen base runs this package's own FP8 linears on either path, with
-    defaults of its own (README, "Fine-tuning"). `own_model`: False for a Hugging Face model."""
+    defaults of its own (README, "Fine-tuning"), which depend on `cuda_graphs`: whether its FP8 step will replay under
+    CUDA graphs. `own_model`: False for a Hugging Face model."""
     notes = []
     path = fp8.fp8_path
     if path == "auto":
@@ -58,7 +65,7 @@ def choose_fp8(
             f"the fused FP8 path{flags} converts this package's model only, not a Hugging Face model; use "
             "--fp8_path torchao (or accelerate) and drop the fused path's settings."
         )
-    whose, defaults = _defaults(fp8, path, world_size, lora)
+    whose, defaults = _defaults(fp8, path, world_size, lora, cuda_graphs)
     changes = {"fp8_path": path}
     changes |= {name: value for name, value in defaults.items() if getattr(fp8, name) in (None, "auto")}
     automatic = [f"{name}={value}" for name, value in changes.items() if name != "fp8_path"]
@@ -82,9 +89,15 @@ def fp8_converter(fp8: FP8Config, world_size: int = 1, fsdp_float8_all_gather: b
     raise ValueError(f"fp8_converter takes a chosen FP8Config (choose_fp8), not fp8_path={fp8.fp8_path!r}")
 
 
-def _defaults(fp8: FP8Config, path: str, world_size: int, lora: bool) -> tuple[str, dict[str, Any]]:
+def _defaults(fp8: FP8Config, path: str, world_size: int, lora: bool, cuda_graphs: bool) -> tuple[str, dict[str, Any]]:
     """Whose defaults apply, and the lm_head, shape-rule and scaling settings they give."""
-    if lora:  # measured on a LoRA base: dynamic in the default compile mode (delayed pays only under CUDA graphs)
+    if lora:  # measured on a LoRA base: delayed scaling and the FP8 head pay under CUDA graphs, not without them
+        if cuda_graphs:  # benchmarks/results/2026-11-26-defaults-by-block/README.md (LoRA)
+            return "a LoRA base's under CUDA graphs", {
+                "fp8_lm_head": True,
+                "fp8_shape_filter": False,
+                "fp8_scaling": "delayed",
+            }
         return "a LoRA base's", {"fp8_lm_head": False, "fp8_shape_filter": False, "fp8_scaling": "dynamic"}
     if path == "fused":  # one amax history per process, which several processes would not agree on: dynamic there
         scaling = "delayed" if world_size == 1 else "dynamic"
