@@ -91,8 +91,9 @@ def fp8_converter(fp8: FP8Config, world_size: int = 1, fsdp_float8_all_gather: b
 
 def _defaults(fp8: FP8Config, path: str, world_size: int, lora: bool, cuda_graphs: bool) -> tuple[str, dict[str, Any]]:
     """Whose defaults apply, and the lm_head, shape-rule and scaling settings they give."""
-    if lora:  # measured on a LoRA base: delayed scaling and the FP8 head pay under CUDA graphs, not without them
-        if cuda_graphs:  # benchmarks/results/2026-11-26-defaults-by-block/README.md (LoRA)
+    if lora:  # measured on a LoRA base (docs/fine-tuning.md): delayed scaling pays only under CUDA graphs, where
+        # it was measured with the FP8 head (benchmarks/results/2026-11-26-defaults-by-block/README.md, item 3)
+        if cuda_graphs:
             return "a LoRA base's under CUDA graphs", {
                 "fp8_lm_head": True,
                 "fp8_shape_filter": False,
