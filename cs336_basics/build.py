@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from cs336_basics.compiled import auto_compile_mode, resolve_compile_scope, runs_cuda_graphs
+from cs336_basics.compiled import auto_compile_mode, resolve_compile_mode, resolve_compile_scope, runs_cuda_graphs
 from cs336_basics.config import ModelConfig, RunConfig, TrainConfig
 from cs336_basics.errors import ConfigError
 from cs336_basics.lora import LoRAConverter, LoRAReport, check_finetune_request, load_base
@@ -143,7 +143,7 @@ def plan(config: RunConfig) -> Plan:
         auto.append(f"compile_scope={scope} ({why})")
     config = config.replace(train={"compile_scope": scope})
     # The compile mode an FP8 step will get (its defaults matter only with FP8 on; build() resolves the mode itself).
-    fp8_mode = t.compile_mode if t.compile_mode != "auto" else auto_compile_mode(config.train, True, device, world)[0]
+    fp8_mode, _ = resolve_compile_mode(config.train, True, device, world)
     choice = choose_fp8(
         config.fp8,
         parallel_mode=parallel_mode,

@@ -98,6 +98,13 @@ def runs_cuda_graphs(compile_model: bool, mode: str, device: torch.device) -> bo
     return bool(compile_model) and device.type == "cuda" and mode in CUDA_GRAPH_MODES
 
 
+def resolve_compile_mode(train: TrainConfig, use_fp8: bool, device: torch.device, world: World) -> tuple[str, str]:
+    """--compile_mode: (mode, why): the one asked for, or auto's choice (auto_compile_mode)."""
+    if train.compile_mode != "auto":
+        return train.compile_mode, "asked for"
+    return auto_compile_mode(train, use_fp8, device, world)
+
+
 def auto_compile_mode(train: TrainConfig, use_fp8: bool, device: torch.device, world: World) -> tuple[str, str]:
     """--compile_mode auto: (mode, why). CUDA graphs (reduce-overhead) replay a whole compiled step in one launch.
     They pay where the step waits for the host: FP8's, whose casts and scaled GEMMs are more and smaller kernels than

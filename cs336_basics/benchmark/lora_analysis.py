@@ -82,9 +82,10 @@ def base_gemm_prediction(base_share: float, gemm_speedup: float) -> float:
 
 def cast_bytes_per_token(model: torch.nn.Module) -> int:
     """Bytes per token the FP8 base's casts move each training step (lora/layers.py's modules; see CAST_BYTES)."""
-    from cs336_basics.lora.layers import FrozenFp8LMHead, FrozenFp8SwiGLU, FrozenLinear, FrozenSharedInput
+    from cs336_basics.lora.apply import frozen_fp8_linears
+    from cs336_basics.lora.layers import FrozenFp8LMHead, FrozenFp8SwiGLU, FrozenSharedInput
 
-    fp8_layers = [m for m in model.modules() if isinstance(m, FrozenLinear) and m.fp8]
+    fp8_layers = frozen_fp8_linears(model)
     scaling = "delayed" if fp8_layers and fp8_layers[0].scaling.delayed else "dynamic"
     cast = CAST_BYTES[scaling]
     total, grouped = 0, set()

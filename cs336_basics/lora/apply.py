@@ -73,12 +73,11 @@ class LoRAReport:
 HOST = torch.device("cpu")  # where the FP8 frozen linears' BF16 weights wait (tests put them on "meta")
 
 
-def _move_fp8_weights_to_host(model: nn.Module) -> int:
-    """Move the BF16 weight of every FP8 frozen linear to CPU memory; return how many moved. Its GEMMs read only the
-    FP8 copies (the weight and its transposed copy: together the BF16 weight's size), so on the GPU the BF16 weight
-    would only raise the peak above a BF16 base's. It stays on the GPU where another module reads it (a tied
-    embedding). State dicts and merges see the same weight, on the host."""
-    fp8_layers = [m for m in model.modules() if isinstance(m, FrozenLinear) and m.fp8]
+def _move_weights_to_host(model: nn.Module, fp8_layers: list[FrozenLinear]) -> int:
+    """Move the BF16 weight of each of `model`'s FP8 frozen linears to CPU memory; return how many moved. Their GEMMs
+    read only the FP8 copies (the weight and its transposed copy: together the BF16 weight's size), so on the GPU the
+    BF16 weight would only raise the peak above a BF16 base's. It stays on the GPU where another module reads it (a
+    tied embedding). State dicts and merges see the same weight, on the host."""
     ids = {id(m) for m in fp8_layers}
     shared = {id(p) for m in model.modules() if id(m) not in ids for p in m.parameters(recurse=False)}
     moved = 0
@@ -150,12 +149,11 @@ class LoRAConverter(Converter):
             )
         if fp8 is not None:
             _group_fp8_layers(model, fp8, report)
-        if delayed:  # the Trainer advances the scales once per step, through this converter's hooks
-            # In the model's module order, the order the checkpoints of earlier runs keep their histories in.
-            sites = [m.scaling for m in model.modules() if isinstance(m, FrozenLinear) and m.fp8]
-            self.scaling = delayed_scaling(sites, fp8)
-        if fp8 is not None:
-            report.weights_in_host_memory = _move_fp8_weights_to_host(model)
+            fp8_layers = frozen_fp8_linears(model)
+            if delayed:  # the Trainer advances the scales once per step, through this converter's hooks
+                # In the model's module order, the order the checkpoints of earlier runs keep their histories in.
+                self.scaling = delayed_scaling([m.scaling for m in fp8_layers], fp8)
+            report.weights_in_host_memory = _move_weights_to_host(model, fp8_layers)
         seen = {id(p): p for p in model.parameters()}.values()  # tied weights once
         report.trainable = sum(p.numel() for p in seen if p.requires_grad)
         report.frozen = sum(p.numel() for p in seen if not p.requires_grad)
@@ -187,6 +185,11 @@ def _group_fp8_layers(model: nn.Module, fp8: FP8Config, report: LoRAReport) -> N
     report.base.shared_input_groups = len(groups)
 
 
+def frozen_fp8_linears(model: nn.Module) -> list[FrozenLinear]:
+    """The frozen base linears running in FP8, in the model's module order."""
+    return [m for m in model.modules() if isinstance(m, FrozenLinear) and m.fp8]
+
+
 def count_frozen_fp8_linears(model: nn.Module) -> int:
     """Frozen base linears running in FP8, counted from the model's modules (independently of the report)."""
-    return sum(1 for m in model.modules() if isinstance(m, FrozenLinear) and m.fp8)
+    return len(frozen_fp8_linears(model))

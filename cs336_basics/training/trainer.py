@@ -29,9 +29,9 @@ import torch
 from tqdm.auto import tqdm
 
 from cs336_basics.compiled import (
-    auto_compile_mode,
     compiled_submodules,
     eager,
+    resolve_compile_mode,
     resolve_compile_scope,
     runs_cuda_graphs,
 )
@@ -145,10 +145,9 @@ class Trainer:
         # DDP wraps the compiled model, FSDP2 shards the model whose blocks were compiled (parallel/wrap.py says why
         # in this order). fullgraph=True: a graph break in the model is a bug we want to hear about, not a silent
         # slowdown. `step_model` is what the training step calls.
-        mode = t.compile_mode
-        if mode == "auto":  # build() resolves it (and its summary names the choice); a Trainer made without build() too
-            mode, _ = auto_compile_mode(t, bool(config.fp8.use_fp8), device, self.world)
-        # build() resolves the scope too; a Trainer made without build() resolves it here.
+        # build() resolves the mode and the scope (its summary names the choices); a Trainer made without build()
+        # resolves them here.
+        mode, _ = resolve_compile_mode(t, bool(config.fp8.use_fp8), device, self.world)
         fsdp = self.parallel.mode == FSDP
         scope, _ = resolve_compile_scope(t.compile_scope, isinstance(model, TransformerLM), fsdp)
         compiled = compile_for_training(model, self.parallel, mode, scope) if t.compile_model else model
