@@ -13,7 +13,12 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["BlockLayout", "Blocks", "DeviceInts", "addresses"]
+__all__ = ["VECTOR_BYTES", "BlockLayout", "Blocks", "DeviceInts", "addresses", "vector_aligned"]
+
+# A kernel's widest access. Its loads and stores are vectors of this many bytes only where every address is a multiple
+# of it and every size a multiple of it in elements, so that no vector straddles a tensor's end
+# (multi_tensor_triton.py).
+VECTOR_BYTES = 16
 
 
 class DeviceInts:
@@ -24,6 +29,7 @@ class DeviceInts:
     def __init__(self) -> None:
         self._values: list[int] | None = None
         self._table: torch.Tensor | None = None
+        self.multiples_of_vector = False  # whether every value is a multiple of VECTOR_BYTES
 
     def __call__(self, values: list[int], device: torch.device) -> torch.Tensor:
         if values != self._values:
@@ -32,6 +38,7 @@ class DeviceInts:
             # caching allocator reuses the old one's memory only in stream order, after that kernel.
             self._table = host.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else host
             self._values = values
+            self.multiples_of_vector = all(v % VECTOR_BYTES == 0 for v in values)
         return self._table
 
 
@@ -50,6 +57,7 @@ class Blocks:
     first_block: torch.Tensor
     numel: torch.Tensor
     programs: int
+    whole_vectors: bool  # every size a multiple of VECTOR_BYTES elements
 
 
 class BlockLayout:
@@ -72,6 +80,13 @@ class BlockLayout:
                 first_block.to(device),
                 torch.tensor(numels, device=device),
                 int(blocks.sum()),
+                all(n % VECTOR_BYTES == 0 for n in numels),
             )
             self._numels = numels
         return self._blocks
+
+
+def vector_aligned(blocks: Blocks, *tables: DeviceInts) -> bool:
+    """Whether a launch over `blocks`, reading its tensors through `tables` (as `addresses` last filled them), may
+    access them in vectors of VECTOR_BYTES (the kernels' ALIGNED)."""
+    return blocks.whole_vectors and all(table.multiples_of_vector for table in tables)

@@ -351,9 +351,13 @@ _INTERPRETED_KERNEL_CHECK = """
 import torch
 from cs336_basics.optim.adamw import adamw_update
 from cs336_basics.optim.adamw_kernel import AdamWLaunch
+from cs336_basics.optim.clipping import global_grad_norm
+from cs336_basics.optim.grad_norm_kernel import GradNormLaunch
 gen = torch.Generator().manual_seed(0)
-shapes = [(3, 2000), (5,), (2048,), (7, 300)]  # several blocks, one short block, exactly one block, a remainder
-for low_precision in (True, False):
+# Several blocks, one short block, exactly one block, a remainder; then sizes of whole 16-element vectors only,
+# which the kernels access in vectors (ALIGNED) where the addresses allow it.
+for shapes, low_precision in [(s, low) for s in ([(3, 2000), (5,), (2048,), (7, 300)], [(3, 2048), (16,), (48, 80)])
+                              for low in (True, False)]:
     launch = AdamWLaunch()
     for call in range(2):  # the second call reuses the address tables and the block layout
         grads = [torch.randn(s, generator=gen).to(torch.bfloat16) for s in shapes]
@@ -373,6 +377,8 @@ for low_precision in (True, False):
         if low_precision:
             for param, master in zip(params, masters):
                 torch.testing.assert_close(param.float(), master, rtol=2**-7, atol=0)
+        grads.append(torch.randn(33, generator=gen))  # a second gradient dtype: a launch of its own
+        torch.testing.assert_close(GradNormLaunch()(grads), global_grad_norm(grads), rtol=1e-6, atol=0)
 print("kernel ok")
 """
 
@@ -384,6 +390,30 @@ def test_fused_kernel_matches_the_formula_in_the_triton_interpreter():
         [sys.executable, "-c", _INTERPRETED_KERNEL_CHECK], env=env, capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 0 and "kernel ok" in done.stdout, done.stderr[-3000:]
+
+
+def test_vector_access_only_where_every_address_and_size_allows_it():
+    from cs336_basics.multi_tensor import BlockLayout, DeviceInts, addresses, vector_aligned
+
+    buffer = torch.zeros(4096)
+    whole = [buffer[:1024], buffer[1024:1536]]  # 16-byte-aligned views of whole vectors (16 elements each)
+    shifted = [buffer[1:1025], buffer[1025:1537]]  # the same sizes, addresses 4 bytes off a vector
+    ragged = [buffer[:1024], buffer[1024:1034]]  # a size of 10 elements: a vector would run past its end
+
+    def aligned(tensors):
+        table = DeviceInts()
+        addresses(table, tensors)
+        return vector_aligned(BlockLayout(256)(tensors), table)
+
+    assert buffer.data_ptr() % 16 == 0
+    assert aligned(whole)
+    assert not aligned(shifted)
+    assert not aligned(ragged)
+    table = DeviceInts()  # a table filled again follows the new addresses
+    layout = BlockLayout(256)
+    addresses(table, whole)
+    addresses(table, shifted)
+    assert not vector_aligned(layout(whole), table)
 
 
 # ---------------------------------------------------------------- GPU: fused, and no host sync in step()
@@ -413,6 +443,48 @@ def test_cuda_bf16_step_is_fused_and_never_syncs():
         torch.testing.assert_close(m.cpu(), cpu_opt.master_params()[n], rtol=1e-5, atol=1e-6)
     for n, p in named:  # the BF16 weight is its master rounded to nearest, as torch rounds
         assert torch.equal(p.detach(), opt.master_params()[n].to(torch.bfloat16)), n
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("misaligned", [False, True], ids=["vectors", "one-element-off"])
+def test_cuda_fused_step_and_norm_match_the_formula_with_and_without_vector_access(misaligned):
+    # Sizes of whole 16-element vectors (and a short last block), so only the addresses decide the path.
+    shapes = {"layers.0.w.weight": (48, 2064), "layers.0.ln.weight": (2048 + 16,), "out.weight": (16, 32)}
+    gen = torch.Generator().manual_seed(0)
+    init = {n: torch.randn(s, generator=gen).to(torch.bfloat16) for n, s in shapes.items()}
+    grads = [{n: torch.randn(s, generator=gen).to(torch.bfloat16) for n, s in shapes.items()} for _ in range(2)]
+
+    def params(device: str) -> list[tuple[str, nn.Parameter]]:
+        if device == "cpu" or not misaligned:
+            return [(n, nn.Parameter(t.to(device, copy=True))) for n, t in init.items()]
+        named = []  # each weight a contiguous view one element into a buffer of its own: 2 bytes off a vector
+        for n, t in init.items():
+            buffer = torch.empty(t.numel() + 1, dtype=t.dtype, device=device)
+            view = buffer[1:].view(t.shape)
+            view.copy_(t)
+            named.append((n, nn.Parameter(view)))
+        return named
+
+    def run(device: str) -> tuple[MasterWeightAdamW, list[torch.Tensor]]:
+        named = params(device)
+        opt = MasterWeightAdamW(named, **HP)
+        norms = []
+        for step_grads in grads:
+            for n, p in named:
+                p.grad = step_grads[n].to(device, copy=True)
+            norms.append(opt.step(max_grad_norm=1.0))
+        return opt, norms
+
+    cuda_opt, cuda_norms = run("cuda")
+    cpu_opt, cpu_norms = run("cpu")
+    assert cuda_opt.fused and not cpu_opt.fused
+    assert all(p.data_ptr() % 16 == (2 if misaligned else 0) for p in cuda_opt.params)
+    for got, want in zip(cuda_norms, cpu_norms, strict=True):
+        torch.testing.assert_close(got.cpu(), want, rtol=1e-6, atol=0)
+    for n, m in cuda_opt.master_params().items():
+        torch.testing.assert_close(m.cpu(), cpu_opt.master_params()[n], rtol=1e-5, atol=1e-6)
+    for (n, p), master in zip(cuda_opt.named_parameters(), cuda_opt.masters, strict=True):
+        assert torch.equal(p.detach(), master.to(torch.bfloat16)), n
 
 
 # ---------------------------------------------------------------- schedule

@@ -91,8 +91,9 @@ class MasterWeightAdamW:
         named_params: `(name, parameter)` pairs, normally `model.named_parameters()` of the uncompiled
             model. Names key the state dict, so checkpoints survive a change of model precision.
         lr, betas, eps, weight_decay: as in torch.optim.AdamW (decoupled weight decay).
-        fused: run the update as one Triton kernel launch per parameter group (adamw_kernel.py). None (default):
-            on CUDA; on CPU the same formula runs op by op (`adamw_update`).
+        fused: run the update as one Triton kernel launch per parameter group (adamw_kernel.py), and the gradient
+            norm as one per gradient dtype (grad_norm_kernel.py). None (default): on CUDA; on CPU the same formula
+            runs op by op (`adamw_update`) and the norm with torch's multi-tensor ops (`global_grad_norm`).
 
     Weight decay applies only to parameters with ndim >= 2 (linear weights, embeddings); 1-D parameters
     (RMSNorm gains, biases) are not decayed: shrinking a gain towards 0 has no regularising meaning.
@@ -121,8 +122,10 @@ class MasterWeightAdamW:
         # name -> {"step", "exp_avg", "exp_avg_sq"}; filled the first time a parameter gets a gradient.
         self.state: dict[str, dict[str, torch.Tensor]] = {}
         self.fused = fused_by_default(self.device) if fused is None else fused
+        self._grad_norm = global_grad_norm
         if self.fused:
-            self._new_launch = self._fused_kernel()
+            self._new_launch, grad_norm_launch = self._fused_kernels()
+            self._grad_norm = grad_norm_launch()
         # The fused kernel's launches, one per parameter group and dtype, each keeping its address tables.
         self._launches: dict[tuple, Any] = {}
         # Device scalars refreshed in place each step (a fill_ is a kernel launch, never a host sync).
@@ -163,20 +166,22 @@ class MasterWeightAdamW:
         # The group whose ranks hold the other shards: the gradient norm is summed over it.
         self._shard_group = self.params[0].device_mesh.get_group() if all(sharded) else None
 
-    def _fused_kernel(self) -> type:
-        """The fused kernel's launch class (adamw_kernel.py), or a ConfigError that says why it cannot run here."""
+    def _fused_kernels(self) -> tuple[type, type]:
+        """The fused kernels' launch classes (adamw_kernel.py, grad_norm_kernel.py), or a ConfigError that says why
+        they cannot run here."""
         if self.device.type != "cuda":
             raise ConfigError("the fused AdamW kernel runs on CUDA only; use fused=False on other devices.")
         if not all(p.is_contiguous() for p in self.locals):
             raise ConfigError("the fused AdamW kernel needs contiguous parameters (it writes them as flat arrays).")
         try:
             from cs336_basics.optim.adamw_kernel import AdamWLaunch  # imports triton
+            from cs336_basics.optim.grad_norm_kernel import GradNormLaunch
         except ImportError as exc:
             raise ConfigError(
                 f"the fused AdamW kernel needs triton ({exc}); it ships with torch's Linux CUDA wheels. "
                 "Install triton, or build the optimizer with fused=False (op by op: several times slower steps)."
             ) from exc
-        return AdamWLaunch
+        return AdamWLaunch, GradNormLaunch
 
     # ---- views ----
     def set_lr(self, lr: float) -> None:
@@ -211,7 +216,7 @@ class MasterWeightAdamW:
         all_grads = [local_tensor(p.grad) for p in self.params if p.grad is not None]
         if not all_grads:
             return torch.zeros((), device=self.device)
-        norm = global_grad_norm(all_grads)  # accumulated in fp32 straight from the BF16 grads
+        norm = self._grad_norm(all_grads)  # accumulated in fp32 straight from the BF16 grads
         if self._shard_group is not None:  # this rank's shards only: sum the squares over the ranks
             import torch.distributed as dist
 

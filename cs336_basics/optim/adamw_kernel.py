@@ -6,7 +6,8 @@ gradients for fp32 masters or write a second copy of the weight, so with it the 
 cast, clip and copy back (52 bytes per parameter).
 
 One launch covers every tensor of a list (multi_tensor.py: the kernel reads each through a table of addresses), so
-the host pays one launch per parameter group instead of one per parameter, which a short FP8 step waits for.
+the host pays one launch per parameter group instead of one per parameter, which a short FP8 step waits for. Its
+accesses are 16-byte vectors where every tensor allows them (multi_tensor_triton.py says why that matters).
 
 What it saves, and what the alternatives cost: benchmarks/results/2026-11-21-optimizer-step-h200.json (the update
 against the separate passes and against torch's fused AdamW on BF16 weights without masters) and
@@ -25,12 +26,14 @@ import torch
 import triton
 import triton.language as tl
 
-from cs336_basics.multi_tensor import BlockLayout, DeviceInts, addresses
+from cs336_basics.multi_tensor import BlockLayout, DeviceInts, addresses, vector_aligned
+from cs336_basics.multi_tensor_triton import block_of_tensor, tensor_at
 
 __all__ = ["AdamWLaunch"]
 
 _BLOCK_SIZE = 2048
 _TENSORS = ("grad", "master", "exp_avg", "exp_avg_sq", "step", "param")
+_VECTOR_ACCESSED = ("grad", "master", "exp_avg", "exp_avg_sq", "param")  # a step counter is one scalar
 
 
 def _log2(beta: float) -> float:
@@ -59,16 +62,14 @@ def _adamw_kernel(
     eps,
     weight_decay,
     WRITE_PARAM: tl.constexpr,
+    ALIGNED: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
 ):
-    program = tl.program_id(0)
-    t = tl.load(tensor_of_block + program)
-    offsets = (program - tl.load(first_block + t)).to(tl.int64) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
-    mask = offsets < tl.load(numel + t)
-    grad_ptr = tl.load(grad_addresses + t).to(tl.pointer_type(grad_like.dtype.element_ty))
-    master_ptr = tl.load(master_addresses + t).to(tl.pointer_type(tl.float32))
-    exp_avg_ptr = tl.load(exp_avg_addresses + t).to(tl.pointer_type(tl.float32))
-    exp_avg_sq_ptr = tl.load(exp_avg_sq_addresses + t).to(tl.pointer_type(tl.float32))
+    t, offsets, mask = block_of_tensor(tensor_of_block, first_block, numel, ALIGNED, BLOCK_SIZE)
+    grad_ptr = tensor_at(grad_addresses, t, grad_like.dtype.element_ty, ALIGNED)
+    master_ptr = tensor_at(master_addresses, t, tl.float32, ALIGNED)
+    exp_avg_ptr = tensor_at(exp_avg_addresses, t, tl.float32, ALIGNED)
+    exp_avg_sq_ptr = tensor_at(exp_avg_sq_addresses, t, tl.float32, ALIGNED)
     step = tl.load(tl.load(step_addresses + t).to(tl.pointer_type(tl.float32)))
     lr = tl.load(lr_ptr)
     g = tl.load(grad_ptr + offsets, mask=mask).to(tl.float32) * tl.load(grad_scale_ptr)
@@ -88,7 +89,7 @@ def _adamw_kernel(
     tl.store(exp_avg_ptr + offsets, m, mask=mask)
     tl.store(exp_avg_sq_ptr + offsets, v, mask=mask)
     if WRITE_PARAM:
-        param_ptr = tl.load(param_addresses + t).to(tl.pointer_type(param_like.dtype.element_ty))
+        param_ptr = tensor_at(param_addresses, t, param_like.dtype.element_ty, ALIGNED)
         tl.store(param_ptr + offsets, w.to(param_like.dtype.element_ty), mask=mask)
 
 
@@ -142,5 +143,6 @@ class AdamWLaunch:
             eps,
             weight_decay,
             WRITE_PARAM=params is not None,
+            ALIGNED=vector_aligned(layout, *(self._addresses[name] for name in _VECTOR_ACCESSED)),
             BLOCK_SIZE=_BLOCK_SIZE,
         )
