@@ -479,8 +479,8 @@ def test_cuda_fused_step_and_norm_match_the_formula_with_and_without_vector_acce
     cpu_opt, cpu_norms = run("cpu")
     assert cuda_opt.fused and not cpu_opt.fused
     assert all(p.data_ptr() % 16 == (2 if misaligned else 0) for p in cuda_opt.params)
-    for got, want in zip(cuda_norms, cpu_norms, strict=True):
-        torch.testing.assert_close(got.cpu(), want, rtol=1e-6, atol=0)
+    for got, want in zip(cuda_norms, cpu_norms, strict=True):  # fp32 sums of ~10^5 squares, added in another order
+        torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=0)
     for n, m in cuda_opt.master_params().items():
         torch.testing.assert_close(m.cpu(), cpu_opt.master_params()[n], rtol=1e-5, atol=1e-6)
     for (n, p), master in zip(cuda_opt.named_parameters(), cuda_opt.masters, strict=True):
