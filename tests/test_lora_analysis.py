@@ -14,13 +14,14 @@ from test_lora import FP8, tiny_lm
 from tiny import tiny_model
 
 from cs336_basics.benchmark import lora_analysis
-from cs336_basics.benchmark.amdahl.measure import gpu_timeline
+from cs336_basics.benchmark.amdahl.measure import breakdown_from_events, gpu_timeline
 from cs336_basics.benchmark.lora_analysis import (
     CAST_BYTES,
     base_gemm_prediction,
     cast_bytes_per_token,
     format_lora_table,
     simple_prediction,
+    split_fp8_step_by_kernel_name,
     split_step,
 )
 from cs336_basics.benchmark.sweep.cli import parse_options
@@ -50,6 +51,20 @@ def test_the_step_splits_gemms_by_whether_a_dimension_is_the_rank():
     converted = {(256, 768, 4096)}
     split = split_step(events, rank=16, converted=converted)
     assert split == pytest.approx({"adapter_gemm_ms": 0.03, "base_gemm_ms": 0.4, "base_converted_gemm_ms": 0.3})
+
+
+def test_under_cuda_graphs_an_all_fp8_base_splits_its_gemms_by_kernel_name():
+    # Replayed kernels are linked to no op: the split by shape finds nothing, the kernels' names tell FP8 from BF16.
+    events = [
+        kernel("nvjet_sm90_qqtst_128x128_TNT", 300.0),  # a base GEMM, forward (E4M3 x E4M3)
+        kernel("nvjet_sm90_qrtst_128x128_TNN", 200.0),  # a base GEMM, input gradient (E4M3 x E5M2)
+        kernel("nvjet_sm90_tst_64x8_NNT", 30.0),  # an adapter GEMM, in BF16
+        kernel("cudnn_sdpa_flash_fprop", 90.0),  # attention: no linear GEMM
+        kernel("triton_poi_fused_add_0", 50.0),
+    ]
+    assert not any(split_step(events, rank=16, converted={(256, 768, 4096)}).values())
+    split = split_fp8_step_by_kernel_name(breakdown_from_events(events))
+    assert split == pytest.approx({"adapter_gemm_ms": 0.03, "base_gemm_ms": 0.5, "base_converted_gemm_ms": 0.5})
 
 
 @pytest.mark.parametrize("scaling", ["dynamic", "delayed"])

@@ -13,6 +13,11 @@ peak memory, compile time and loss, as every sweep row), then one more step of e
   rest           the step's wall time minus those: attention, norms, RoPE, the loss, the optimizer, and the GPU's
                  idle time (reported on its own too: the step's wall time minus its kernels' busy time)
 
+GEMMs are told apart by their shapes, which the profiler records on the op that launched each kernel. Under CUDA
+graphs (an FP8 base's default) kernels are replayed apart from their ops; an FP8 base whose every linear is FP8 is then
+split by kernel name (its FP8 GEMMs are the base's, its BF16 GEMMs the adapters'), and the record says which
+(`split_method`).
+
 The predictions of the FP8 base's speedup, each from the BF16 base's profile and measurements made apart from the
 FP8 step:
 
@@ -39,6 +44,7 @@ import torch
 
 from cs336_basics.benchmark.amdahl.law import GemmShape, linear_gemm_shapes
 from cs336_basics.benchmark.amdahl.measure import (
+    StepBreakdown,
     breakdown_from_events,
     gpu_timeline,
     linear_gemm_calls,
@@ -127,6 +133,14 @@ def split_step(events: Iterable[Any], rank: int, converted: set[tuple[int, int, 
     return {name: us / 1e3 for name, us in ms.items()}
 
 
+def split_fp8_step_by_kernel_name(kernels: StepBreakdown) -> dict[str, float]:
+    """split_step for an FP8 base whose every linear runs in FP8, from a profile whose kernels are classified by name
+    (under CUDA graphs the profiler links no kernel to the op that launched it, so no GEMM's shape is known): its FP8
+    GEMMs are the base's, its BF16 GEMMs the adapters'."""
+    base = kernels.fp8_gemm_ms
+    return {"adapter_gemm_ms": kernels.linear_gemm_ms - base, "base_gemm_ms": base, "base_converted_gemm_ms": base}
+
+
 def _measure_base(
     fp8_plan: Plan,
     use_fp8: bool,
@@ -154,7 +168,10 @@ def _measure_base(
     step_ms = statistics.median(time_calls_ms(trainer.train_step, timing_steps))
     events = profiled_steps(trainer)
     kernels = breakdown_from_events(events)
-    split = split_step(events, config.finetune.lora_rank, converted)
+    split, split_method = split_step(events, config.finetune.lora_rank, converted), "by GEMM shape"
+    if not any(split.values()) and use_fp8 and not built.conversion.skipped:
+        split, split_method = split_fp8_step_by_kernel_name(kernels), "by kernel name (FP8: base, BF16: adapters)"
+        log(f"[lora] {name} base: no kernel linked to its op (CUDA graphs), so its GEMMs are split {split_method}")
     timeline = gpu_timeline(events)
     gaps = ", ".join(f"{ms:.2f} ms after {before} before {after}" for ms, before, after in timeline.gaps[:5])
     log(f"[lora] {name} base: GPU idle {timeline.idle_ms(step_ms):.1f} of {step_ms:.1f} ms; longest gaps: {gaps}")
@@ -164,7 +181,7 @@ def _measure_base(
         loss=result.loss, peak_mem_gib=torch.cuda.max_memory_allocated(device) / 2**30, steps=steps,
         step_time_ms=1e3 * tokens_per_step / result.tokens_per_sec, profiled_step_ms=step_ms, **split,
         non_gemm_kernel_ms=kernels.kernel_ms - gemm_ms, attention_ms=kernels.attention_ms,
-        gpu_idle_ms=timeline.idle_ms(step_ms),
+        gpu_idle_ms=timeline.idle_ms(step_ms), split_method=split_method,
         cast_bytes_per_step=cast_bytes_per_token(built.model) * tokens_per_step if use_fp8 else 0,
     )  # fmt: skip
     del trainer, built, events
