@@ -594,6 +594,33 @@ def test_ctrl_c_keeps_what_finished(tmp_path, token_files, capsys, fake_workers,
     assert (out / "sweep.md").exists() and (out / "sweep.png").exists()
 
 
+def test_a_sweep_stopped_between_repeats_keeps_the_runs_that_finished(
+    tmp_path, token_files, capsys, fake_workers, monkeypatch
+):
+    # Two configurations taking turns, three runs each; stopped during the fifth run (the second's third is never
+    # started): the first keeps two runs, the second two, each marked cut short.
+    fake_workers += ["ok:900", "ok:500", "ok:1200", "ok:700"]
+    real_run = sweep_run.run_isolated
+    calls = []
+
+    def run_then_interrupt(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 5:
+            raise KeyboardInterrupt
+        return real_run(*args, **kwargs)
+
+    monkeypatch.setattr(sweep_run, "run_isolated", run_then_interrupt)
+    out = tmp_path / "sweep"
+    argv = [*TINY_GRID, "--precisions", "fp32", "--batch_sizes", "4,8", *TINY, *token_files, "--repeats", "3"]
+    code, _, err = run_main([*argv, "--out_dir", out], capsys)
+    assert code == 130 and "cut short" in err
+    first, second = json.loads((out / "sweep.json").read_text())["runs"]
+    assert first["tokens_per_sec_runs"] == [900.0, 1200.0] and second["tokens_per_sec_runs"] == [500.0, 700.0]
+    assert first["repeats"] == second["repeats"] == 2 and first["repeats_planned"] == second["repeats_planned"] == 3
+    assert first["tokens_per_sec"] == 900.0  # the lower of the middle two: one real run's fields
+    assert "900 (900–1,200, 2 of 2; cut short, 3 planned)" in (out / "sweep.md").read_text()
+
+
 # ---- GPU ----
 
 

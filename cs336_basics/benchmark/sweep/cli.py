@@ -291,7 +291,8 @@ def _main(argv: Sequence[str] | None) -> int:
             return 130
         write_outputs(out_dir, plot=True)
         print(
-            f"\ninterrupted: {out_dir}/sweep.{{json,csv,md,png}} hold the configurations that finished.",
+            f"\ninterrupted: {out_dir}/sweep.{{json,csv,md,png}} hold the configurations that finished, and the "
+            "finished runs of any whose repeats were cut short.",
             file=sys.stderr,
         )
         return 130

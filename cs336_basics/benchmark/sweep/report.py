@@ -141,12 +141,16 @@ def combine_repeats(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _tokens_cell(record: dict[str, Any]) -> str:
-    """tokens/s; for repeated runs the median run's, with the range of all runs that finished."""
+    """tokens/s; for repeated runs the median run's, with the range of all runs that finished (and, for a sweep stopped
+    before the configuration's last run, how many were planned)."""
     cell = format_or_na(record.get("tokens_per_sec"), ",.0f")
+    notes = []
     if record.get("repeats", 1) > 1 and record.get("tokens_per_sec_min") is not None:
         low, high = record["tokens_per_sec_min"], record["tokens_per_sec_max"]
-        cell += f" ({low:,.0f}–{high:,.0f}, {record['repeats_ok']} of {record['repeats']})"
-    return cell
+        notes.append(f"{low:,.0f}–{high:,.0f}, {record['repeats_ok']} of {record['repeats']}")
+    if record.get("repeats_planned"):  # the sweep was stopped before this configuration's last run
+        notes.append(f"cut short, {record['repeats_planned']} planned")
+    return cell + (f" ({'; '.join(notes)})" if notes else "")
 
 
 def _pct(fraction: float | None) -> str:

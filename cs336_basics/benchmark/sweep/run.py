@@ -202,27 +202,39 @@ def run_sweep(plan: Sequence[Planned], options: SweepOptions, out_dir: Path, log
     records: list[dict[str, Any]] = []
     runs: list[list[dict[str, Any]]] = [[] for _ in plan]
     repeats = options.repeats
+
+    def record_configuration(i: int, planned_repeats: int) -> None:
+        record = combine_repeats(runs[i - 1])
+        if len(runs[i - 1]) < planned_repeats:  # cut short: the runs that finished, and how many were planned
+            record["repeats_planned"] = planned_repeats
+        latest = latest_runs([*previous, *records, record])
+        record["speedup_vs_bf16"] = speedup_for(record, latest)
+        record["scaling_vs_1gpu"] = scaling_for(record, latest)
+        records.append(record)
+        append_runs(json_path, [record])
+        write_outputs(out_dir, plot=False)
+        log(_progress_line(i, len(plan), record))
+
     with tempfile.TemporaryDirectory(prefix="cs336-sweep-") as work:
-        for k in range(1, repeats + 1):
-            for i, planned in enumerate(plan, 1):
-                which = f" (run {k} of {repeats})" if repeats > 1 else ""
-                log(f"[{i}/{len(plan)}] {planned.point.label}: running{which} ...")
-                log_name = f"logs/{_log_name(planned.point.label + (f'.{k}' if repeats > 1 else ''))}"
-                run = run_isolated(planned, Path(work), out_dir / log_name, options.timeout_s, options.cold)
-                run["log"] = log_name  # relative to the results folder, which may be moved or committed
-                runs[i - 1].append(run)
-                if repeats > 1:
-                    log(f"  run {k}/{repeats}: {_run_summary(run)}")
-                if k < repeats:
-                    continue
-                record = combine_repeats(runs[i - 1])
-                latest = latest_runs([*previous, *records, record])
-                record["speedup_vs_bf16"] = speedup_for(record, latest)
-                record["scaling_vs_1gpu"] = scaling_for(record, latest)
-                records.append(record)
-                append_runs(json_path, [record])
-                write_outputs(out_dir, plot=False)
-                log(_progress_line(i, len(plan), record))
+        try:
+            for k in range(1, repeats + 1):
+                for i, planned in enumerate(plan, 1):
+                    which = f" (run {k} of {repeats})" if repeats > 1 else ""
+                    log(f"[{i}/{len(plan)}] {planned.point.label}: running{which} ...")
+                    log_name = f"logs/{_log_name(planned.point.label + (f'.{k}' if repeats > 1 else ''))}"
+                    run = run_isolated(planned, Path(work), out_dir / log_name, options.timeout_s, options.cold)
+                    run["log"] = log_name  # relative to the results folder, which may be moved or committed
+                    runs[i - 1].append(run)
+                    if repeats > 1:
+                        log(f"  run {k}/{repeats}: {_run_summary(run)}")
+                    if k == repeats:
+                        record_configuration(i, repeats)
+        except KeyboardInterrupt:
+            # Nothing lost: a configuration whose repeats were cut short keeps the runs that finished.
+            for i in range(1, len(plan) + 1):
+                if 0 < len(runs[i - 1]) < repeats:
+                    record_configuration(i, repeats)
+            raise
     return records
 
 
