@@ -574,18 +574,23 @@ def test_end_to_end_cpu_sweep_over_world_sizes_with_torchrun(tmp_path, token_fil
     assert "| 2 | cpu-small | 4 | 2 ddp | fp32 |" in (out / "sweep.md").read_text()
 
 
-def test_ctrl_c_keeps_what_finished(tmp_path, token_files, capsys, fake_workers, monkeypatch):
-    fake_workers += ["ok"]
+def interrupt_run(monkeypatch, call: int) -> None:
+    """Ctrl-C during the sweep's `call`-th run (counted from 1): the runs before it go ahead as usual."""
     real_run = sweep_run.run_isolated
     calls = []
 
     def run_then_interrupt(*args, **kwargs):
         calls.append(1)
-        if len(calls) == 2:
+        if len(calls) == call:
             raise KeyboardInterrupt
         return real_run(*args, **kwargs)
 
     monkeypatch.setattr(sweep_run, "run_isolated", run_then_interrupt)
+
+
+def test_ctrl_c_keeps_what_finished(tmp_path, token_files, capsys, fake_workers, monkeypatch):
+    fake_workers += ["ok"]
+    interrupt_run(monkeypatch, call=2)
     out = tmp_path / "sweep"
     argv = [*TINY_GRID, "--precisions", "fp32", "--batch_sizes", "1,2,3", *TINY, *token_files, "--out_dir", out]
     code, _, err = run_main(argv, capsys)
@@ -600,16 +605,7 @@ def test_a_sweep_stopped_between_repeats_keeps_the_runs_that_finished(
     # Two configurations taking turns, three runs each; stopped during the fifth run (the second's third is never
     # started): the first keeps two runs, the second two, each marked cut short.
     fake_workers += ["ok:900", "ok:500", "ok:1200", "ok:700"]
-    real_run = sweep_run.run_isolated
-    calls = []
-
-    def run_then_interrupt(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 5:
-            raise KeyboardInterrupt
-        return real_run(*args, **kwargs)
-
-    monkeypatch.setattr(sweep_run, "run_isolated", run_then_interrupt)
+    interrupt_run(monkeypatch, call=5)
     out = tmp_path / "sweep"
     argv = [*TINY_GRID, "--precisions", "fp32", "--batch_sizes", "4,8", *TINY, *token_files, "--repeats", "3"]
     code, _, err = run_main([*argv, "--out_dir", out], capsys)
