@@ -203,10 +203,10 @@ def run_sweep(plan: Sequence[Planned], options: SweepOptions, out_dir: Path, log
     runs: list[list[dict[str, Any]]] = [[] for _ in plan]
     repeats = options.repeats
 
-    def record_configuration(i: int, planned_repeats: int) -> None:
+    def record_configuration(i: int) -> None:
         record = combine_repeats(runs[i - 1])
-        if len(runs[i - 1]) < planned_repeats:  # cut short: the runs that finished, and how many were planned
-            record["repeats_planned"] = planned_repeats
+        if len(runs[i - 1]) < repeats:  # cut short: the runs that finished, and how many were planned
+            record["repeats_planned"] = repeats
         latest = latest_runs([*previous, *records, record])
         record["speedup_vs_bf16"] = speedup_for(record, latest)
         record["scaling_vs_1gpu"] = scaling_for(record, latest)
@@ -228,12 +228,12 @@ def run_sweep(plan: Sequence[Planned], options: SweepOptions, out_dir: Path, log
                     if repeats > 1:
                         log(f"  run {k}/{repeats}: {_run_summary(run)}")
                     if k == repeats:
-                        record_configuration(i, repeats)
+                        record_configuration(i)
         except KeyboardInterrupt:
             # Nothing lost: a configuration whose repeats were cut short keeps the runs that finished.
             for i in range(1, len(plan) + 1):
                 if 0 < len(runs[i - 1]) < repeats:
-                    record_configuration(i, repeats)
+                    record_configuration(i)
             raise
     return records
 
