@@ -416,6 +416,22 @@ def test_vector_access_only_where_every_address_and_size_allows_it():
     assert not vector_aligned(layout(whole), table)
 
 
+@pytest.mark.parametrize("preset", ["366m", "gpt2-small", "1.3b"])
+def test_every_preset_parameter_is_a_whole_number_of_vectors(preset, monkeypatch):
+    # The fused update vectorizes a launch only if every tensor in it does: one odd size would cost the whole group
+    # its vector access (about a fifth of the optimizer step, benchmarks/results/2026-11-26-optimizer-vectors).
+    from cs336_basics.config_layers import build_config
+    from cs336_basics.model import TransformerLM, layers
+    from cs336_basics.multi_tensor import BlockLayout
+
+    # On the meta device (no memory, no init) RoPE cannot compute its tables, which are buffers, not parameters.
+    meta_tables = lambda rope, device: (torch.empty(rope.max_seq_len, rope.head_dim // 2, device="meta"),) * 2
+    monkeypatch.setattr(layers.RotaryEmbedding, "_tables", meta_tables)
+    with torch.device("meta"):
+        model = TransformerLM(build_config({"preset": preset}).model)
+    assert BlockLayout(2048)(list(model.parameters())).whole_vectors
+
+
 # ---------------------------------------------------------------- GPU: fused, and no host sync in step()
 @pytest.mark.gpu
 def test_cuda_bf16_step_is_fused_and_never_syncs():
