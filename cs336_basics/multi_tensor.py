@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["VECTOR_BYTES", "BlockLayout", "Blocks", "DeviceInts", "addresses", "vector_aligned"]
+__all__ = ["VECTOR_BYTES", "BlockLayout", "Blocks", "DeviceInts", "addresses", "contiguous", "vector_aligned"]
 
 # A kernel's widest access. Its loads and stores are vectors of this many bytes only where every address is a multiple
 # of it and every size a multiple of it in elements, so that no vector straddles a tensor's end
@@ -40,6 +40,12 @@ class DeviceInts:
             self._values = values
             self.multiples_of_vector = all(v % VECTOR_BYTES == 0 for v in values)
         return self._table
+
+
+def contiguous(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The tensors as a kernel reads them through their addresses, as flat arrays: each contiguous, copied where it is
+    not (keep the list alive until the launch)."""
+    return [t if t.is_contiguous() else t.contiguous() for t in tensors]
 
 
 def addresses(table: DeviceInts, tensors: list[torch.Tensor]) -> torch.Tensor:

@@ -26,14 +26,14 @@ import torch
 import triton
 import triton.language as tl
 
-from cs336_basics.multi_tensor import BlockLayout, DeviceInts, addresses, vector_aligned
+from cs336_basics.multi_tensor import BlockLayout, DeviceInts, addresses, contiguous, vector_aligned
 from cs336_basics.multi_tensor_triton import block_of_tensor, tensor_at
 
 __all__ = ["AdamWLaunch"]
 
 _BLOCK_SIZE = 2048
 _TENSORS = ("grad", "master", "exp_avg", "exp_avg_sq", "step", "param")
-_VECTOR_ACCESSED = ("grad", "master", "exp_avg", "exp_avg_sq", "param")  # a step counter is one scalar
+_VECTOR_ACCESSED = tuple(name for name in _TENSORS if name != "step")  # a step counter is one scalar
 
 
 def _log2(beta: float) -> float:
@@ -120,7 +120,7 @@ class AdamWLaunch:
         weight_decay: float,
         params: list[torch.Tensor] | None,
     ) -> None:
-        grads = [g if g.is_contiguous() else g.contiguous() for g in grads]  # kept alive until the launch
+        grads = contiguous(grads)
         written = masters if params is None else params  # never written when WRITE_PARAM is False
         tables = [
             addresses(self._addresses[name], tensors)

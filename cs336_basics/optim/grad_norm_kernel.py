@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from cs336_basics.multi_tensor import BlockLayout, DeviceInts, addresses, vector_aligned
+from cs336_basics.multi_tensor import BlockLayout, DeviceInts, addresses, contiguous, vector_aligned
 from cs336_basics.multi_tensor_triton import block_of_tensor, tensor_at
 
 __all__ = ["GradNormLaunch"]
@@ -43,8 +43,8 @@ class GradNormLaunch:
 
     def __call__(self, grads: list[torch.Tensor]) -> torch.Tensor:
         by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
-        for g in grads:
-            by_dtype.setdefault(g.dtype, []).append(g if g.is_contiguous() else g.contiguous())
+        for g in contiguous(grads):
+            by_dtype.setdefault(g.dtype, []).append(g)
         partial_sums = []
         for dtype, tensors in by_dtype.items():
             table, layout = self._launches.setdefault(dtype, (DeviceInts(), BlockLayout(_BLOCK_SIZE)))
