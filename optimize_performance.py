@@ -2,7 +2,7 @@
 activation checkpointing, batch size, model preset and world size (GPUs, under torchrun, with DDP or FSDP2); every
 configuration in its own process (or torchrun launch).
 
-uv run optimize_performance.py --quick        # 366m: BF16 vs the default FP8, compile default (< 8 min on an H100)
+uv run optimize_performance.py --quick        # 366m: BF16 vs the default FP8, compile auto (< 8 min on an H100)
 uv run optimize_performance.py --presets 366m,1.3b --precisions bf16,fp8-tensorwise --compile default \\
     --attention sdpa --ac off --batch_sizes 4,8
 uv run optimize_performance.py --presets 1.3b --precisions bf16,fp8-tensorwise --compile default --attention sdpa \\

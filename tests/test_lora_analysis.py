@@ -112,6 +112,7 @@ def test_the_sweep_lora_mode_plans_every_rank_and_target_and_refuses_what_it_can
     command = lora_command(options, points[-1], tmp_path / "c.json", tmp_path / "lora.json")
     assert command[command.index("--lora_targets") + 1] == "q,v" and "--random_base" in command
     assert '"batch_size": 8' in (tmp_path / "c.json").read_text()
+    assert '"compile_mode": "auto"' in (tmp_path / "c.json").read_text()  # the trainer's default, as a user runs it
     assert parse_options(["--lora_ranks", "16", "--lora_targets", "attn,q+v"]).lora_targets == ("attn", "q,v")
     delayed = parse_options(["--lora_ranks", "16", "--fp8_path", "fused", "--fp8_scaling", "delayed"])
     lora_command(delayed, lora_points(delayed)[0], tmp_path / "d.json", tmp_path / "lora.json")

@@ -135,7 +135,8 @@ def test_each_point_builds_the_config_it_names():
 
 def test_quick_plan_and_dry_run_runs_nothing(tmp_path, capsys, monkeypatch):
     options = sweep.parse_options(["--quick"])
-    assert labels(options) == ["366m/bs8/bf16/default/sdpa/ac-off", "366m/bs8/fp8/default/sdpa/ac-off"]
+    # compile auto: each side at the mode train_h100.py would give it
+    assert labels(options) == ["366m/bs8/bf16/auto/sdpa/ac-off", "366m/bs8/fp8/auto/sdpa/ac-off"]
     assert options.steps == 20 and options.timeout_s == 200  # 2 x 200 s: under 8 minutes even if both hang
     fp8 = sweep.plan_sweep(options)[1].config  # the default FP8: every FP8 setting left to precision/choice.py
     assert fp8.fp8.use_fp8 and fp8.fp8.fp8_path == "auto" and fp8.fp8.fp8_lm_head is None and fp8.train.compile_model
@@ -151,8 +152,8 @@ def test_quick_plan_and_dry_run_runs_nothing(tmp_path, capsys, monkeypatch):
     code, stdout, _ = run_main(["--quick", "--dry_run", "--out_dir", out], capsys)
     assert code == 0
     assert "sweep plan (--quick): 2 configurations" in stdout
-    assert "1. 366m/bs8/bf16/default/sdpa/ac-off  (baseline)" in stdout
-    assert "2. 366m/bs8/fp8/default/sdpa/ac-off" in stdout
+    assert "1. 366m/bs8/bf16/auto/sdpa/ac-off  (baseline)" in stdout
+    assert "2. 366m/bs8/fp8/auto/sdpa/ac-off" in stdout
     assert "dry run" in stdout and not out.exists()
 
 

@@ -49,7 +49,7 @@ Every other flag is a train_h100.py setting applied to every configuration, e.g.
 --use_fp8, --compile_mode, ...) are refused with the sweep flag to use instead.
 
 examples:
-  optimize_performance.py --quick                       # 366m, bf16 vs fp8-tensorwise, compile default, 20 steps
+  optimize_performance.py --quick                       # 366m, bf16 vs the default fp8, compile auto, 20 steps
   optimize_performance.py --presets 366m,1.3b --precisions bf16,fp8-tensorwise --compile default \\
       --attention sdpa --ac off --batch_sizes 4,8
   optimize_performance.py --presets 1.3b --fp8_lm_head off,on --dry_run   # print the plan only
@@ -109,7 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--quick",
         action="store_true",
-        help="366m, bf16 vs fp8 (the default FP8), compile default, sdpa, AC off, batch 8, 20 steps, 200 s per config, "
+        help="366m, bf16 vs fp8 (the default FP8), compile auto (the trainer's default), sdpa, AC off, batch 8, 20 steps, 200 s per config, "
         "then the Amdahl analysis (about 4 minutes on one H200); explicit grid flags still override",
     )
     run.add_argument(
