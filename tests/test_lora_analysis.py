@@ -27,6 +27,7 @@ from cs336_basics.benchmark.lora_analysis import (
 from cs336_basics.benchmark.sweep.cli import parse_options
 from cs336_basics.benchmark.sweep.lora import lora_command, lora_points, run_lora_sweep
 from cs336_basics.config import FinetuneConfig
+from cs336_basics.config_layers import build_config
 from cs336_basics.errors import ConfigError
 from cs336_basics.lora import apply_lora
 from cs336_basics.results import append_runs
@@ -65,6 +66,13 @@ def test_under_cuda_graphs_an_all_fp8_base_splits_its_gemms_by_kernel_name():
     assert not any(split_step(events, rank=16, converted={(256, 768, 4096)}).values())
     split = split_fp8_step_by_kernel_name(breakdown_from_events(events))
     assert split == pytest.approx({"adapter_gemm_ms": 0.03, "base_gemm_ms": 0.5, "base_converted_gemm_ms": 0.5})
+
+
+@pytest.mark.parametrize("fp8_lm_head", [True, False])
+def test_the_split_by_kernel_name_is_taken_only_where_every_linear_runs_in_fp8(fp8_lm_head):
+    # A BF16 head's GEMMs would otherwise count as the adapters'.
+    config = build_config({"preset": "1.3b", "fp8": {"use_fp8": True, "fp8_lm_head": fp8_lm_head}})
+    assert lora_analysis._every_linear_converted(config) is fp8_lm_head
 
 
 @pytest.mark.parametrize("scaling", ["dynamic", "delayed"])

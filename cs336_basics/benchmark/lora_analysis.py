@@ -141,6 +141,12 @@ def split_fp8_step_by_kernel_name(kernels: StepBreakdown) -> dict[str, float]:
     return {"adapter_gemm_ms": kernels.linear_gemm_ms - base, "base_gemm_ms": base, "base_converted_gemm_ms": base}
 
 
+def _every_linear_converted(config: RunConfig) -> bool:
+    """Whether the FP8 base, as built (its FP8 settings resolved), runs every linear, lm_head included, in FP8: the
+    condition for split_fp8_step_by_kernel_name to count every BF16 GEMM as an adapter's."""
+    return all(s.converted for s in linear_gemm_shapes(config.model, config.train.batch_size, config.fp8))
+
+
 def _measure_base(
     fp8_plan: Plan,
     use_fp8: bool,
@@ -169,7 +175,7 @@ def _measure_base(
     events = profiled_steps(trainer)
     kernels = breakdown_from_events(events)
     split, split_method = split_step(events, config.finetune.lora_rank, converted), "by GEMM shape"
-    if not any(split.values()) and use_fp8 and not built.conversion.skipped:
+    if not any(split.values()) and use_fp8 and _every_linear_converted(built.config):
         split, split_method = split_fp8_step_by_kernel_name(kernels), "by kernel name (FP8: base, BF16: adapters)"
         log(f"[lora] {name} base: no kernel linked to its op (CUDA graphs), so its GEMMs are split {split_method}")
     timeline = gpu_timeline(events)
