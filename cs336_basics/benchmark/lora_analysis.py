@@ -155,6 +155,7 @@ def _measure_base(
     *,
     steps: int,
     timing_steps: int,
+    top_kernels: int,
     log: Callable[[str], Any],
 ) -> dict[str, Any]:
     """The record of one base, FP8 or BF16 (`use_fp8`): trained `steps` steps (the sweep's measurements), then
@@ -173,7 +174,7 @@ def _measure_base(
     trainer, result = train_for_measurement(built, *tokens, log)
     step_ms = statistics.median(time_calls_ms(trainer.train_step, timing_steps))
     events = profiled_steps(trainer)
-    kernels = breakdown_from_events(events)
+    kernels = breakdown_from_events(events, top_kernels=top_kernels)
     split, split_method = split_step(events, config.finetune.lora_rank, converted), "by GEMM shape"
     if not any(split.values()) and use_fp8 and _every_linear_converted(built.config):
         split, split_method = split_fp8_step_by_kernel_name(kernels), "by kernel name (FP8: base, BF16: adapters)"
@@ -181,13 +182,15 @@ def _measure_base(
     timeline = gpu_timeline(events)
     gaps = ", ".join(f"{ms:.2f} ms after {before} before {after}" for ms, before, after in timeline.gaps[:5])
     log(f"[lora] {name} base: GPU idle {timeline.idle_ms(step_ms):.1f} of {step_ms:.1f} ms; longest gaps: {gaps}")
+    top = "\n".join(f"  {ms:8.3f} ms  {launches:6.1f} x  {kernel}" for kernel, ms, launches in kernels.top_kernels)
+    log(f"[lora] {name} base: the {len(kernels.top_kernels)} kernels with the most time per step:\n{top}")
     gemm_ms = split["adapter_gemm_ms"] + split["base_gemm_ms"]
     record = run_record(
         built.config, tokens_per_sec=result.tokens_per_sec, mfu=result.mfu, compile_s=result.compile_s,
         loss=result.loss, peak_mem_gib=torch.cuda.max_memory_allocated(device) / 2**30, steps=steps,
         step_time_ms=1e3 * tokens_per_step / result.tokens_per_sec, profiled_step_ms=step_ms, **split,
         non_gemm_kernel_ms=kernels.kernel_ms - gemm_ms, attention_ms=kernels.attention_ms,
-        gpu_idle_ms=timeline.idle_ms(step_ms), split_method=split_method,
+        gpu_idle_ms=timeline.idle_ms(step_ms), split_method=split_method, top_kernels=kernels.top_kernels,
         cast_bytes_per_step=cast_bytes_per_token(built.model) * tokens_per_step if use_fp8 else 0,
     )  # fmt: skip
     del trainer, built, events
@@ -231,7 +234,11 @@ def _add_predictions(
 
 
 def analyse_lora(
-    config: RunConfig, steps: int = 12, timing_steps: int = 10, log: Callable[[str], Any] = print
+    config: RunConfig,
+    steps: int = 12,
+    timing_steps: int = 10,
+    top_kernels: int = 8,
+    log: Callable[[str], Any] = print,
 ) -> list[dict[str, Any]]:
     """The BF16-base and FP8-base records of a LoRA configuration (sweep schema plus the step's split and, on the
     FP8 record, the predictions), measured on this CUDA GPU."""
@@ -247,7 +254,16 @@ def analyse_lora(
     ]
     converted = {s.problem for s in shapes if s.converted}
     records = [
-        _measure_base(fp8_plan, use_fp8, tokens, converted, steps=steps, timing_steps=timing_steps, log=log)
+        _measure_base(
+            fp8_plan,
+            use_fp8,
+            tokens,
+            converted,
+            steps=steps,
+            timing_steps=timing_steps,
+            top_kernels=top_kernels,
+            log=log,
+        )  # fmt: skip
         for use_fp8 in (False, True)
     ]
 
@@ -358,6 +374,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--timing_steps", type=positive_int, default=10, help="CUDA-event-timed steps for the split (median)"
     )
+    parser.add_argument(
+        "--top_kernels", type=positive_int, default=8, help="how many of each base's costliest kernels to name"
+    )
     parser.add_argument("--json", help="append both records to this results file")
     parser.add_argument(
         "--random_base",
@@ -370,7 +389,9 @@ def main(argv: list[str] | None = None) -> int:
             if args.random_base:
                 setattr(args, "finetune.init_from", str(Path(tmp) / "base.pt"))
                 write_random_base(args, Path(tmp) / "base.pt")
-            records = analyse_lora(config_from_args(args), steps=args.steps, timing_steps=args.timing_steps)
+            records = analyse_lora(
+                config_from_args(args), steps=args.steps, timing_steps=args.timing_steps, top_kernels=args.top_kernels
+            )
     except ConfigError as exc:
         return report_error(exc)
     print(format_lora_table(records))
