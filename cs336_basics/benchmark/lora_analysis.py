@@ -253,19 +253,8 @@ def analyse_lora(
         s for s in linear_gemm_shapes(config.model, config.train.batch_size, config.fp8) if s.kind != "grad_weight"
     ]
     converted = {s.problem for s in shapes if s.converted}
-    records = [
-        _measure_base(
-            fp8_plan,
-            use_fp8,
-            tokens,
-            converted,
-            steps=steps,
-            timing_steps=timing_steps,
-            top_kernels=top_kernels,
-            log=log,
-        )  # fmt: skip
-        for use_fp8 in (False, True)
-    ]
+    measurement = dict(steps=steps, timing_steps=timing_steps, top_kernels=top_kernels, log=log)
+    records = [_measure_base(fp8_plan, use_fp8, tokens, converted, **measurement) for use_fp8 in (False, True)]
 
     bf16, fp8 = records
     bf16["speedup_vs_bf16"] = 1.0
