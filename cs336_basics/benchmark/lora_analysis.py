@@ -142,8 +142,9 @@ def split_fp8_step_by_kernel_name(kernels: StepBreakdown) -> dict[str, float]:
 
 
 def _every_linear_converted(config: RunConfig) -> bool:
-    """Whether the FP8 base, as built (its FP8 settings resolved), runs every linear, lm_head included, in FP8: the
-    condition for split_fp8_step_by_kernel_name to count every BF16 GEMM as an adapter's."""
+    """Whether the FP8 base of `config` (its FP8 settings resolved, as a build plan has them) runs every linear,
+    lm_head included, in FP8: the condition for split_fp8_step_by_kernel_name to count every BF16 GEMM as an
+    adapter's."""
     return all(s.converted for s in linear_gemm_shapes(config.model, config.train.batch_size, config.fp8))
 
 
@@ -152,6 +153,7 @@ def _measure_base(
     use_fp8: bool,
     tokens: tuple[np.ndarray, np.ndarray],
     converted: set[tuple[int, int, int]],
+    every_linear_fp8: bool,
     *,
     steps: int,
     timing_steps: int,
@@ -176,7 +178,7 @@ def _measure_base(
     events = profiled_steps(trainer)
     kernels = breakdown_from_events(events, top_kernels=top_kernels)
     split, split_method = split_step(events, config.finetune.lora_rank, converted), "by GEMM shape"
-    if not any(split.values()) and use_fp8 and _every_linear_converted(built.config):
+    if not any(split.values()) and use_fp8 and every_linear_fp8:
         split, split_method = split_fp8_step_by_kernel_name(kernels), "by kernel name (FP8: base, BF16: adapters)"
         log(f"[lora] {name} base: no kernel linked to its op (CUDA graphs), so its GEMMs are split {split_method}")
     timeline = gpu_timeline(events)
@@ -253,8 +255,13 @@ def analyse_lora(
         s for s in linear_gemm_shapes(config.model, config.train.batch_size, config.fp8) if s.kind != "grad_weight"
     ]
     converted = {s.problem for s in shapes if s.converted}
+    # The plan has resolved the FP8 settings (the head's included) that the FP8 base is built with.
+    every_linear_fp8 = _every_linear_converted(config)
     measurement = dict(steps=steps, timing_steps=timing_steps, top_kernels=top_kernels, log=log)
-    records = [_measure_base(fp8_plan, use_fp8, tokens, converted, **measurement) for use_fp8 in (False, True)]
+    records = [
+        _measure_base(fp8_plan, use_fp8, tokens, converted, every_linear_fp8, **measurement)
+        for use_fp8 in (False, True)
+    ]
 
     bf16, fp8 = records
     bf16["speedup_vs_bf16"] = 1.0
