@@ -110,13 +110,7 @@ def run_record(config: RunConfig, status: str = "ok", **measured: Any) -> dict[s
         # The fused path's cast savings; a LoRA base has them on either path.
         "fp8_share_input_casts": bool(fp8.use_fp8 and own_linears and fp8.fp8_share_input_casts),
         "fp8_fused_swiglu": bool(fp8.use_fp8 and own_linears and fp8.fp8_fused_swiglu),
-        "fp8_fused_rope": bool(  # the pretraining path's only (a LoRA base keeps its q/k/v group)
-            fp8.use_fp8
-            and fp8.fp8_path == "fused"
-            and not config.finetune.lora
-            and fp8.fp8_share_input_casts
-            and fp8.fp8_fused_rope
-        ),
+        "fp8_fused_rope": bool(fp8.use_fp8 and own_linears and fp8.fp8_share_input_casts and fp8.fp8_fused_rope),
         "lora_rank": config.finetune.lora_rank,
         "lora_targets": config.finetune.lora_targets if config.finetune.lora else None,
         "tokens_per_sec": None,

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 from numerics import assert_recorded, sqnr_db
-from test_fused_swiglu import assert_same_fp8
+from test_fused_swiglu import assert_same_bits
 
 from cs336_basics.config import FP8Config, ModelConfig
 from cs336_basics.model.attention import CausalSelfAttention
@@ -143,7 +143,7 @@ def test_gpu_triton_producer_matches_the_reference(layout, shape, with_positions
                 tested = triton_ops.rope_grad_cast(*cast_args, amax_rows, saturated_rows)
                 expected = reference.rope_grad_cast(*cast_args, *expected_rows)
                 for test, ref in zip(tested, expected, strict=True):
-                    assert_same_fp8(test, ref)
+                    assert_same_bits(test, ref)
                 # The kernel files each tile's recording in one entry, the reference each row's: the same totals.
                 # A value at the edge of the range may saturate in one and not the other (its last bit).
                 amax = expected_rows[0].max().item()
@@ -153,6 +153,30 @@ def test_gpu_triton_producer_matches_the_reference(layout, shape, with_positions
                     assert amax_rows.sum() > before[0].sum() and saturated_rows.sum() > before[1].sum()
                 else:
                     assert torch.equal(amax_rows, before[0]) and torch.equal(saturated_rows, before[1])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("keep_bf16", [True, False])
+def test_gpu_frozen_base_producer_writes_the_same_fp8_and_keeps_the_bf16_gradient(keep_bf16):
+    # A frozen base's variant (lora/layers.py): the same FP8 gradient, no transpose, the rotated BF16 one if asked.
+    from cs336_basics.precision.fused import rope_triton as triton_ops
+
+    batch, heads, seq, head_dim = 2, 14, 300, 64
+    rope = RotaryEmbedding(head_dim, 512).cuda()
+    grad = attention_grad(batch, heads, seq, head_dim, device="cuda")
+    for rotate in (True, False):
+        scale = amax_to_scale(reference.rope_grad_amax(grad, rope.cos, rope.sin, None, rotate) / 2, E5M2)
+        rows = [(torch.zeros(batch * seq, device="cuda"), torch.zeros(batch * seq, device="cuda", dtype=torch.int32))
+                for _ in range(2)]  # fmt: skip
+        args = (grad, rope.cos, rope.sin, None, scale, E5M2, rotate, True)
+        g_fp8, kept = triton_ops.rope_grad_cast_frozen(*args, keep_bf16, *rows[0])
+        expected, _ = reference.rope_grad_cast(*args, *rows[1])
+        assert_same_bits(g_fp8, expected)
+        if keep_bf16:
+            assert_same_bits(kept, reference.rope_grad(grad, rope.cos, rope.sin, None, rotate))
+        else:
+            assert kept.numel() == 0
+        assert rows[0][0].max() == rows[1][0].max()
 
 
 @pytest.mark.gpu

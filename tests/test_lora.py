@@ -18,11 +18,17 @@ from cs336_basics.config import FinetuneConfig, FP8Config
 from cs336_basics.config_layers import build_config
 from cs336_basics.errors import ConfigError
 from cs336_basics.lora import LoRAConverter, LoRAReport, apply_lora
-from cs336_basics.lora.layers import FrozenFp8LMHead, FrozenFp8SwiGLU, FrozenLinear, FrozenSharedInput
+from cs336_basics.lora.layers import (
+    FrozenFp8LMHead,
+    FrozenFp8QkvRope,
+    FrozenFp8SwiGLU,
+    FrozenLinear,
+    FrozenSharedInput,
+)
 from cs336_basics.lora.merge import lora_model, merge_adapters, merged_state_dict
 from cs336_basics.model import TransformerLM
 from cs336_basics.precision.fused.convert import fused_dtypes
-from cs336_basics.precision.fused.scaling import SiteScaling
+from cs336_basics.precision.fused.scaling import GRAD, INPUT, SiteScaling
 from cs336_basics.training.checkpoint import read_checkpoint
 from cs336_basics.training.metrics import read_metrics
 
@@ -128,7 +134,7 @@ def loss_and_grads(model: TransformerLM) -> tuple[torch.Tensor, dict[str, torch.
 def test_the_fp8_base_shares_input_casts_and_makes_swiglu_in_fp8_with_the_same_numerics():
     """Grouped (q/k/v and w1/w3 inputs cast once, SwiGLU made in FP8) and per-layer FP8 bases cast the same tensors
     with the same scales: the same loss and adapter gradients, with fewer amax passes."""
-    grouped, report, _ = fp8_lora("attn")
+    grouped, report, _ = fp8_lora("attn", fp8_fused_rope=False)
     plain, plain_report, _ = fp8_lora("attn", fp8_share_input_casts=False, fp8_fused_swiglu=False)
     n = tiny_model().n_layers
     assert (report.base.shared_input_groups, report.base.fused_swiglu_blocks) == (n, n)
@@ -152,6 +158,39 @@ def test_the_fp8_base_shares_input_casts_and_makes_swiglu_in_fp8_with_the_same_n
     # Forward and dx, no weight gradient; and no dx at all for the first block's q/k/v, whose input (the frozen
     # embedding's, normed) needs no gradient.
     assert calls["_scaled_mm"] == plain_calls["_scaled_mm"] == 2 * 7 * n - 3
+
+
+@pytest.mark.parametrize("scaling", ["dynamic", "delayed"])
+@pytest.mark.parametrize("targets", ["attn", "q,v"])  # adapters on every q/k/v; on some (k's gradient not kept)
+def test_q_k_v_with_rope_as_one_frozen_unit_equal_the_group_it_replaces(scaling, targets):
+    """--fp8_fused_rope on a frozen base: one producer per output rotates attention's gradient back and writes it in
+    FP8 for the base (and in BF16 for the adapters), where the group's own cast read RoPE's BF16 gradient back. The
+    same casts of the same tensors: the same loss, adapter gradients and delayed-scaling recordings."""
+    fused, report, fused_converter = fp8_lora(targets, fp8_scaling=scaling)
+    group, group_report, group_converter = fp8_lora(targets, fp8_scaling=scaling, fp8_fused_rope=False)
+    n = tiny_model().n_layers
+    assert report.base.fused_rope_groups == n and group_report.base.fused_rope_groups == 0
+    assert sum(isinstance(m, FrozenFp8QkvRope) for m in fused.modules()) == n
+    assert fused.state_dict().keys() == group.state_dict().keys()
+    loss, grads, calls = loss_and_grads(fused)
+    group_loss, group_grads, group_calls = loss_and_grads(group)
+    torch.testing.assert_close(loss, group_loss, rtol=0, atol=0)
+    assert grads.keys() == group_grads.keys()
+    # The last block's backward is the same computation. Below it, x's gradient gathers the base's and the
+    # adapters' parts in another order, as in the test above.
+    last = f"layers.{n - 1}."
+    for name, grad in group_grads.items():
+        if name.startswith(last):
+            torch.testing.assert_close(grads[name], grad, rtol=0, atol=0, msg=name)
+        assert sqnr_db(grad.float(), grads[name].float()) > 25, name
+    assert calls["_scaled_mm"] == group_calls["_scaled_mm"]
+    if scaling == "delayed":
+        # The producer files its recordings per token row, the group's cast per head row: the same amaxes and counts
+        # (the amaxes of gradients below the last block to their rounding, as above).
+        for site, group_site in zip(fused_converter.scaling.sites, group_converter.scaling.sites, strict=True):
+            torch.testing.assert_close(site.amax[INPUT], group_site.amax[INPUT], rtol=0, atol=0)
+            torch.testing.assert_close(site.amax[GRAD], group_site.amax[GRAD], rtol=0.05, atol=0)
+            assert torch.equal(site.saturated, group_site.saturated)
 
 
 def test_the_fp8_head_fuses_the_loss_and_matches_the_bf16_head():

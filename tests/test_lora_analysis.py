@@ -92,10 +92,13 @@ def test_cast_traffic_counts_each_shared_input_once_and_the_fused_producers_extr
     head = cast * dim - vocab
     assert traffic(fp8_share_input_casts=False, fp8_fused_swiglu=False) == layers * per_block + head
     shared = per_block - cast * (2 * dim + dim)  # q/k/v's input once, w1/w3's once
-    assert traffic(fp8_fused_swiglu=False) == layers * shared + head
+    assert traffic(fp8_fused_swiglu=False, fp8_fused_rope=False) == layers * shared + head
     swiglu = 2 * cast * dim + sum(lora_analysis.SWIGLU_EXTRA[scaling]) * ffn
     attention = cast * (dim + 3 * dim) + cast * (dim + dim)
-    assert traffic() == layers * (attention + swiglu) + head
+    assert traffic(fp8_fused_rope=False) == layers * (attention + swiglu) + head
+    # q/k/v + RoPE as one unit: their input cast once, each gradient written by the unit's producer (all have adapters)
+    with_rope = cast * dim + 3 * lora_analysis.ROPE_GRAD_EXTRA[scaling][0] * dim + cast * (dim + dim)
+    assert traffic() == layers * (with_rope + swiglu) + head
 
 
 def test_the_table_shows_measured_speedup_and_predictions_and_marks_what_was_not_split():

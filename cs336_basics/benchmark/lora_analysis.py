@@ -71,6 +71,10 @@ CAST_BYTES = {"dynamic": 5, "delayed": 3}
 # (1): +3; delayed reads them once: -1. Backward: BF16 reads dg, h1, h3 (6) and writes two gradients (4); dynamic reads
 # them twice (12) and writes two FP8 gradients (2): +4; delayed reads them once: -2.
 SWIGLU_EXTRA = {"dynamic": (3, 4), "delayed": (-1, -2)}
+# The q/k/v + RoPE unit's extra bytes per element of an output gradient over BF16's RoPE backward (which reads the
+# gradient, 2, and writes it rotated, 2), (with adapters, which also read the BF16 gradient; without). Delayed reads it
+# once and writes FP8 (1) and, for adapters, BF16 (2): +1 / -1; dynamic also reads it for the amax (2): +3 / +1.
+ROPE_GRAD_EXTRA = {"dynamic": (3, 1), "delayed": (1, -1)}
 
 SPLIT_FIELDS = (
     "adapter_gemm_ms", "base_gemm_ms", "base_converted_gemm_ms", "non_gemm_kernel_ms", "attention_ms", "cast_ms",
@@ -89,7 +93,7 @@ def base_gemm_prediction(base_share: float, gemm_speedup: float) -> float:
 def cast_bytes_per_token(model: torch.nn.Module) -> int:
     """Bytes per token the FP8 base's casts move each training step (lora/layers.py's modules; see CAST_BYTES)."""
     from cs336_basics.lora.apply import frozen_fp8_linears
-    from cs336_basics.lora.layers import FrozenFp8LMHead, FrozenFp8SwiGLU, FrozenSharedInput
+    from cs336_basics.lora.layers import FrozenFp8LMHead, FrozenFp8QkvRope, FrozenFp8SwiGLU, FrozenSharedInput
 
     fp8_layers = frozen_fp8_linears(model)
     scaling = "delayed" if fp8_layers and fp8_layers[0].scaling.delayed else "dynamic"
@@ -100,6 +104,11 @@ def cast_bytes_per_token(model: torch.nn.Module) -> int:
             dim, ffn = module.w1.in_features, module.w1.out_features
             total += 2 * cast * dim + sum(SWIGLU_EXTRA[scaling]) * ffn
             grouped |= {id(module.w1), id(module.w2), id(module.w3)}
+        elif isinstance(module, FrozenFp8QkvRope):
+            with_adapters, without = ROPE_GRAD_EXTRA[scaling]
+            grads = sum((with_adapters if m.rank else without) * m.out_features for m in module.linears)
+            total += cast * module.linears[0].in_features + grads
+            grouped |= {id(m) for m in module.linears}
         elif isinstance(module, FrozenSharedInput):
             total += cast * (module.linears[0].in_features + sum(m.out_features for m in module.linears))
             grouped |= {id(m) for m in module.linears}

@@ -17,10 +17,17 @@ from torch import nn
 
 from cs336_basics.config import LORA_FP8_PATH, LORA_TARGET_MODULES, FinetuneConfig, FP8Config, lora_target_list
 from cs336_basics.errors import ConfigError
-from cs336_basics.lora.layers import FrozenFp8LMHead, FrozenFp8SwiGLU, FrozenLinear, FrozenSharedInput
+from cs336_basics.lora.layers import (
+    FrozenFp8LMHead,
+    FrozenFp8QkvRope,
+    FrozenFp8SwiGLU,
+    FrozenLinear,
+    FrozenSharedInput,
+)
 from cs336_basics.precision.converter import Converter, delayed_scaling
 from cs336_basics.precision.fp8 import FAST_ACCUM_BACKWARD_NOTE, FP8ConversionReport, is_lm_head, skip_reason
 from cs336_basics.precision.fused.convert import fast_accum_backward, fp8_units, fused_dtypes, set_child
+from cs336_basics.precision.fused.qkv_rope import rope_unit_heads
 from cs336_basics.precision.fused.scaling import SiteScaling
 
 
@@ -171,7 +178,8 @@ def apply_lora(model: nn.Module, ft: FinetuneConfig, fp8: FP8Config | None) -> L
 
 def _group_fp8_layers(model: nn.Module, fp8: FP8Config, report: LoRAReport) -> None:
     """FP8 SwiGLU blocks without adapters become FrozenFp8SwiGLU units; FP8 layers that read one input (a module's
-    SHARED_INPUT group) are run together by a FrozenSharedInput set as that group's attribute."""
+    SHARED_INPUT group) are run together by a FrozenSharedInput set as that group's attribute, or, for attention's
+    q/k/v with --fp8_fused_rope, by a FrozenFp8QkvRope set as its `qkv_rope` (adapters and all)."""
     in_fp8 = set(report.base.converted).__contains__
     adapters = set(report.adapter_layers)
     blocks, groups = fp8_units(model, fp8, in_fp8, fusable=lambda fqn: in_fp8(fqn) and fqn not in adapters)
@@ -180,7 +188,13 @@ def _group_fp8_layers(model: nn.Module, fp8: FP8Config, report: LoRAReport) -> N
         set_child(model, fqn, FrozenFp8SwiGLU(block.w1, block.w2, block.w3))
     for owner, attr, members in groups:
         module = model.get_submodule(owner)
-        setattr(module, attr, FrozenSharedInput(tuple(getattr(module, name) for name in members)))
+        linears = tuple(getattr(module, name) for name in members)
+        heads = rope_unit_heads(module)
+        if fp8.fp8_fused_rope and heads is not None:
+            module.qkv_rope = FrozenFp8QkvRope(linears, module.rope, heads)
+            report.base.fused_rope_groups += 1
+        else:
+            setattr(module, attr, FrozenSharedInput(linears))
     report.base.fused_swiglu_blocks = len(blocks)
     report.base.shared_input_groups = len(groups)
 

@@ -14,8 +14,9 @@ What the frozen base changes, and what these modules use:
 - The FP8 base keeps the fused path's cast savings (precision/fused/), without what only trainable weights need:
   layers that read one input (q/k/v, w1/w3) cast it once (`FrozenSharedInput`); a SwiGLU block without adapters
   writes its activation and its gradients straight in FP8 from the fused path's kernels, without the transposed
-  copies a weight gradient would read (`FrozenFp8SwiGLU`); the FP8 head computes the loss beside its GEMM and writes
-  the logits' gradient in FP8 (`FrozenFp8LMHead`).
+  copies a weight gradient would read (`FrozenFp8SwiGLU`); attention's q/k/v also take over RoPE, so that one kernel
+  rotates each gradient back and writes it in FP8, and in BF16 only for adapters (`FrozenFp8QkvRope`); the FP8 head
+  computes the loss beside its GEMM and writes the logits' gradient in FP8 (`FrozenFp8LMHead`).
 - The adapters stay in the weight dtype (BF16 on a GPU): at rank r their GEMMs are thin, memory-bound, and FP8 would
   buy nothing there. The optimizer keeps their fp32 masters, as for any trainable BF16 weight.
 
@@ -30,6 +31,8 @@ import math
 import torch
 from torch import nn
 
+from cs336_basics.model.layers import RotaryEmbedding
+from cs336_basics.precision.fused import rope_reference
 from cs336_basics.precision.fused.head import (
     cross_entropy_from_logits,
     fp8_unit_logits_grad,
@@ -37,6 +40,7 @@ from cs336_basics.precision.fused.head import (
     loss_without_gradient,
 )
 from cs336_basics.precision.fused.linear import fp8_matmul
+from cs336_basics.precision.fused.qkv_rope import rope_ops
 from cs336_basics.precision.fused.scaling import (
     E4M3,
     GRAD,
@@ -133,11 +137,16 @@ class FrozenLinear(nn.Module):
     def fp8_operands(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return self.weight_fp8, self.weight_fp8_t, self.weight_scale_inv
 
+    def adapter_delta(self, x: torch.Tensor) -> torch.Tensor | None:
+        """The adapters' contribution to this layer's output for input x; None without adapters."""
+        if self.rank == 0:
+            return None
+        return (self.dropout(x) @ self.lora_a.t() @ self.lora_b.t()) * self.scale
+
     def with_adapter(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """The base output y of input x, plus the adapters' contribution if this layer has adapters."""
-        if self.rank == 0:
-            return y
-        return y + (self.dropout(x) @ self.lora_a.t() @ self.lora_b.t()) * self.scale
+        delta = self.adapter_delta(x)
+        return y if delta is None else y + delta
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.fp8:
@@ -179,6 +188,92 @@ class FrozenSharedInput(nn.Module):
 
     def extra_repr(self) -> str:
         return f"{len(self.linears)} frozen FP8 linears sharing one input cast"
+
+
+class _FrozenFp8QkvRope(torch.autograd.Function):
+    """(q, k, v) as (batch, heads, seq, head_dim), q and k rotated, from frozen FP8 q/k/v weights (cached operands as
+    _FrozenFp8Linears'): x cast once; each output its base's FP8 GEMM plus its adapters' contribution (a `delta`
+    computed outside by autograd, or None), then RoPE as the model applies it. In backward one kernel per output
+    (rope_ops' rope_grad_cast_frozen) rotates attention's gradient back and writes it in FP8 for the base's dx GEMM,
+    and where there is a delta also in BF16, as the delta's gradient. Unfused, RoPE's backward writes the BF16
+    gradient and a separate cast reads it back (see precision/fused/qkv_rope.py)."""
+
+    @staticmethod
+    def forward(ctx, x, delta_q, delta_k, delta_v, ops, rope, heads, positions, scalings, record, *operands):
+        batch, seq, _ = x.shape
+        x_fp8, x_inv = scalings[0].cast(x.reshape(-1, x.shape[-1]), INPUT, record)
+        deltas = (delta_q, delta_k, delta_v)
+        outputs = []
+        for (w_fp8, _, w_inv), delta, n in zip(_triples(operands), deltas, heads, strict=True):
+            y = fp8_matmul(x_fp8, x_inv, w_fp8.t(), w_inv, fast_accum=True)
+            if delta is not None:
+                y = y + delta.reshape(y.shape)
+            outputs.append(y.view(batch, seq, n, -1).transpose(1, 2))
+        angles = None if positions is None else positions.unsqueeze(1)
+        q, k, v = rope(outputs[0], angles), rope(outputs[1], angles), outputs[2]
+        ctx.save_for_backward(positions, *[t for _, w_t, scale in _triples(operands) for t in (w_t, scale)])
+        ctx.ops, ctx.rope, ctx.scalings, ctx.record, ctx.n_operands = ops, rope, scalings, record, len(operands)
+        ctx.has_delta = tuple(delta is not None for delta in deltas)
+        return q, k, v
+
+    @staticmethod
+    def backward(ctx, *grads: torch.Tensor):
+        positions, *saved = ctx.saved_tensors
+        ops, rope, record = ctx.ops, ctx.rope, ctx.record
+        batch, _, seq, _ = grads[0].shape
+        if not ctx.needs_input_grad[0]:
+            # The first block's x (the frozen embedding's, normed) needs no gradient: no base GEMM, so no FP8 cast and
+            # no recording either (as for a group whose backward never runs); only the adapters' BF16 gradients.
+            d_deltas = [
+                rope_reference.rope_grad(grad, rope.cos, rope.sin, positions, i < 2).view(batch, seq, -1) if keep
+                else None
+                for i, (grad, keep) in enumerate(zip(grads, ctx.has_delta, strict=True))
+            ]  # fmt: skip
+            return None, *d_deltas, *([None] * (6 + ctx.n_operands))
+        dx, d_deltas = None, []
+        for i, (grad, scaling, keep) in enumerate(zip(grads, ctx.scalings, ctx.has_delta, strict=True)):
+            w_t, w_inv = saved[2 * i], saved[2 * i + 1]
+            rotate = i < 2  # q and k; not v
+
+            def amax(grad=grad, rotate=rotate):
+                return ops.rope_grad_amax(grad, rope.cos, rope.sin, positions, rotate)
+
+            scale, (g_inv,) = produce_scales((scaling,), GRAD, amax)
+            recording, rows = record and scaling.delayed, scaling.producer_rows(GRAD, record, grad)
+            g_fp8, g_kept = ops.rope_grad_cast_frozen(
+                grad, rope.cos, rope.sin, positions, scale, scaling.dtypes[GRAD], rotate, recording, keep, *rows
+            )
+            part = fp8_matmul(g_fp8, g_inv, w_t.t(), w_inv, scaling.fast_accum_backward)
+            dx = part if dx is None else dx + part
+            d_deltas.append(g_kept.view(batch, seq, -1) if keep else None)
+        return dx.view(batch, seq, -1), *d_deltas, *([None] * (6 + ctx.n_operands))
+
+
+class FrozenFp8QkvRope(nn.Module):
+    """Stands in for attention's frozen FP8 q/k/v projections and RoPE (a CausalSelfAttention's `qkv_rope`): the same
+    FrozenLinears (weights, adapters, scalings and state-dict keys stay where the model has them), run as one unit
+    with the attention's own RotaryEmbedding."""
+
+    def __init__(self, linears: tuple[FrozenLinear, ...], rope: RotaryEmbedding, heads: tuple[int, int, int]):
+        super().__init__()
+        self.linears = tuple(linears)  # not registered: they stay where the model has them
+        self.rope = (rope,)  # not registered: the attention (and the model) owns it
+        self.heads = heads
+        self.ops = rope_ops(linears[0].weight_fp8.device)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+        """As Fp8QkvRope.forward."""
+        if positions is not None:
+            positions = positions.reshape(-1, x.shape[1]).contiguous()
+        deltas = [layer.adapter_delta(x) for layer in self.linears]
+        operands = [t for layer in self.linears for t in layer.fp8_operands]
+        scalings = tuple(layer.scaling for layer in self.linears)
+        return _FrozenFp8QkvRope.apply(
+            x, *deltas, self.ops, self.rope[0], self.heads, positions, scalings, self.training, *operands
+        )
+
+    def extra_repr(self) -> str:
+        return "frozen q/k/v projections and RoPE as one unit, fp8, gradients produced in FP8"
 
 
 class _FrozenFp8SwiGLU(torch.autograd.Function):

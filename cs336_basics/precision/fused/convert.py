@@ -20,13 +20,12 @@ from torch import nn
 
 from cs336_basics.config import FP8Config
 from cs336_basics.errors import ConfigError
-from cs336_basics.model.attention import CausalSelfAttention
 from cs336_basics.model.layers import SwiGLU
 from cs336_basics.precision.converter import FP8Converter, delayed_scaling
 from cs336_basics.precision.fp8 import ORDER, FP8ConversionReport, check_model_ready, decide_conversions, is_lm_head
 from cs336_basics.precision.fused.head import Fp8LMHead
 from cs336_basics.precision.fused.linear import Fp8Linear, Fp8SharedInputLinears
-from cs336_basics.precision.fused.qkv_rope import Fp8QkvRope
+from cs336_basics.precision.fused.qkv_rope import Fp8QkvRope, rope_unit_heads
 from cs336_basics.precision.fused.scaling import E4M3, E5M2, SiteScaling
 from cs336_basics.precision.fused.swiglu import Fp8SwiGLU
 
@@ -157,8 +156,8 @@ class FusedFP8(FP8Converter):
             linears = tuple(model.get_submodule(name) for name in names)
             member_scalings = tuple(scalings[n] for n in names)
             attention = model.get_submodule(owner)
-            if cfg.fp8_fused_rope and isinstance(attention, CausalSelfAttention) and attention.rope is not None:
-                heads = (attention.n_heads, attention.n_kv_heads, attention.n_kv_heads)
+            heads = rope_unit_heads(attention)
+            if cfg.fp8_fused_rope and heads is not None:
                 attention.qkv_rope = Fp8QkvRope(linears, member_scalings, attention.rope, heads)
                 report.fused_rope_groups += 1
             else:

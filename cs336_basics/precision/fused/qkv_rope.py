@@ -15,10 +15,19 @@ from types import ModuleType
 import torch
 from torch import nn
 
+from cs336_basics.model.attention import CausalSelfAttention
 from cs336_basics.model.layers import RotaryEmbedding
 from cs336_basics.precision.fused import rope_reference
 from cs336_basics.precision.fused.linear import backward_gemms, forward_gemm
 from cs336_basics.precision.fused.scaling import GRAD, INPUT, SiteScaling, produce_scales
+
+
+def rope_unit_heads(module: nn.Module) -> tuple[int, int, int] | None:
+    """q's, k's and v's head counts if `module` is an attention whose q/k/v group can also take over its RoPE (a
+    CausalSelfAttention with RoPE), else None."""
+    if isinstance(module, CausalSelfAttention) and module.rope is not None:
+        return module.n_heads, module.n_kv_heads, module.n_kv_heads
+    return None
 
 
 def rope_ops(device: torch.device) -> ModuleType:

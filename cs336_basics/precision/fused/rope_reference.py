@@ -13,6 +13,11 @@ names and signatures in both modules:
   `saturated_rows` (max-accumulated and added; row r into entry r modulo their length: the update reduces each
   buffer to one number), as SiteScaling.cast does for the casts it runs itself; without it they are not touched.
 
+- `rope_grad_cast_frozen(grad, cos, sin, positions, scale, dtype, rotate, record, keep_bf16, amax_rows,
+  saturated_rows)` -> (the gradient in FP8, the rotated gradient in grad's dtype if `keep_bf16`, else an empty
+  tensor): a frozen base's (lora/layers.py), which has no weight gradient and so needs no transpose, but whose
+  adapters read the gradient in BF16.
+
 `rotate` says whether RoPE's backward applies (q, k) or not (v). `cos` and `sin` are RotaryEmbedding's float32
 tables (max_seq_len, head_dim / 2); `positions` is None (0..seq-1) or integer (batch or 1, seq). The rotated gradient
 is rounded to BF16 where autograd of RotaryEmbedding.forward in a BF16 model rounds it, so the FP8 tensors are the
@@ -59,11 +64,32 @@ def rope_grad_cast(
     amax_rows: torch.Tensor,
     saturated_rows: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    g = rope_grad(grad, cos, sin, positions, rotate)
-    g_fp8 = cast_to_fp8(g, scale[0], dtype)
+    g_fp8 = _cast(rope_grad(grad, cos, sin, positions, rotate), scale, dtype, record, amax_rows, saturated_rows)
+    return g_fp8, g_fp8.t().contiguous()
+
+
+def _cast(g, scale, dtype, record, amax_rows, saturated_rows) -> torch.Tensor:
+    """g (tokens, channels) in FP8, with delayed scaling's recordings if `record`."""
     if record:
         magnitude = g.abs().float()
         entry = torch.arange(g.shape[0], device=g.device) % amax_rows.numel()
         amax_rows.scatter_reduce_(0, entry, magnitude.amax(dim=-1), "amax")
         saturated_rows.scatter_add_(0, entry, (magnitude * scale[0] > fp8_max(dtype)).sum(dim=-1, dtype=torch.int32))
-    return g_fp8, g_fp8.t().contiguous()
+    return cast_to_fp8(g, scale[0], dtype)
+
+
+def rope_grad_cast_frozen(
+    grad: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    positions: torch.Tensor | None,
+    scale: torch.Tensor,
+    dtype: torch.dtype,
+    rotate: bool,
+    record: bool,
+    keep_bf16: bool,
+    amax_rows: torch.Tensor,
+    saturated_rows: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    g = rope_grad(grad, cos, sin, positions, rotate)
+    return _cast(g, scale, dtype, record, amax_rows, saturated_rows), g if keep_bf16 else grad.new_empty(0)

@@ -30,7 +30,8 @@ def _rope_grad_kernel(
     g_ptr, cos_ptr, sin_ptr, pos_ptr, out_ptr, out_t_ptr, scale_ptr, amax_ptr, sat_ptr,
     M, F, seq, stride_b, stride_h, stride_s, pos_stride_b, recorded_rows,
     HEAD_DIM: tl.constexpr, LIMIT: tl.constexpr, ROTATE: tl.constexpr, POSITIONS: tl.constexpr, CAST: tl.constexpr,
-    RECORD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_F: tl.constexpr,
+    TRANSPOSE: tl.constexpr, KEEP_BF16: tl.constexpr, RECORD: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_F: tl.constexpr,
 ):  # fmt: skip
     # A tile is BLOCK_M tokens (rows of the token-major gradient: batch * seq) x BLOCK_F channels (heads * head_dim),
     # a plain 2-D tile like the transpose kernel's, so that the loads (contiguous within a head) and both stores
@@ -60,8 +61,12 @@ def _rope_grad_kernel(
     if CAST:
         scale = tl.load(scale_ptr)
         y = saturating_cast(g, scale, LIMIT, out_ptr.dtype.element_ty)
-        tl.store(out_ptr + rows[:, None].to(tl.int64) * F + cols[None, :], y, mask=mask)
-        tl.store(out_t_ptr + cols[None, :].to(tl.int64) * M + rows[:, None], y, mask=mask)
+        offs = rows[:, None].to(tl.int64) * F + cols[None, :]
+        tl.store(out_ptr + offs, y, mask=mask)
+        if TRANSPOSE:  # for the weight gradient's GEMM
+            tl.store(out_t_ptr + cols[None, :].to(tl.int64) * M + rows[:, None], y, mask=mask)
+        if KEEP_BF16:  # the rotated gradient itself, in the second output's place: for a frozen base's adapters
+            tl.store(out_t_ptr + offs, g.to(out_t_ptr.dtype.element_ty), mask=mask)
         if RECORD:
             record_tile(magnitude, scale, amax_ptr, sat_ptr, recorded_rows, LIMIT)
     else:  # dynamic scaling's first pass: this tile's amax, in its own slot
@@ -69,9 +74,10 @@ def _rope_grad_kernel(
 
 
 def _launch(grad, cos, sin, positions, outputs, scale, dtype: torch.dtype, rotate: bool, recorded=None,
-            tile: Tile = ROPE_GRAD_TILE):  # fmt: skip
+            tile: Tile = ROPE_GRAD_TILE, keep_bf16: bool = False):  # fmt: skip
     """Runs the kernel over `grad` (batch, heads, seq, head_dim), tiled by `tile`: casting into `outputs` (an (M, F)
-    and an (F, M) FP8 tensor) and recording into `recorded` (a site's amax and saturation row buffers) if given;
+    FP8 tensor and a second tensor: its (F, M) FP8 transpose; with `keep_bf16` the (M, F) rotated gradient in grad's
+    dtype instead; or None) and recording into `recorded` (a site's amax and saturation row buffers) if given;
     without `outputs`, returns the amax per tile."""
     if grad.dim() != 4 or not grad.is_cuda:
         raise ValueError("the RoPE gradient kernel takes a 4-D (batch, heads, seq, head_dim) CUDA tensor")
@@ -87,11 +93,12 @@ def _launch(grad, cos, sin, positions, outputs, scale, dtype: torch.dtype, rotat
     pos = positions if positions is not None else unused
     pos_stride = positions.stride(0) if positions is not None and positions.shape[0] > 1 else 0
     stride_b, stride_h, stride_s, _ = grad.stride()
+    out, second = outputs if cast else (unused, None)
     wrap_triton(_rope_grad_kernel)[grid](
-        grad, cos, sin, pos, *(outputs if cast else (unused, unused)), scale if cast else unused, amax, saturated,
+        grad, cos, sin, pos, out, unused if second is None else second, scale if cast else unused, amax, saturated,
         m, f, seq, stride_b, stride_h, stride_s, pos_stride, amax.numel(), HEAD_DIM=head_dim, LIMIT=fp8_max(dtype),
-        ROTATE=rotate, POSITIONS=positions is not None, CAST=cast, RECORD=recorded is not None,
-        **tile.launch_options(),
+        ROTATE=rotate, POSITIONS=positions is not None, CAST=cast, TRANSPOSE=second is not None and not keep_bf16,
+        KEEP_BF16=keep_bf16, RECORD=recorded is not None, **tile.launch_options(),
     )  # fmt: skip
     return tile_amax
 
@@ -121,3 +128,27 @@ def rope_grad_cast(
     outputs = (torch.empty(m, f, device=grad.device, dtype=dtype), torch.empty(f, m, device=grad.device, dtype=dtype))
     _launch(grad, cos, sin, positions, outputs, scale, dtype, rotate, (amax_rows, saturated_rows) if record else None)
     return outputs
+
+
+@triton_op("cs336_fp8::rope_grad_cast_frozen", mutates_args={"amax_rows", "saturated_rows"})
+def rope_grad_cast_frozen(
+    grad: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    positions: torch.Tensor | None,
+    scale: torch.Tensor,
+    dtype: torch.dtype,
+    rotate: bool,
+    record: bool,
+    keep_bf16: bool,
+    amax_rows: torch.Tensor,
+    saturated_rows: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    batch, heads, seq, head_dim = grad.shape
+    m, f = batch * seq, heads * head_dim
+    g_fp8 = torch.empty(m, f, device=grad.device, dtype=dtype)
+    kept = torch.empty((m, f) if keep_bf16 else (0,), device=grad.device, dtype=grad.dtype)
+    recorded = (amax_rows, saturated_rows) if record else None
+    _launch(grad, cos, sin, positions, (g_fp8, kept if keep_bf16 else None), scale, dtype, rotate, recorded,
+            keep_bf16=keep_bf16)  # fmt: skip
+    return g_fp8, kept
