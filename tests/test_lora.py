@@ -27,6 +27,7 @@ from cs336_basics.lora.layers import (
 )
 from cs336_basics.lora.merge import lora_model, merge_adapters, merged_state_dict
 from cs336_basics.model import TransformerLM
+from cs336_basics.precision.fused import head as head_module
 from cs336_basics.precision.fused.convert import fused_dtypes
 from cs336_basics.precision.fused.scaling import GRAD, INPUT, SiteScaling
 from cs336_basics.training.checkpoint import read_checkpoint
@@ -205,12 +206,34 @@ def test_the_fp8_head_fuses_the_loss_and_matches_the_bf16_head():
         loss.backward()
     reference = nn.functional.cross_entropy(bf16(xs[1]).float(), targets)
     reference.backward()
-    assert counter.calls["_scaled_mm"] == 2 and counter.calls["amax"] == 1  # x's amax only: the gradient has a bound
+    # One forward and one backward GEMM per block of rows; x's amax only: the gradient has a bound.
+    assert counter.calls["_scaled_mm"] == 2 * head_module.LOGITS_ROW_BLOCKS and counter.calls["amax"] == 1
     torch.testing.assert_close(loss, reference, rtol=2e-2, atol=2e-2)
     assert sqnr_db(xs[1].grad.float(), xs[0].grad.float()) > 15
     _, report, _ = fp8_lora("attn", fp8_lm_head=True)
     assert report.base.fused_loss_head
     assert not fp8_lora("attn,lm_head", fp8_lm_head=True)[1].base.fused_loss_head  # adapters need the logits
+
+
+@pytest.mark.parametrize("rows", [30, 3])
+def test_the_fp8_head_by_blocks_of_rows_gives_the_loss_and_gradient_of_one_block(monkeypatch, rows):
+    # Rows that do not divide into the blocks, fewer rows than blocks, and an ignored target in the first block.
+    torch.manual_seed(0)
+    head = FrozenFp8LMHead(nn.Linear(64, 96, bias=False).to(torch.bfloat16), dynamic())
+    x = torch.randn(rows, 64, dtype=torch.bfloat16)
+    targets = torch.randint(0, 96, (rows,))
+    targets[1] = head_module.IGNORE_INDEX
+
+    def loss_and_dx(blocks: int) -> tuple[torch.Tensor, torch.Tensor]:
+        monkeypatch.setattr(head_module, "LOGITS_ROW_BLOCKS", blocks)
+        x_leaf = x.clone().requires_grad_()
+        loss = head.linear_cross_entropy(x_leaf, targets)
+        loss.backward()
+        return loss, x_leaf.grad
+
+    (loss, dx), (whole_loss, whole_dx) = loss_and_dx(4), loss_and_dx(1)
+    torch.testing.assert_close(loss, whole_loss, rtol=1e-6, atol=0)  # the sum's order differs
+    assert torch.equal(dx, whole_dx)  # each row's gradient comes from its own block's GEMM
 
 
 def test_the_fp8_base_keeps_its_bf16_weights_off_the_gpu_and_training_never_reads_them(monkeypatch):
@@ -500,6 +523,27 @@ def test_gpu_compiled_fp8_base_trains_its_adapters_like_the_bf16_base_and_never_
     assert {m.weight.device.type for m in fp8_layers} == {"cpu"} and {m.weight_fp8.is_cuda for m in fp8_layers} == {
         True
     }
+
+
+@pytest.mark.gpu
+def test_gpu_compiled_fp8_head_never_holds_its_whole_logits_beside_their_fp8_gradient():
+    # The forward's peak above what it was given: the saved FP8 gradient (half the logits' bytes) plus one block of
+    # BF16 logits, never the whole logits beside the gradient (what the LoRA memory probe found before the blocks).
+    rows, dim, vocab = 8192, 256, 32000
+    head = FrozenFp8LMHead(nn.Linear(dim, vocab, bias=False).to(torch.bfloat16).cuda(), dynamic())
+    x = torch.randn(rows, dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    targets = torch.randint(0, vocab, (rows,), device="cuda")
+    loss_of = torch.compile(head.linear_cross_entropy, fullgraph=True)
+    loss_of(x, targets).backward()  # compiles
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    loss = loss_of(x, targets)
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - before
+    logits_bytes = rows * vocab * 2
+    assert peak < logits_bytes / 2 + 1.5 * logits_bytes / head_module.LOGITS_ROW_BLOCKS, peak / logits_bytes
+    loss.backward()
 
 
 @pytest.mark.gpu

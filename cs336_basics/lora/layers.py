@@ -34,9 +34,8 @@ from torch import nn
 from cs336_basics.model.layers import RotaryEmbedding
 from cs336_basics.precision.fused import rope_reference
 from cs336_basics.precision.fused.head import (
-    cross_entropy_from_logits,
-    fp8_unit_logits_grad,
     logits_grad_scale_inv,
+    loss_and_unit_grads_by_rows,
     loss_without_gradient,
 )
 from cs336_basics.precision.fused.linear import fp8_matmul
@@ -330,25 +329,25 @@ class FrozenFp8SwiGLU(nn.Module):
 
 class _FrozenFp8LinearCrossEntropy(torch.autograd.Function):
     """Mean cross-entropy of x W^T with a frozen FP8 head: the logits' gradient written in FP8 where it is computed
-    (precision/fused/head.py says why no amax pass is needed), one backward GEMM (dx)."""
+    (precision/fused/head.py says why no amax pass is needed), the logits made a block of rows at a time so that the
+    whole BF16 logits never sit beside it; one backward GEMM (dx) per block."""
 
     @staticmethod
     def forward(ctx, x, targets, scaling: SiteScaling, record: bool, w_fp8, w_t, w_scale_inv):
         x_fp8, x_scale_inv = scaling.cast(x.reshape(-1, x.shape[-1]), INPUT, record)
-        logits = fp8_matmul(x_fp8, x_scale_inv, w_fp8.t(), w_scale_inv, fast_accum=True)
-        targets = targets.reshape(-1)
-        loss, lse, valid, count = cross_entropy_from_logits(logits, targets)
-        g_fp8 = fp8_unit_logits_grad(logits, lse, targets, valid, scaling.dtypes[GRAD])
-        ctx.save_for_backward(g_fp8, count, w_t, w_scale_inv)
+        loss, grads, count = loss_and_unit_grads_by_rows(
+            x_fp8, x_scale_inv, w_fp8, w_scale_inv, targets.reshape(-1), scaling.dtypes[GRAD]
+        )
+        ctx.save_for_backward(count, w_t, w_scale_inv, *grads)
         ctx.scaling, ctx.x_shape = scaling, x.shape
         return loss
 
     @staticmethod
     def backward(ctx, dloss):
-        g_fp8, count, w_t, w_scale_inv = ctx.saved_tensors
+        count, w_t, w_scale_inv, *grads = ctx.saved_tensors
         scaling = ctx.scaling
         g_scale_inv = logits_grad_scale_inv(dloss, count, scaling.dtypes[GRAD])
-        dx = fp8_matmul(g_fp8, g_scale_inv, w_t.t(), w_scale_inv, scaling.fast_accum_backward)
+        dx = torch.cat([fp8_matmul(g, g_scale_inv, w_t.t(), w_scale_inv, scaling.fast_accum_backward) for g in grads])
         return dx.reshape(ctx.x_shape), None, None, None, None, None, None
 
 

@@ -25,22 +25,35 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from cs336_basics.precision.fused.linear import Fp8Linear, backward_gemms, forward_gemm
+from cs336_basics.precision.fused.linear import Fp8Linear, backward_gemms, forward_gemm, fp8_matmul
 from cs336_basics.precision.fused.scaling import GRAD, INPUT, SiteScaling, cast_to_fp8, fp8_max
 
 IGNORE_INDEX = -100  # F.cross_entropy's default, which the model's loss uses
+# A frozen FP8 head makes its logits this many blocks of rows at a time (loss_and_unit_grads_by_rows); the LoRA
+# memory probe found the whole BF16 logits beside their FP8 gradient at the step's peak
+# (benchmarks/results/2026-11-26-lora-fused-rope/README.md).
+LOGITS_ROW_BLOCKS = 4
+
+
+def summed_cross_entropy(
+    logits: torch.Tensor, targets: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(summed loss, log-sum-exp per row, valid-row mask) of 2-D logits, in float32, as F.cross_entropy computes
+    them (rows whose target is IGNORE_INDEX are left out)."""
+    lse = torch.logsumexp(logits.float(), dim=-1)
+    valid = targets != IGNORE_INDEX
+    picked = logits.gather(1, targets.clamp(min=0).unsqueeze(1)).squeeze(1).float()
+    return torch.where(valid, lse - picked, 0.0).sum(), lse, valid
 
 
 def cross_entropy_from_logits(
     logits: torch.Tensor, targets: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(mean loss, log-sum-exp per row, valid-row mask, number of valid rows) of 2-D logits, in float32, as
-    F.cross_entropy computes it (rows whose target is IGNORE_INDEX are left out; none valid gives nan)."""
-    lse = torch.logsumexp(logits.float(), dim=-1)
-    valid = targets != IGNORE_INDEX
-    picked = logits.gather(1, targets.clamp(min=0).unsqueeze(1)).squeeze(1).float()
+    F.cross_entropy computes it (none valid gives nan)."""
+    total, lse, valid = summed_cross_entropy(logits, targets)
     count = valid.sum()
-    return torch.where(valid, lse - picked, 0.0).sum() / count, lse, valid, count
+    return total / count, lse, valid, count
 
 
 def logits_grad(
@@ -60,6 +73,30 @@ def fp8_unit_logits_grad(
     within 1 (module docstring): that bound is the amax, so the scale is the format's max and no amax pass is
     needed. The gradient of the mean loss is this tensor times dloss / n_valid: `logits_grad_scale_inv`."""
     return cast_to_fp8(logits_grad(logits, lse, targets, valid, torch.ones_like(lse)), fp8_max(dtype), dtype)
+
+
+def loss_and_unit_grads_by_rows(
+    x_fp8: torch.Tensor,
+    x_scale_inv: torch.Tensor,
+    w_fp8: torch.Tensor,
+    w_scale_inv: torch.Tensor,
+    targets: torch.Tensor,
+    dtype: torch.dtype,
+) -> tuple[torch.Tensor, list[torch.Tensor], torch.Tensor]:
+    """(mean loss, fp8_unit_logits_grad of each block of rows, number of valid rows) of the logits x W^T, made
+    LOGITS_ROW_BLOCKS blocks of rows at a time. A block's BF16 logits are freed once its loss and FP8 gradient are
+    written, so the forward never holds more than one block of them beside the FP8 gradient it saves (half the
+    logits' bytes): a frozen head's backward needs only dx, which each block's gradient gives for its rows."""
+    blocks = min(LOGITS_ROW_BLOCKS, x_fp8.shape[0])
+    total, grads = None, []
+    for x_rows, target_rows in zip(x_fp8.tensor_split(blocks), targets.tensor_split(blocks), strict=True):
+        logits = fp8_matmul(x_rows, x_scale_inv, w_fp8.t(), w_scale_inv, fast_accum=True)
+        block_total, lse, valid = summed_cross_entropy(logits, target_rows)
+        total = block_total if total is None else total + block_total
+        grads.append(fp8_unit_logits_grad(logits, lse, target_rows, valid, dtype))
+        del logits  # before the next block's GEMM (uncompiled, the name would keep them alive)
+    count = (targets != IGNORE_INDEX).sum()
+    return total / count, grads, count
 
 
 def logits_grad_scale_inv(dloss: torch.Tensor, count: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
