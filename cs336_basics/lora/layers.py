@@ -39,7 +39,7 @@ from cs336_basics.precision.fused.head import (
     loss_without_gradient,
 )
 from cs336_basics.precision.fused.linear import fp8_matmul
-from cs336_basics.precision.fused.qkv_rope import rope_ops
+from cs336_basics.precision.fused.qkv_rope import rope_grad_cast_args, rope_ops
 from cs336_basics.precision.fused.scaling import (
     E4M3,
     GRAD,
@@ -233,12 +233,7 @@ class _FrozenFp8QkvRope(torch.autograd.Function):
         for i, (grad, scaling, keep) in enumerate(zip(grads, ctx.scalings, ctx.has_delta, strict=True)):
             w_t, w_inv = saved[2 * i], saved[2 * i + 1]
             rotate = i < 2  # q and k; not v
-
-            def amax(grad=grad, rotate=rotate):
-                return ops.rope_grad_amax(grad, rope.cos, rope.sin, positions, rotate)
-
-            scale, (g_inv,) = produce_scales((scaling,), GRAD, amax)
-            recording, rows = record and scaling.delayed, scaling.producer_rows(GRAD, record, grad)
+            scale, g_inv, recording, rows = rope_grad_cast_args(ops, rope, positions, grad, rotate, scaling, record)
             g_fp8, g_kept = ops.rope_grad_cast_frozen(
                 grad, rope.cos, rope.sin, positions, scale, scaling.dtypes[GRAD], rotate, recording, keep, *rows
             )

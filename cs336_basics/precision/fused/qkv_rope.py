@@ -39,6 +39,25 @@ def rope_ops(device: torch.device) -> ModuleType:
     return rope_triton
 
 
+def rope_grad_cast_args(
+    ops: ModuleType,
+    rope: RotaryEmbedding,
+    positions: torch.Tensor | None,
+    grad: torch.Tensor,
+    rotate: bool,
+    scaling: SiteScaling,
+    record: bool,
+) -> tuple[torch.Tensor, torch.Tensor, bool, tuple[torch.Tensor, ...]]:
+    """(scale, inverse scale, whether to record, the row buffers) of one q/k/v output's gradient cast through RoPE's
+    backward: dynamic scaling first takes the rotated gradient's amax; delayed scaling records into the site's rows."""
+
+    def amax() -> torch.Tensor:
+        return ops.rope_grad_amax(grad, rope.cos, rope.sin, positions, rotate)
+
+    scale, (g_inv,) = produce_scales((scaling,), GRAD, amax)
+    return scale, g_inv, record and scaling.delayed, scaling.producer_rows(GRAD, record, grad)
+
+
 class _Fp8QkvRope(torch.autograd.Function):
     """(q, k, v) as (batch, heads, seq, head_dim), q and k rotated, from x (batch, seq, dim): three FP8 GEMMs on one
     cast of x. `heads` is each output's head count; `positions` None or integer (batch or 1, seq)."""
@@ -69,12 +88,7 @@ class _Fp8QkvRope(torch.autograd.Function):
         dx, dws = None, []
         for i, (grad, scaling, w_t, w_inv) in enumerate(zip(grads, ctx.scalings, weights_t, weight_invs, strict=True)):
             rotate = i < 2  # q and k; not v
-
-            def amax(grad=grad, rotate=rotate):
-                return ops.rope_grad_amax(grad, rope.cos, rope.sin, positions, rotate)
-
-            scale, (g_inv,) = produce_scales((scaling,), GRAD, amax)
-            recording, rows = record and scaling.delayed, scaling.producer_rows(GRAD, record, grad)
+            scale, g_inv, recording, rows = rope_grad_cast_args(ops, rope, positions, grad, rotate, scaling, record)
             g_fp8, g_fp8_t = ops.rope_grad_cast(
                 grad, rope.cos, rope.sin, positions, scale, scaling.dtypes[GRAD], rotate, recording, *rows
             )
