@@ -15,6 +15,7 @@ from __future__ import annotations
 import linecache
 import sys
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -75,19 +76,25 @@ def grouped(blocks: list[dict[str, Any]], top: int) -> list[dict[str, Any]]:
     return sorted(rows, key=lambda row: -row["total_mib"])[:top]
 
 
-def measure(preset: str, fp8: bool, compile_mode: str, warmup: int, top: int) -> dict[str, Any]:
-    built, trainer = warmed_up_preset(preset, fp8, compile_mode, warmup)
+def allocation_trace(work: Callable[[], Any], max_entries: int = 1_000_000) -> tuple[int, list[dict[str, Any]], Any]:
+    """(bytes allocated before, this GPU's allocator trace with Python stacks, work's result) of running `work`."""
     torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
     start = torch.cuda.memory_allocated()
-    torch.cuda.memory._record_memory_history(max_entries=1_000_000, stacks="python")
+    torch.cuda.memory._record_memory_history(max_entries=max_entries, stacks="python")
     try:
-        trainer.train_step()
+        result = work()
         torch.cuda.synchronize()
         snapshot = torch.cuda.memory._snapshot()
     finally:
         torch.cuda.memory._record_memory_history(enabled=None)
-    trace = snapshot["device_traces"][torch.cuda.current_device()]
+    return start, snapshot["device_traces"][torch.cuda.current_device()], result
+
+
+def measure(preset: str, fp8: bool, compile_mode: str, warmup: int, top: int) -> dict[str, Any]:
+    built, trainer = warmed_up_preset(preset, fp8, compile_mode, warmup)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    start, trace, _ = allocation_trace(trainer.train_step)
     peak, index, blocks = live_at_peak(trace, start)
     record = run_record(
         built.config,

@@ -88,14 +88,14 @@ def loss_and_unit_grads_by_rows(
     written, so the forward never holds more than one block of them beside the FP8 gradient it saves (half the
     logits' bytes): a frozen head's backward needs only dx, which each block's gradient gives for its rows."""
     blocks = min(LOGITS_ROW_BLOCKS, x_fp8.shape[0])
-    total, grads = None, []
+    total = count = 0
+    grads = []
     for x_rows, target_rows in zip(x_fp8.tensor_split(blocks), targets.tensor_split(blocks), strict=True):
         logits = fp8_matmul(x_rows, x_scale_inv, w_fp8.t(), w_scale_inv, fast_accum=True)
         block_total, lse, valid = summed_cross_entropy(logits, target_rows)
-        total = block_total if total is None else total + block_total
+        total, count = total + block_total, count + valid.sum()
         grads.append(fp8_unit_logits_grad(logits, lse, target_rows, valid, dtype))
         del logits  # before the next block's GEMM (uncompiled, the name would keep them alive)
-    count = (targets != IGNORE_INDEX).sum()
     return total / count, grads, count
 
 

@@ -6,7 +6,8 @@ measured steps, then replays it to the moment of the global peak and groups the 
 
     python3 benchmarks/results/2026-11-26-lora-fused-rope/h200/defaults/lora_memory.py [config flags for every variant]
 
-(GPU; from the checkout's root with the package importable. It ran as next/lora_memory.py.)
+(GPU; from the checkout's root with the package importable. It ran as next/lora_memory.py, with the allocator
+recording written out inline; memory_peak.allocation_trace holds those lines since.)
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import torch
 
 from cs336_basics.benchmark.amdahl.measure import measurement_plan, measurement_tokens
 from cs336_basics.benchmark.lora_analysis import write_random_base
-from cs336_basics.benchmark.memory_peak import grouped, live_at_peak
+from cs336_basics.benchmark.memory_peak import allocation_trace, grouped, live_at_peak
 from cs336_basics.build import build
 from cs336_basics.cli import config_from_args, config_parser
 from cs336_basics.measurement import release_memory, train_for_measurement
@@ -55,18 +56,14 @@ def probe(name, parser, base, flags, use_fp8, extra) -> None:
     tokens = measurement_tokens(plan.config)
     torch.cuda.reset_peak_memory_stats()
     built = build(plan.with_fp8(use_fp8))
-    torch.cuda.synchronize()
-    start = torch.cuda.memory_allocated()
-    torch.cuda.memory._record_memory_history(max_entries=2_000_000, stacks="python")
-    try:
+
+    def train(built=built):
         trainer, result = train_for_measurement(built, *tokens, log=lambda m: None)
         for _ in range(2):
             trainer.train_step()
-        torch.cuda.synchronize()
-        snapshot = torch.cuda.memory._snapshot()
-    finally:
-        torch.cuda.memory._record_memory_history(enabled=None)
-    trace = snapshot["device_traces"][torch.cuda.current_device()]
+        return trainer, result
+
+    start, trace, (trainer, result) = allocation_trace(train, max_entries=2_000_000)
     peak, index, blocks = live_at_peak(trace, start)
     c = built.config
     print(
@@ -77,7 +74,7 @@ def probe(name, parser, base, flags, use_fp8, extra) -> None:
     )
     for row in grouped(blocks, 14):
         print(f"  {row['total_mib']:9.1f} MiB = {row['count']:3d} x {row['size_mib']:8.2f} MiB  {row['site']}")
-    del trainer, built, snapshot, trace, blocks
+    del trainer, built, trace, blocks
     release_memory()
 
 
