@@ -72,6 +72,22 @@ def test_only_the_adapters_get_gradients():
     )
 
 
+@pytest.mark.parametrize("alpha", [None, 8])
+def test_the_adapters_scale_their_rank_r_product_and_a_scale_of_one_multiplies_nothing(alpha):
+    torch.manual_seed(0)
+    layer = FrozenLinear(nn.Linear(64, 32, bias=False), None, rank=4, scale=(alpha or 4) / 4)
+    with torch.no_grad():
+        layer.lora_b.normal_()
+    x = torch.randn(8, 64, requires_grad=True)
+    with CountOps() as counter:
+        delta = layer.adapter_delta(x)
+        delta.sum().backward()
+    expected = (x @ layer.lora_a.t() @ layer.lora_b.t()) * layer.scale
+    torch.testing.assert_close(delta, expected)
+    # Forward and backward: one multiply of the (8, 4) product each with alpha 8 (scale 2), none with the default.
+    assert counter.shapes.get("mul", []) == ([] if alpha is None else [(8, 4), (8, 4)])
+
+
 def test_fp8_base_casts_its_weight_once_and_runs_two_gemms_not_three():
     torch.manual_seed(0)
     linear = nn.Linear(64, 32, bias=False).to(torch.bfloat16)
@@ -101,16 +117,21 @@ def test_fp8_base_matches_the_bf16_base():
 
 
 class CountOps(TorchDispatchMode):
-    """How often each aten op ran."""
+    """How often each aten op ran, and the shapes of its (first) outputs."""
 
     def __init__(self):
         super().__init__()
         self.calls: dict[str, int] = {}
+        self.shapes: dict[str, list[tuple[int, ...]]] = {}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = func.overloadpacket.__name__
         self.calls[name] = self.calls.get(name, 0) + 1
-        return func(*args, **(kwargs or {}))
+        out = func(*args, **(kwargs or {}))
+        first = out[0] if isinstance(out, (tuple, list)) and out else out
+        if isinstance(first, torch.Tensor):
+            self.shapes.setdefault(name, []).append(tuple(first.shape))
+        return out
 
 
 def fp8_lora(targets: str, **fp8) -> tuple[TransformerLM, LoRAReport, LoRAConverter]:

@@ -140,7 +140,13 @@ class FrozenLinear(nn.Module):
         """The adapters' contribution to this layer's output for input x; None without adapters."""
         if self.rank == 0:
             return None
-        return (self.dropout(x) @ self.lora_a.t() @ self.lora_b.t()) * self.scale
+        # The scale multiplies the rank-r product, not the output: a multiply of the output is a pass over it in the
+        # backward too, and compiled, even `* 1.0` stays one where the gradient comes from a custom op (the frozen
+        # FP8 q/k/v's). A scale of 1 (the default) multiplies nothing.
+        low_rank = self.dropout(x) @ self.lora_a.t()
+        if self.scale != 1.0:
+            low_rank = low_rank * self.scale
+        return low_rank @ self.lora_b.t()
 
     def with_adapter(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """The base output y of input x, plus the adapters' contribution if this layer has adapters."""
