@@ -67,6 +67,20 @@ def compiled_submodules(model: nn.Module) -> list[str]:
     ]
 
 
+def write_shared_fp8_gemm_inputs_once() -> None:
+    """Have inductor write once a tensor that several `_scaled_mm` read: the FP8 cast of q/k/v's input (or w1/w3's)
+    that the RMSNorm before them writes. Inductor realizes an input that several `mm` read before lowering them (its
+    `needs_realized_inputs`), not one of `_scaled_mm`, whose stride constraint then copies the not yet realized cast
+    for each GEMM: the norm's kernel stored the same FP8 tensor three times for q/k/v and twice for w1/w3. The values
+    do not change, only the bytes written. A private registry of inductor's, idempotent; a torch without it keeps
+    the copies (tests/test_trainer.py checks that the pinned torch has it)."""
+    from torch._inductor import lowering
+
+    register = getattr(lowering, "add_needs_realized_inputs", None)
+    if register is not None:
+        register(torch.ops.aten._scaled_mm.default)
+
+
 @contextlib.contextmanager
 def eager():
     """Run code that calls a module compiled in place without compiling anything: a no-grad evaluation would

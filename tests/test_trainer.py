@@ -7,11 +7,18 @@ import pytest
 import torch
 from tiny import TINY_MODEL
 from torch._dynamo.utils import counters
+from torch._inductor.utils import run_and_get_code
 
-from cs336_basics.compiled import compiled_submodules, is_compiled, resolve_compile_scope
+from cs336_basics.compiled import (
+    compiled_submodules,
+    is_compiled,
+    resolve_compile_scope,
+    write_shared_fp8_gemm_inputs_once,
+)
 from cs336_basics.config_layers import build_config
 from cs336_basics.errors import ConfigError
 from cs336_basics.model import TransformerLM
+from cs336_basics.precision.fused.linear import fp8_matmul
 from cs336_basics.training.restore import load_checkpoint
 from cs336_basics.training.trainer import Trainer, TrainingDiverged
 
@@ -85,6 +92,25 @@ def test_a_model_the_trainer_compiled_is_refused_by_the_next_trainer(tmp_path):
 def test_compile_scope_model_compiles_the_whole_model_into_a_wrapper(tmp_path):
     trainer = make_trainer(tiny_config(tmp_path, compile_model=True, compile_scope="model"))
     assert is_compiled(trainer.step_model) and compiled_submodules(trainer.model) == []
+
+
+def test_an_fp8_tensor_that_several_scaled_gemms_read_is_written_once():
+    """What compile_for_training sets up: the FP8 cast that an RMSNorm writes for q, k and v is stored once, not
+    once per GEMM (inductor copied it for each `_scaled_mm`)."""
+    write_shared_fp8_gemm_inputs_once()
+
+    def qkv(x, gain, scale, one, *weights):
+        x_fp8 = (x.float() * gain.float() * scale).clamp(-448, 448).to(torch.float8_e4m3fn)
+        return [fp8_matmul(x_fp8, one, w.t(), one, fast_accum=False) for w in weights]
+
+    torch.manual_seed(0)
+    args = (torch.randn(64, 32, dtype=torch.bfloat16), torch.randn(32, dtype=torch.bfloat16), torch.tensor(2.0))
+    args += (torch.tensor(1.0), *[torch.randn(48, 32).to(torch.float8_e4m3fn) for _ in range(3)])
+    with torch._inductor.config.patch(force_disable_caches=True):
+        outputs, (code, *_) = run_and_get_code(torch.compile(qkv, fullgraph=True), *args)
+    fp8_buffers = [line for line in code.splitlines() if "= empty_strided_" in line and "float8_e4m3fn" in line]
+    assert len(fp8_buffers) == 1, fp8_buffers
+    assert all(torch.equal(a, b) for a, b in zip(outputs, qkv(*args), strict=True))
 
 
 def test_compile_scope_resolves_and_refuses_what_cannot_be_honoured():

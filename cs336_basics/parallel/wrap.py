@@ -37,6 +37,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from cs336_basics.compiled import write_shared_fp8_gemm_inputs_once
 from cs336_basics.config import RunConfig
 from cs336_basics.errors import ConfigError
 from cs336_basics.parallel.world import World
@@ -173,6 +174,7 @@ def compile_for_training(model: nn.Module, plan: ParallelPlan, mode: str, scope:
     in BF16 and FP8 alike, for its fusions across the blocks' boundaries
     (benchmarks/results/2026-11-26-regional-compile/). Under FSDP2 the root's forward stays eager as it must: it
     calls the blocks, whose hooks a fullgraph compile could not trace."""
+    write_shared_fp8_gemm_inputs_once()
     options = dict(mode=mode, fullgraph=True)
     if scope == "model":
         return torch.compile(model, **options)
