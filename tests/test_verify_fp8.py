@@ -9,6 +9,7 @@ from tiny import TINY_FLAGS, tiny_flags
 import train_h100
 import verify_fp8_compilation
 from cs336_basics.lora.layers import FrozenLinear
+from cs336_basics.precision.fused.head import LOGITS_ROW_BLOCKS
 from cs336_basics.programs import verify_fp8 as verify
 
 STEPS = ["--steps", "6"]
@@ -83,7 +84,9 @@ def lora_flags(tmp_path, token_files, capsys):
 @pytest.mark.parametrize("scaling", ["dynamic", "delayed"])
 def test_cpu_mode_verifies_a_lora_fine_tune_on_an_fp8_base(scaling, lora_flags, tmp_path, capsys):
     out = tmp_path / "verify.json"
-    delayed = ["--fp8_path", "fused", "--fp8_scaling", "delayed"] if scaling == "delayed" else []
+    # The delayed run also puts the head in FP8, which makes its logits in blocks of rows: one GEMM per block.
+    delayed = ["--fp8_path", "fused", "--fp8_scaling", "delayed", "--fp8_lm_head"] if scaling == "delayed" else []
+    head = scaling == "delayed"
     code = verify_fp8_compilation.main([*lora_flags, *delayed, "--json", str(out)])
     stdout = capsys.readouterr().out
     assert code == 0, stdout
@@ -91,14 +94,20 @@ def test_cpu_mode_verifies_a_lora_fine_tune_on_an_fp8_base(scaling, lora_flags, 
     assert [c["name"] for c in payload["checks"]] == LORA_CHECKS
     assert [c["status"] for c in payload["checks"]] == ["PASS"] * 6 + ["SKIP"]
     linears = checks["fp8_linears"]["evidence"]
-    assert linears["counted"] == linears["expected"] == 14 and list(linears["bf16_layers"]) == ["lm_head"]
+    n = 15 if head else 14
+    assert linears["counted"] == linears["expected"] == n and list(linears["bf16_layers"]) == (
+        [] if head else ["lm_head"]
+    )
     assert len(linears["adapter_layers"]) == 8 and linears["trainable"] == 2 * 8 * 4 * 32
-    # 2 GEMMs per FP8 linear but for the first block's q/k/v, whose input (the frozen embedding) needs no gradient.
-    assert checks["fp8_gemms_launched"]["evidence"]["eager_scaled_mm"] == 2 * 14 - 3
-    assert checks["base_fp8_weights_cast_once"]["evidence"] == {"layers": 14, "recast": {}}
+    # 2 GEMMs per FP8 linear but for the first block's q/k/v, whose input (the frozen embedding) needs no gradient;
+    # the FP8 head's two are one per block of rows each.
+    gemms = checks["fp8_gemms_launched"]["evidence"]
+    assert gemms["head_blocks"] == (LOGITS_ROW_BLOCKS if head else 0)
+    assert gemms["eager_scaled_mm"] == 2 * 14 - 3 + (2 * LOGITS_ROW_BLOCKS if head else 0)
+    assert checks["base_fp8_weights_cast_once"]["evidence"] == {"layers": n, "recast": {}}
     # The LoRA report's summary comes before the checks: FP8 and BF16 base layers, adapters, no weight gradient.
     summary = stdout.split("training FP8")[0]
-    assert "14 frozen linears in FP8 (weights cast once), 1 in BF16" in summary
+    assert f"{n} frozen linears in FP8 (weights cast once), {15 - n} in BF16" in summary
     assert f"inputs and gradients scaled {scaling}" in summary
     assert "adapters on q+k+v+o: 8 layers" in summary and "no weight-gradient GEMM" in summary
     assert "2,048 trainable" in summary and "not emulation" in summary

@@ -35,6 +35,12 @@ IGNORE_INDEX = -100  # F.cross_entropy's default, which the model's loss uses
 LOGITS_ROW_BLOCKS = 4
 
 
+def logits_row_blocks(rows: int) -> int:
+    """How many blocks of rows (each one forward GEMM and one backward GEMM) a frozen FP8 head makes `rows` logits
+    rows in."""
+    return min(LOGITS_ROW_BLOCKS, rows)
+
+
 def summed_cross_entropy(
     logits: torch.Tensor, targets: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -87,7 +93,7 @@ def loss_and_unit_grads_by_rows(
     LOGITS_ROW_BLOCKS blocks of rows at a time. A block's BF16 logits are freed once its loss and FP8 gradient are
     written, so the forward never holds more than one block of them beside the FP8 gradient it saves (half the
     logits' bytes): a frozen head's backward needs only dx, which each block's gradient gives for its rows."""
-    blocks = min(LOGITS_ROW_BLOCKS, x_fp8.shape[0])
+    blocks = logits_row_blocks(x_fp8.shape[0])
     total, grads = 0, []
     for x_rows, target_rows in zip(x_fp8.tensor_split(blocks), targets.tensor_split(blocks), strict=True):
         logits = fp8_matmul(x_rows, x_scale_inv, w_fp8.t(), w_scale_inv, fast_accum=True)
