@@ -38,3 +38,6 @@ timeout 560 python3 optimize_performance.py --presets 1.3b --precisions bf16,fp8
 
 # 6'. H100, 98ccef2, another machine: h100/cold-gpt2-small
 timeout 560 python3 optimize_performance.py --presets gpt2-small --precisions bf16,fp8 --compile auto --attention sdpa --ac off --steps 20 --repeats 3 --cold --timeout_s 110 --out_dir $OUT/r/cold-gpt2-small > $OUT/r/cold-gpt2-small.log 2>&1
+
+# 8. H100, 0aff83b: h100/gpu-tests-cli
+timeout 330 python3 -m pytest -m gpu -p no:cacheprovider -q tests/test_train_cli.py tests/test_verify_fp8.py > $OUT/gpu-tests-cli.log 2>&1
