@@ -36,8 +36,8 @@ LOGITS_ROW_BLOCKS = 4
 
 
 def logits_row_blocks(rows: int) -> int:
-    """How many blocks of rows (each one forward GEMM and one backward GEMM) a frozen FP8 head makes `rows` logits
-    rows in."""
+    """The number of row blocks a frozen FP8 head splits `rows` rows of logits into: one forward GEMM and one
+    backward GEMM each."""
     return min(LOGITS_ROW_BLOCKS, rows)
 
 
