@@ -54,7 +54,6 @@ from cs336_basics.config import RunConfig
 from cs336_basics.data import PreparedData, get_batch, prepare_data, require_windows
 from cs336_basics.devices import resolve_device
 from cs336_basics.errors import ConfigError
-from cs336_basics.lora.layers import FrozenFp8LMHead
 from cs336_basics.measurement import release_memory, train_for_measurement
 from cs336_basics.precision.fp8 import grad_weight_in_fp8
 from cs336_basics.precision.fused.head import logits_row_blocks
@@ -303,8 +302,7 @@ def _weight_casts_check(model: torch.nn.Module) -> Check:
 def _lora_step_checks(built: Built, trainer: Trainer, batch, on_gpu: bool) -> list[Check]:
     """Check 2 and the two beside it, after training: the frozen base's GEMMs, gradients and weight casts."""
     eager, with_grads = _eager_step(built.model, batch)
-    fp8_head = any(isinstance(m, FrozenFp8LMHead) for m in built.model.modules())
-    head_blocks = logits_row_blocks(batch[0].numel()) if fp8_head else 0
+    head_blocks = logits_row_blocks(batch[0].numel()) if built.lora.base.fused_loss_head else 0
     return [
         _lora_gemms_check(built.fp8_linears, head_blocks, eager, trainer, on_gpu),
         _base_gradients_check(built.model, with_grads),
