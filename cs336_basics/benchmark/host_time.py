@@ -54,19 +54,16 @@ def _timed(totals: dict[str, float], phase: str, fn):
     return call
 
 
-def measure(preset: str, fp8: bool, compile_mode: str, warmup: int, steps: int) -> dict[str, Any]:
-    compile_counters = torch._dynamo.utils.counters["inductor"]
-    skips_before = compile_counters["cudagraph_skips"]
-    started = time.perf_counter()  # compile_s: the build and warm-up steps, compile included
-    built, trainer = warmed_up_preset(preset, fp8, compile_mode, warmup)
-    compile_s = time.perf_counter() - started
-
+def host_and_wall(trainer: Any, steps: int) -> dict[str, float]:
+    """Per step of `steps` warm train steps of `trainer` (a CUDA Trainer), with no synchronisation inside them:
+    wall_ms (the GPU's span), host_ms (the host's time to queue them) and each phase's host time (`<phase>_ms`)."""
     totals: dict[str, float] = defaultdict(float)
     # Timing wrappers as instance attributes, removed afterwards: the converter may be a shared object (BF16's).
     patched = [(getattr(trainer, owner), method) for owner, method in PHASES.values()]
     for (target, method), phase in zip(patched, PHASES, strict=True):
         setattr(target, method, _timed(totals, phase, getattr(target, method)))
-    trainer.step_model = _timed(totals, "forward", trainer.step_model)
+    step_model = trainer.step_model
+    trainer.step_model = _timed(totals, "forward", step_model)
     timer = StepTimer(torch.device("cuda"))  # one span over every timed step: no synchronisation inside it
     torch.cuda.synchronize()
     try:
@@ -80,16 +77,25 @@ def measure(preset: str, fp8: bool, compile_mode: str, warmup: int, steps: int) 
     finally:
         for target, method in patched:
             delattr(target, method)
-    wall_ms = wall_s * 1e3 / steps
+        trainer.step_model = step_model
     phases = {f"{phase}_ms": totals[phase] * 1e3 / steps for phase in ("forward", *PHASES)}
-    host_ms = host_s * 1e3 / steps
+    return {"wall_ms": wall_s * 1e3 / steps, "host_ms": host_s * 1e3 / steps, **phases}
+
+
+def measure(preset: str, fp8: bool, compile_mode: str, warmup: int, steps: int) -> dict[str, Any]:
+    compile_counters = torch._dynamo.utils.counters["inductor"]
+    skips_before = compile_counters["cudagraph_skips"]
+    started = time.perf_counter()  # compile_s: the build and warm-up steps, compile included
+    built, trainer = warmed_up_preset(preset, fp8, compile_mode, warmup)
+    compile_s = time.perf_counter() - started
+
+    times = host_and_wall(trainer, steps)
+    phases = {name: ms for name, ms in times.items() if name not in ("wall_ms", "host_ms")}
     record = run_record(
         built.config,
-        tokens_per_sec=trainer.tokens_per_step / (wall_ms / 1e3),
-        wall_ms=wall_ms,
-        host_ms=host_ms,
-        **phases,
-        backward_and_rest_ms=host_ms - sum(phases.values()),
+        tokens_per_sec=trainer.tokens_per_step / (times["wall_ms"] / 1e3),
+        **times,
+        backward_and_rest_ms=times["host_ms"] - sum(phases.values()),
         compile_s=compile_s,
         peak_mem_gib=torch.cuda.max_memory_allocated() / 2**30,
         cudagraph_skips=compile_counters["cudagraph_skips"] - skips_before,

@@ -7,8 +7,8 @@ python3 optimize_performance.py --presets 1.3b --lora_ranks 16 --lora_targets at
 python3 optimize_performance.py --presets 1.3b --lora_ranks 16 --lora_targets attn --compile_scope blocks --out_dir $OUT/lora-blocks > $OUT/lora-blocks.log 2>&1
 timeout 280 python3 -m pytest -m gpu -p no:cacheprovider -q tests/test_verify_fp8.py tests/test_fused_head.py > $OUT/gpu-tests.log 2>&1
 
-# 2. host-probe: the probe ran as an untracked next/lora_host.py, the same code as host-probe/lora_host_probe.py before
-#    it was split into functions for lint. Three runs: the first stopped after the BF16 base on a bug of the probe
+# 2. host-probe: the probe ran as an untracked next/lora_host.py. host-probe/lora_host_probe.py is the same code split
+#    into functions for lint, its timing loop now cs336_basics.benchmark.host_time.host_and_wall (the loop it had copied). Three runs: the first stopped after the BF16 base on a bug of the probe
 #    (it did not restore trainer.step_model; its BF16 line matches run 1's), run 1 added nothing else, run 2 added the
 #    runtime-call listing.
 python3 next/lora_host.py --preset 1.3b --lora_rank 16 --lora_targets attn 2>&1 | grep -v "Warning\|encode\|train:\|warn_once" | tee $OUT/lora-host.log

@@ -1,6 +1,6 @@
 """Does a LoRA step wait for the host? For a BF16 and an FP8 base of the flags' shape (a fresh random base), after
 the sweep's 12 warm-up steps: the host's and the GPU's time per step over 20 steps with no synchronisation inside
-(phases as in cs336_basics.benchmark.host_time), the synchronising calls torch's sync debug mode sees in one step,
+(cs336_basics.benchmark.host_time.host_and_wall), the synchronising calls torch's sync debug mode sees in one step,
 and a profile of 4 steps: the GPU's gaps and the CUDA runtime calls that held the host longest, with their callers.
 
     python3 lora_host_probe.py --preset 1.3b --lora_rank 16 --lora_targets attn     (GPU; from the checkout root)
@@ -9,7 +9,6 @@ and a profile of 4 steps: the GPU's gaps and the CUDA runtime calls that held th
 import collections
 import sys
 import tempfile
-import time
 import warnings
 from pathlib import Path
 
@@ -17,35 +16,18 @@ import torch
 
 from cs336_basics.benchmark import lora_analysis
 from cs336_basics.benchmark.amdahl.measure import gpu_timeline, measurement_plan, measurement_tokens
-from cs336_basics.benchmark.host_time import PHASES, _timed
+from cs336_basics.benchmark.host_time import host_and_wall
 from cs336_basics.build import build
 from cs336_basics.cli import config_from_args, config_parser
 from cs336_basics.measurement import release_memory, train_for_measurement
-from cs336_basics.timing import StepTimer
 
 TIMED_STEPS, PROFILED_STEPS = 20, 4
 
 
-def host_and_wall(trainer) -> str:
-    totals = collections.defaultdict(float)
-    patched = [(getattr(trainer, owner), method) for owner, method in PHASES.values()]
-    for (target, method), phase in zip(patched, PHASES, strict=True):
-        setattr(target, method, _timed(totals, phase, getattr(target, method)))
-    step_model = trainer.step_model
-    trainer.step_model = _timed(totals, "forward", step_model)
-    timer = StepTimer(torch.device("cuda"))
-    torch.cuda.synchronize()
-    started, host_start = timer.start(), time.perf_counter()
-    for _ in range(TIMED_STEPS):
-        trainer.train_step()
-    host_ms = (time.perf_counter() - host_start) * 1e3 / TIMED_STEPS
-    timer.stop(0, started)
-    ((_, wall_s),) = timer.collect()
-    for target, method in patched:
-        delattr(target, method)
-    trainer.step_model = step_model
-    phases = ", ".join(f"{k} {v * 1e3 / TIMED_STEPS:.2f}" for k, v in totals.items())
-    return f"wall {wall_s * 1e3 / TIMED_STEPS:.2f} ms/step, host {host_ms:.2f} ms/step; phases {phases}"
+def host_and_wall_line(trainer) -> str:
+    times = host_and_wall(trainer, TIMED_STEPS)
+    phases = ", ".join(f"{k[:-3]} {v:.2f}" for k, v in times.items() if k not in ("wall_ms", "host_ms"))
+    return f"wall {times['wall_ms']:.2f} ms/step, host {times['host_ms']:.2f} ms/step; phases {phases}"
 
 
 def sync_points(trainer) -> list[str]:
@@ -107,7 +89,7 @@ def main() -> None:
         trainer, result = train_for_measurement(built, *tokens, lambda message: None)
         mode = built.config.train.compile_mode
         print(f"== {'FP8' if use_fp8 else 'BF16'}: {result.tokens_per_sec:,.0f} tok/s (trainer), compile mode {mode}")
-        for line in [host_and_wall(trainer), *sync_points(trainer), *profile(trainer)]:
+        for line in [host_and_wall_line(trainer), *sync_points(trainer), *profile(trainer)]:
             print(f"   {line}", flush=True)
         del trainer, built
         release_memory()
