@@ -24,6 +24,8 @@ from cs336_basics.lora.layers import (
     FrozenFp8SwiGLU,
     FrozenLinear,
     FrozenSharedInput,
+    adapter_deltas,
+    adapter_gemm_widths,
 )
 from cs336_basics.lora.merge import lora_model, merge_adapters, merged_state_dict
 from cs336_basics.model import TransformerLM
@@ -86,6 +88,77 @@ def test_the_adapters_scale_their_rank_r_product_and_a_scale_of_one_multiplies_n
     torch.testing.assert_close(delta, expected)
     # Forward and backward: one multiply of the (8, 4) product each with alpha 8 (scale 2), none with the default.
     assert counter.shapes.get("mul", []) == ([] if alpha is None else [(8, 4), (8, 4)])
+
+
+@pytest.mark.parametrize("ranks, alpha, dropout", [((4, 4, 4), None, 0.0), ((4, 0, 8), 8, 0.0), ((4, 4, 4), None, 0.5)])
+def test_adapters_that_read_one_input_project_it_as_one_gemm_with_the_same_results(ranks, alpha, dropout):
+    """adapter_deltas stacks the A matrices of layers that read one input: one GEMM reads x for all of them in the
+    forward, one makes A's gradients and one x's gradient through them; each value as the layers give it alone.
+    With dropout (a mask per adapter) the layers go one by one."""
+    torch.manual_seed(0)
+    layers = tuple(
+        FrozenLinear(nn.Linear(64, 32, bias=False), None, rank=r, scale=(alpha or r) / max(r, 1), dropout=dropout)
+        for r in ranks
+    )
+    for layer in layers:
+        if layer.rank:
+            with torch.no_grad():
+                layer.lora_b.normal_()
+    x = torch.randn(2, 8, 64, requires_grad=True)
+    weights = [torch.randn(2, 8, 32) for _ in layers]
+
+    def deltas_and_grads(run):
+        for t in [x, *(p for layer in layers for p in layer.parameters() if p.requires_grad)]:
+            t.grad = None
+        torch.manual_seed(1)  # the same dropout masks in both runs
+        with CountOps() as counter:
+            deltas = run()
+            sum((d * w).sum() for d, w in zip(deltas, weights, strict=True) if d is not None).backward()
+        grads = [x.grad] + [p.grad for layer in layers for p in layer.parameters() if p.requires_grad]
+        return deltas, grads, counter.shapes
+
+    joint, joint_grads, shapes = deltas_and_grads(lambda: adapter_deltas(layers, x))
+    alone, alone_grads, _ = deltas_and_grads(lambda: [layer.adapter_delta(x) for layer in layers])
+    assert [d is None for d in joint] == [r == 0 for r in ranks]
+    for a, b in zip(joint, alone, strict=True):
+        if a is not None:
+            torch.testing.assert_close(a, b)
+    for a, b in zip(joint_grads, alone_grads, strict=True):
+        torch.testing.assert_close(a, b)
+    # The GEMMs that read x (16 rows of 64) or write its width: the forward's x A^T first, then in the backward A's
+    # gradients (r, 64) and x's gradient (16, 64): one of each for all the adapters, or one per adapter.
+    adapted = [r for r in ranks if r]
+    if dropout:
+        first, wide = (16, adapted[0]), [(r, 64) for r in adapted] + [(16, 64)] * len(adapted)
+    else:
+        first, wide = (16, sum(ranks)), [(sum(ranks), 64), (16, 64)]
+    assert shapes["mm"][0] == first and sorted(s for s in shapes["mm"] if s[-1] == 64) == sorted(wide)
+
+
+def test_a_bf16_base_runs_the_adapters_of_q_k_v_together_with_the_same_outputs():
+    """On a BF16 base too, q/k/v with adapters run as one FrozenSharedInput (their A projections one GEMM, as on an
+    FP8 base): the same loss and adapter gradients as each layer alone."""
+    models = []
+    for _ in range(2):
+        model = tiny_lm()
+        torch.manual_seed(2)  # the same adapters in both
+        apply_lora(model, FinetuneConfig(init_from="x", lora_rank=4, lora_targets="attn"), fp8=None)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name.endswith("lora_b"):
+                    p.normal_(0, 0.05, generator=torch.Generator().manual_seed(len(name)))
+        models.append(model)
+    grouped, alone = models
+    assert all(isinstance(b.attn.qkv, FrozenSharedInput) and not b.attn.qkv.fp8 for b in grouped.layers)
+    for block in alone.layers:
+        block.attn.qkv = None  # each of q, k and v on its own, as before the grouping
+    # The widths of their adapter GEMMs (how the LoRA analysis tells them from the base's): o's 4 and q/k/v's 12.
+    assert adapter_gemm_widths(grouped) == {4, 12} and adapter_gemm_widths(alone) == {4}
+    (loss, grads, _), (alone_loss, alone_grads, _) = loss_and_grads(grouped), loss_and_grads(alone)
+    torch.testing.assert_close(loss, alone_loss)
+    assert grads.keys() == alone_grads.keys()
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, alone_grads[name], msg=name)
 
 
 def test_fp8_base_casts_its_weight_once_and_runs_two_gemms_not_three():

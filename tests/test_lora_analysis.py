@@ -40,18 +40,19 @@ def test_the_predictions_are_the_formulas_of_the_docstring():
     assert base_gemm_prediction(0.0, 2.0) == 1.0
 
 
-def test_the_step_splits_gemms_by_whether_a_dimension_is_the_rank():
+def test_the_step_splits_gemms_by_whether_a_dimension_is_an_adapter_width():
     events = [
         cpu_op("aten::mm", [(4096, 256), (256, 16)], [("gemm_a", 10.0)]),  # x A^T: adapter
         cpu_op("aten::mm", [(4096, 16), (16, 256)], [("gemm_b", 20.0)]),  # (x A^T) B^T: adapter
+        cpu_op("aten::mm", [(4096, 256), (256, 48)], [("gemm_qkv_a", 15.0)]),  # x [A_q; A_k; A_v]^T: adapters
         cpu_op("aten::_scaled_mm", [(4096, 256), (256, 768)], [("nvjet_qqtst", 300.0)]),  # base, converted
         cpu_op("aten::mm", [(4096, 256), (256, 512)], [("gemm_head", 100.0)]),  # base, not converted (the head)
         cpu_op("aten::add", [(4096, 256)], [("add_kernel", 50.0)]),  # not a GEMM
         kernel("gemm_a", 10.0),
     ]
     converted = {(256, 768, 4096)}
-    split = split_step(events, rank=16, converted=converted)
-    assert split == pytest.approx({"adapter_gemm_ms": 0.03, "base_gemm_ms": 0.4, "base_converted_gemm_ms": 0.3})
+    split = split_step(events, adapter_widths={16, 48}, converted=converted)
+    assert split == pytest.approx({"adapter_gemm_ms": 0.045, "base_gemm_ms": 0.4, "base_converted_gemm_ms": 0.3})
 
 
 def test_under_cuda_graphs_an_all_fp8_base_splits_its_gemms_by_kernel_name():
@@ -63,7 +64,7 @@ def test_under_cuda_graphs_an_all_fp8_base_splits_its_gemms_by_kernel_name():
         kernel("cudnn_sdpa_flash_fprop", 90.0),  # attention: no linear GEMM
         kernel("triton_poi_fused_add_0", 50.0),
     ]
-    assert not any(split_step(events, rank=16, converted={(256, 768, 4096)}).values())
+    assert not any(split_step(events, adapter_widths={16}, converted={(256, 768, 4096)}).values())
     split = split_fp8_step_by_kernel_name(breakdown_from_events(events))
     assert split == pytest.approx({"adapter_gemm_ms": 0.03, "base_gemm_ms": 0.5, "base_converted_gemm_ms": 0.5})
 

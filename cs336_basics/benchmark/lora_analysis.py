@@ -35,7 +35,7 @@ import math
 import statistics
 import sys
 import tempfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -109,7 +109,7 @@ def cast_bytes_per_token(model: torch.nn.Module) -> int:
             grads = sum((with_adapters if m.rank else without) * m.out_features for m in module.linears)
             total += cast * module.linears[0].in_features + grads
             grouped |= {id(m) for m in module.linears}
-        elif isinstance(module, FrozenSharedInput):
+        elif isinstance(module, FrozenSharedInput) and module.fp8:
             total += cast * (module.linears[0].in_features + sum(m.out_features for m in module.linears))
             grouped |= {id(m) for m in module.linears}
     for module in fp8_layers:
@@ -128,12 +128,15 @@ def copy_bandwidth(device: torch.device, gib: float = 1.0) -> float:
     return 2 * src.numel() / (ms / 1e3)
 
 
-def split_step(events: Iterable[Any], rank: int, converted: set[tuple[int, int, int]]) -> dict[str, float]:
-    """Kernel time (ms) of one profiled step's linear GEMMs: adapter GEMMs (a dimension is the rank), base GEMMs,
-    and of those the ones the FP8 base converts (`converted`: problem keys of the FP8 linears' GEMMs)."""
+def split_step(
+    events: Iterable[Any], adapter_widths: Collection[int], converted: set[tuple[int, int, int]]
+) -> dict[str, float]:
+    """Kernel time (ms) of one profiled step's linear GEMMs: adapter GEMMs (a dimension is one of `adapter_widths`:
+    the rank, or the summed ranks of adapters projected together; lora.layers.adapter_gemm_widths), base GEMMs, and of
+    those the ones the FP8 base converts (`converted`: problem keys of the FP8 linears' GEMMs)."""
     adapter = base = base_converted = 0.0
     for problem, us in linear_gemm_calls(events):
-        if problem is not None and rank in problem:
+        if problem is not None and any(width in problem for width in adapter_widths):
             adapter += us
         else:
             base += us
@@ -174,6 +177,7 @@ def _measure_base(
     idle time. The model and its trainer are freed before returning, so that the other base has the GPU's memory to
     itself."""
     from cs336_basics.build import build
+    from cs336_basics.lora.layers import adapter_gemm_widths
     from cs336_basics.measurement import release_memory, train_for_measurement
 
     config, device = fp8_plan.config, fp8_plan.device
@@ -186,7 +190,7 @@ def _measure_base(
     step_ms = statistics.median(time_calls_ms(trainer.train_step, timing_steps))
     events = profiled_steps(trainer)
     kernels = breakdown_from_events(events, top_kernels=top_kernels)
-    split, split_method = split_step(events, config.finetune.lora_rank, converted), "by GEMM shape"
+    split, split_method = split_step(events, adapter_gemm_widths(built.model), converted), "by GEMM shape"
     if not any(split.values()) and use_fp8 and every_linear_fp8:
         split, split_method = split_fp8_step_by_kernel_name(kernels), "by kernel name (FP8: base, BF16: adapters)"
         log(f"[lora] {name} base: no kernel linked to its op (CUDA graphs), so its GEMMs are split {split_method}")

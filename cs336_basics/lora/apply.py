@@ -154,7 +154,9 @@ class LoRAConverter(Converter):
                 f"FP8 was asked for, but no frozen base linear passes the FP8 filters ({reasons}). Pass "
                 "--no_fp8_shape_filter (or --fp8_lm_head) to run the base in FP8, or --no_use_fp8."
             )
-        if fp8 is not None:
+        if fp8 is None:
+            _group_bf16_adapters(model)
+        else:
             _group_fp8_layers(model, fp8, report)
             fp8_layers = frozen_fp8_linears(model)
             if delayed:  # the Trainer advances the scales once per step, through this converter's hooks
@@ -197,6 +199,18 @@ def _group_fp8_layers(model: nn.Module, fp8: FP8Config, report: LoRAReport) -> N
             setattr(module, attr, FrozenSharedInput(linears))
     report.base.fused_swiglu_blocks = len(blocks)
     report.base.shared_input_groups = len(groups)
+
+
+def _group_bf16_adapters(model: nn.Module) -> None:
+    """On a BF16 base, each group of linears that read one input (a module's SHARED_INPUT) and carry adapters in two
+    or more of them runs as a FrozenSharedInput, so that their adapters' A projections are one GEMM, as on an FP8
+    base (layers.adapter_deltas)."""
+    for module in list(model.modules()):
+        for attr, members in getattr(module, "SHARED_INPUT", {}).items():
+            linears = tuple(getattr(module, name) for name in members)
+            frozen = all(isinstance(layer, FrozenLinear) for layer in linears)
+            if frozen and sum(layer.rank > 0 for layer in linears) >= 2:
+                setattr(module, attr, FrozenSharedInput(linears))
 
 
 def frozen_fp8_linears(model: nn.Module) -> list[FrozenLinear]:

@@ -18,7 +18,9 @@ What the frozen base changes, and what these modules use:
   rotates each gradient back and writes it in FP8, and in BF16 only for adapters (`FrozenFp8QkvRope`); the FP8 head
   computes the loss beside its GEMM and writes the logits' gradient in FP8 (`FrozenFp8LMHead`).
 - The adapters stay in the weight dtype (BF16 on a GPU): at rank r their GEMMs are thin, memory-bound, and FP8 would
-  buy nothing there. The optimizer keeps their fp32 masters, as for any trainable BF16 weight.
+  buy nothing there. The optimizer keeps their fp32 masters, as for any trainable BF16 weight. Adapters on layers
+  that read one input (q/k/v) project it with one GEMM, their A matrices stacked (`adapter_deltas`), on either base:
+  thin GEMMs cost what they read and write, and this reads x once instead of once per adapter.
 
 State-dict keys: the base weight keeps the key it had in the plain model (`...q_proj.weight`), the adapters add
 `...q_proj.lora_a` and `...q_proj.lora_b`. Checkpoints of a LoRA run hold the trainable tensors only.
@@ -176,23 +178,73 @@ class FrozenLinear(nn.Module):
         return base + (", fp8" if self.fp8 else "") + adapters
 
 
+def _projected_together(layers: tuple[FrozenLinear, ...]) -> list[FrozenLinear]:
+    """The layers whose adapters adapter_deltas projects with one GEMM: those with adapters, when there are two or
+    more and none has dropout; otherwise none."""
+    adapted = [layer for layer in layers if layer.rank]
+    if len(adapted) < 2 or any(not isinstance(layer.dropout, nn.Identity) for layer in adapted):
+        return []
+    return adapted
+
+
+def adapter_gemm_widths(model: nn.Module) -> set[int]:
+    """The rank-side widths of `model`'s adapter GEMMs: each adapter's rank, and the summed ranks of the adapters
+    that adapter_deltas projects together."""
+    widths = {m.rank for m in model.modules() if isinstance(m, FrozenLinear) and m.rank}
+    for module in model.modules():
+        if isinstance(module, (FrozenSharedInput, FrozenFp8QkvRope)):
+            together = _projected_together(module.linears)
+            if together:
+                widths.add(sum(layer.rank for layer in together))
+    return widths
+
+
+def adapter_deltas(layers: tuple[FrozenLinear, ...], x: torch.Tensor) -> list[torch.Tensor | None]:
+    """FrozenLinear.adapter_delta of each of `layers`, which all read `x`. Their adapters' A projections run as one
+    GEMM, x A_cat^T with A_cat their A matrices stacked, so that x is read once instead of once per adapter, and in
+    the backward A's gradients are one GEMM (x read once more) and x's gradient through them one GEMM (written once)
+    instead of one per adapter. Each output entry is the same dot product as alone. Adapters with dropout take
+    their own masks of x, so layers with dropout go one by one."""
+    adapted = _projected_together(layers)
+    if not adapted:
+        return [layer.adapter_delta(x) for layer in layers]
+    low_rank = x @ torch.cat([layer.lora_a for layer in adapted]).t()
+    parts = iter(low_rank.split([layer.rank for layer in adapted], dim=-1))
+    deltas = []
+    for layer in layers:
+        if not layer.rank:
+            deltas.append(None)
+            continue
+        part = next(parts)
+        if layer.scale != 1.0:  # as in adapter_delta: the rank-r product is scaled, and a scale of 1 multiplies nothing
+            part = part * layer.scale
+        deltas.append(part @ layer.lora_b.t())
+    return deltas
+
+
 class FrozenSharedInput(nn.Module):
-    """Frozen FP8 linears that read one input (a model's SHARED_INPUT group, e.g. q/k/v), its cast made once. Each
-    keeps its weight, its adapters, its scaling and its state-dict keys where the model has them; this module only
-    refers to them."""
+    """Frozen linears that read one input (a model's SHARED_INPUT group, e.g. q/k/v): in FP8, the input cast once
+    for all of them; with adapters, their A projections run as one GEMM (adapter_deltas). Each keeps its weight, its
+    adapters, its scaling and its state-dict keys where the model has them; this module only refers to them."""
 
     def __init__(self, linears: tuple[FrozenLinear, ...]):
         super().__init__()
         self.linears = tuple(linears)  # not registered: they stay where the model has them
+        self.fp8 = all(layer.fp8 for layer in self.linears)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        operands = [t for layer in self.linears for t in layer.fp8_operands]
-        scalings = tuple(layer.scaling for layer in self.linears)
-        outputs = _FrozenFp8Linears.apply(x, scalings, self.training, *operands)
-        return tuple(layer.with_adapter(x, y) for layer, y in zip(self.linears, outputs, strict=True))
+        if self.fp8:
+            operands = [t for layer in self.linears for t in layer.fp8_operands]
+            scalings = tuple(layer.scaling for layer in self.linears)
+            outputs = _FrozenFp8Linears.apply(x, scalings, self.training, *operands)
+        else:
+            outputs = [nn.functional.linear(x, layer.weight) for layer in self.linears]
+        deltas = adapter_deltas(self.linears, x)
+        return tuple(y if delta is None else y + delta for y, delta in zip(outputs, deltas, strict=True))
 
     def extra_repr(self) -> str:
-        return f"{len(self.linears)} frozen FP8 linears sharing one input cast"
+        what = "frozen FP8 linears sharing one input cast" if self.fp8 else "frozen linears sharing one input"
+        return f"{len(self.linears)} {what}, their adapters' A projections as one GEMM"
 
 
 class _FrozenFp8QkvRope(torch.autograd.Function):
@@ -265,7 +317,7 @@ class FrozenFp8QkvRope(nn.Module):
         """As Fp8QkvRope.forward."""
         if positions is not None:
             positions = positions.reshape(-1, x.shape[1]).contiguous()
-        deltas = [layer.adapter_delta(x) for layer in self.linears]
+        deltas = adapter_deltas(self.linears, x)
         operands = [t for layer in self.linears for t in layer.fp8_operands]
         scalings = tuple(layer.scaling for layer in self.linears)
         return _FrozenFp8QkvRope.apply(
