@@ -244,7 +244,8 @@ class FrozenSharedInput(nn.Module):
 
     def extra_repr(self) -> str:
         what = "frozen FP8 linears sharing one input cast" if self.fp8 else "frozen linears sharing one input"
-        return f"{len(self.linears)} {what}, their adapters' A projections as one GEMM"
+        together = ", their adapters' A projections as one GEMM" if _projected_together(self.linears) else ""
+        return f"{len(self.linears)} {what}{together}"
 
 
 class _FrozenFp8QkvRope(torch.autograd.Function):
