@@ -307,9 +307,10 @@ class FP8Config:
         "in FP8 from attention's (RoPE's backward included; Triton on CUDA), instead of BF16 tensors cast afterwards",
         only_on="fused",
     )  # fmt: skip
-    fp8_fast_accum_backward: bool = setting(
-        False, "fast (lower-precision) accumulation in the two backward FP8 GEMMs too (the forward GEMM always uses "
-        "it, as TorchAO does), except the lm_head's, whose gradient it would ruin", only_on="fused",
+    fp8_fast_accum_backward: bool | None = setting(
+        None, "fast (lower-precision) accumulation in the backward FP8 GEMMs too (the forward GEMM always uses it, as "
+        "TorchAO does), except the lm_head's, whose gradient it would ruin (default: on for a LoRA fine-tune's frozen "
+        "base, off for pre-training)", only_on="fused",
     )  # fmt: skip
     # Off by default, as in torchtitan: each weight shard is then cast once per all-gather, eagerly, outside the
     # compiled blocks, which on one GPU of FSDP2 cost far more than FP8 saved (docs/several-gpus.md); what it saves,
@@ -321,11 +322,15 @@ class FP8Config:
     )  # fmt: skip
 
     def only_flags(self, path: str) -> list[str]:
-        """The settings given that only `path` ("fused" or "torchao") has, as flags."""
+        """The settings given that only `path` ("fused" or "torchao") has, as flags. A switch whose default is None
+        (each path's defaults choose it) names its path only when on: off is what the paths without it do. That
+        keeps run folders saved when its default was off (fp8_fast_accum_backward) resumable on TorchAO's path."""
         flags = [
-            _flag(f.name, getattr(self, f.name))
+            _flag(f.name, value)
             for f in dataclasses.fields(self)
-            if f.metadata.get("only_on") == path and getattr(self, f.name) != f.default
+            if f.metadata.get("only_on") == path
+            and (value := getattr(self, f.name)) != f.default
+            and not (f.default is None and value is False)
         ]
         if path == "fused" and self.fp8_scaling == "delayed":  # a value of a setting both paths have
             flags.insert(0, "--fp8_scaling delayed")

@@ -33,33 +33,36 @@ def settings(cfg: FP8Config) -> tuple:
 
 
 def test_the_default_is_the_fused_path_with_the_fp8_head_and_delayed_scaling():
-    assert settings(chosen()) == ("fused", True, False, "delayed")
+    assert settings(chosen()) == ("fused", True, False, "delayed", False)
 
 
 @pytest.mark.parametrize(
     "where, fp8, expected",
     [
         # several processes: one amax history per process would disagree, so dynamic scaling
-        ({"parallel_mode": "ddp", "world_size": 2}, {}, ("fused", True, False, "dynamic")),
-        # FSDP2: TorchAO's path measured faster on one rank
-        ({"parallel_mode": "fsdp", "world_size": 2}, {}, ("torchao", False, True, "dynamic")),
-        ({}, {"fp8_recipe": "rowwise"}, ("torchao", False, True, "dynamic")),
-        ({}, {"fp8_all_gather": True}, ("torchao", False, True, "dynamic")),
+        ({"parallel_mode": "ddp", "world_size": 2}, {}, ("fused", True, False, "dynamic", False)),
+        # FSDP2: TorchAO's path measured faster on one rank (TorchAO's has no backward-accumulation setting: None)
+        ({"parallel_mode": "fsdp", "world_size": 2}, {}, ("torchao", False, True, "dynamic", None)),
+        ({}, {"fp8_recipe": "rowwise"}, ("torchao", False, True, "dynamic", None)),
+        ({}, {"fp8_all_gather": True}, ("torchao", False, True, "dynamic", None)),
         # emulation is TorchAO's, and a speed rule means nothing under it
-        ({}, {"fp8_emulate": True}, ("torchao", False, False, "dynamic")),
+        ({}, {"fp8_emulate": True}, ("torchao", False, False, "dynamic", None)),
         # a setting only the fused path has picks it, even where TorchAO's would be chosen
         (
             {"parallel_mode": "fsdp", "world_size": 2},
             {"fp8_fast_accum_backward": True},
-            ("fused", True, False, "dynamic"),
+            ("fused", True, False, "dynamic", True),
         ),
         # explicit settings are kept
-        ({}, {"fp8_lm_head": False, "fp8_scaling": "dynamic"}, ("fused", False, False, "dynamic")),
-        ({}, {"fp8_path": "torchao", "fp8_shape_filter": False}, ("torchao", False, False, "dynamic")),
-        # a LoRA base runs this package's own FP8 linears whatever the path, with the defaults measured for it
-        ({"lora": True}, {}, ("fused", False, False, "dynamic")),
-        ({"lora": True, "cuda_graphs": True}, {}, ("fused", True, False, "delayed")),
-        ({"cuda_graphs": True}, {}, ("fused", True, False, "delayed")),  # pretraining's do not depend on it
+        ({}, {"fp8_lm_head": False, "fp8_scaling": "dynamic"}, ("fused", False, False, "dynamic", False)),
+        ({}, {"fp8_path": "torchao", "fp8_shape_filter": False}, ("torchao", False, False, "dynamic", None)),
+        # a LoRA base runs this package's own FP8 linears whatever the path, with the defaults measured for it:
+        # fast accumulation in its backward (input-gradient) GEMMs among them, unless asked otherwise
+        ({"lora": True}, {}, ("fused", False, False, "dynamic", True)),
+        ({"lora": True, "cuda_graphs": True}, {}, ("fused", True, False, "delayed", True)),
+        ({"lora": True}, {"fp8_fast_accum_backward": False}, ("fused", False, False, "dynamic", False)),
+        ({"lora": True}, {"fp8_path": "torchao"}, ("torchao", False, False, "dynamic", True)),
+        ({"cuda_graphs": True}, {}, ("fused", True, False, "delayed", False)),  # pretraining's do not depend on it
     ],
 )
 def test_where_the_choice_differs(where, fp8, expected):
@@ -115,3 +118,8 @@ def test_settings_of_one_path_are_grouped_under_it_in_help_and_name_it():
     assert chosen(fp8_margin=1).fp8_path == "fused" and chosen(fp8_all_gather=True).fp8_path == "torchao"
     with pytest.raises(ConfigError, match="--no_fp8_fused_swiglu needs --fp8_path fused"):
         chosen(fp8_path="torchao", fp8_fused_swiglu=False)
+    # A switch each path's defaults choose names the fused path only when on: off is what TorchAO's path does (and
+    # the saved default of older run folders, which must still resume there).
+    fsdp = {"parallel_mode": "fsdp", "world_size": 2}
+    assert chosen(**fsdp, fp8_fast_accum_backward=False).fp8_path == "torchao"
+    assert chosen(**fsdp, fp8_fast_accum_backward=True).fp8_path == "fused"

@@ -14,6 +14,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import train_h100
+from cs336_basics.build import build
 from cs336_basics.config import FinetuneConfig, FP8Config
 from cs336_basics.config_layers import build_config
 from cs336_basics.errors import ConfigError
@@ -29,6 +30,7 @@ from cs336_basics.lora.layers import (
 )
 from cs336_basics.lora.merge import lora_model, merge_adapters, merged_state_dict
 from cs336_basics.model import TransformerLM
+from cs336_basics.precision.fp8 import FAST_ACCUM_BACKWARD_NOTE
 from cs336_basics.precision.fused import head as head_module
 from cs336_basics.precision.fused.convert import fused_dtypes
 from cs336_basics.precision.fused.scaling import GRAD, INPUT, SiteScaling
@@ -469,6 +471,31 @@ def test_fp8_with_no_layer_to_convert_is_an_error():
     model = tiny_lm(dtype=torch.bfloat16)
     with pytest.raises(ConfigError, match="no frozen base linear passes the FP8 filters"):
         apply_lora(model, FinetuneConfig(init_from="x", lora_rank=2), FP8Config(use_fp8=True, fp8_shape_filter=True))
+
+
+@pytest.mark.parametrize("asked", [None, False])
+def test_an_fp8_base_accumulates_its_input_gradients_fast_by_default(asked, tmp_path):
+    """A LoRA base's defaults (precision/choice.py says where they were measured) include fast accumulation in its
+    backward GEMMs, the input gradients, but not in the head's, whose gradient it ruined; the summary says so, and
+    --no_fp8_fast_accum_backward is kept."""
+    vocab = 96  # no other dimension of the model: the head's GEMMs are those whose A operand has it
+    base = tmp_path / "base.pt"
+    torch.save(TransformerLM(tiny_model(vocab_size=vocab)).state_dict(), base)
+    fp8 = {"use_fp8": True, "fp8_lm_head": True} | ({} if asked is None else {"fp8_fast_accum_backward": asked})
+    finetune = {"init_from": str(base), "lora_rank": 4}
+    built = build(build_config({"finetune": finetune, "fp8": fp8, "train": {"device": "cpu", "compile_model": False}}))
+    fast = asked is None
+    assert built.config.fp8.fp8_fast_accum_backward is fast
+    assert ("fp8_fast_accum_backward=True" in " ".join(built.auto_choices)) is fast
+    assert (FAST_ACCUM_BACKWARD_NOTE in dict(built.lora.summary_lines())["LoRA base"]) is fast
+    ids = torch.randint(0, vocab, (2, 16))
+    loss = built.model(ids, targets=ids)
+    with RecordScaledMM() as backward:
+        loss.backward()
+    head = [f for shape, f in backward.calls if vocab in shape]
+    others = [f for shape, f in backward.calls if vocab not in shape]
+    assert head == [False] * head_module.LOGITS_ROW_BLOCKS
+    assert others and others == [fast] * len(others)
 
 
 # ---- the whole job: pretrain, fine-tune, resume, merge ----

@@ -118,7 +118,7 @@ class LoRAConverter(Converter):
         base = FP8ConversionReport(
             recipe="tensorwise", format="", emulate=False, path=LORA_FP8_PATH,
             scaling=fp8.fp8_scaling if fp8 is not None else "none",
-            fast_accum_backward=fp8 is not None and fp8.fp8_fast_accum_backward,
+            fast_accum_backward=fp8 is not None and bool(fp8.fp8_fast_accum_backward),
         )  # fmt: skip
         report = LoRAReport(rank=ft.lora_rank, scale=ft.scale, targets=targets, base=base)
         delayed = fp8 is not None and fp8.fp8_scaling == "delayed"

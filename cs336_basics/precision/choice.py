@@ -30,7 +30,7 @@ from cs336_basics.precision.fused.convert import FusedFP8
 
 FP8_CONVERTERS = {"fused": FusedFP8, "torchao": TorchAOFP8, "accelerate": AccelerateFP8}
 # The FP8 settings this module resolves when they are left automatic.
-AUTO_SETTINGS = ("fp8_path", "fp8_lm_head", "fp8_shape_filter", "fp8_scaling")
+AUTO_SETTINGS = ("fp8_path", "fp8_lm_head", "fp8_shape_filter", "fp8_scaling", "fp8_fast_accum_backward")
 
 
 @dataclass(frozen=True)
@@ -90,19 +90,25 @@ def fp8_converter(fp8: FP8Config, world_size: int = 1, fsdp_float8_all_gather: b
 
 
 def _defaults(fp8: FP8Config, path: str, world_size: int, lora: bool, cuda_graphs: bool) -> tuple[str, dict[str, Any]]:
-    """Whose defaults apply, and the lm_head, shape-rule and scaling settings they give."""
+    """Whose defaults apply, and the lm_head, shape-rule, scaling and backward-accumulation settings they give (the
+    last only where this package's FP8 linears run: TorchAO's and Accelerate's take no such setting)."""
     if lora:  # measured on a LoRA base (docs/fine-tuning.md): delayed scaling pays only under CUDA graphs, where
-        # it was measured with the FP8 head (benchmarks/results/2026-11-26-defaults-by-block/README.md, item 3)
+        # it was measured with the FP8 head (benchmarks/results/2026-11-26-defaults-by-block/README.md, item 3).
+        # Fast accumulation in the input-gradient GEMMs (a frozen base has no other backward GEMM) paid and kept the
+        # fine-tune's loss (benchmarks/results/2026-11-27-lora-levers-h100/README.md, items 3-4).
+        fast = {"fp8_shape_filter": False, "fp8_fast_accum_backward": True}
         if cuda_graphs:
-            return "a LoRA base's under CUDA graphs", {
-                "fp8_lm_head": True,
-                "fp8_shape_filter": False,
-                "fp8_scaling": "delayed",
-            }
-        return "a LoRA base's", {"fp8_lm_head": False, "fp8_shape_filter": False, "fp8_scaling": "dynamic"}
-    if path == "fused":  # one amax history per process, which several processes would not agree on: dynamic there
+            return "a LoRA base's under CUDA graphs", {"fp8_lm_head": True, "fp8_scaling": "delayed", **fast}
+        return "a LoRA base's", {"fp8_lm_head": False, "fp8_scaling": "dynamic", **fast}
+    if path == "fused":  # one amax history per process, which several processes would not agree on: dynamic there.
+        # Fast backward accumulation moved pre-training's loss (docs/fp8.md): off until a loss check says otherwise.
         scaling = "delayed" if world_size == 1 else "dynamic"
-        return "the fused path's", {"fp8_lm_head": True, "fp8_shape_filter": False, "fp8_scaling": scaling}
+        return "the fused path's", {
+            "fp8_lm_head": True,
+            "fp8_shape_filter": False,
+            "fp8_scaling": scaling,
+            "fp8_fast_accum_backward": False,
+        }
     if path == "accelerate":  # its own filter decides which linears convert (precision/accelerate.py)
         return "Accelerate's", {"fp8_lm_head": False, "fp8_shape_filter": False, "fp8_scaling": "dynamic"}
     # The shape rule is a speed rule for real FP8 GEMMs: emulation (numerics only) converts every layer.

@@ -43,8 +43,9 @@ def fast_accum_backward(cfg: FP8Config, linear: nn.Module, fqn: str) -> bool:
     logits' gradient, softmax - onehot, sums to zero, so the head's dx sums vocabulary-many terms that cancel down to
     a result far smaller than they are: with fast accumulation its error outgrew the result (the gradients below the
     head were off by 91-122%, 6-7% without it), and its dW's error doubled
-    (benchmarks/results/2026-11-23-lora-loss-safe-h200/README.md)."""
-    return cfg.fp8_fast_accum_backward and not is_lm_head(linear, fqn)
+    (benchmarks/results/2026-11-23-lora-loss-safe-h200/README.md). Left unchosen (None, before
+    precision.choose_fp8 resolves it), it is off."""
+    return bool(cfg.fp8_fast_accum_backward) and not is_lm_head(linear, fqn)
 
 
 def count_fused_linears(model: nn.Module) -> int:
@@ -128,7 +129,7 @@ class FusedFP8(FP8Converter):
         fmt = f"{_NAMES[dtypes[0]]} fwd / {_NAMES[dtypes[2]]} grad"
         report = FP8ConversionReport(
             recipe="tensorwise", format=fmt, format_short=fmt, emulate=cfg.fp8_emulate, path="fused",
-            scaling=cfg.fp8_scaling, fast_accum_backward=cfg.fp8_fast_accum_backward,
+            scaling=cfg.fp8_scaling, fast_accum_backward=bool(cfg.fp8_fast_accum_backward),
         )  # fmt: skip
         decide_conversions(model, cfg, report)
         biased = [name for name in report.converted if model.get_submodule(name).bias is not None]
