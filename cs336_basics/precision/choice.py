@@ -96,10 +96,10 @@ def _defaults(fp8: FP8Config, path: str, world_size: int, lora: bool, cuda_graph
         # it was measured with the FP8 head (benchmarks/results/2026-11-26-defaults-by-block/README.md, item 3).
         # Fast accumulation in the input-gradient GEMMs (a frozen base has no other backward GEMM) paid and kept the
         # fine-tune's loss (benchmarks/results/2026-11-27-lora-levers-h100/README.md, items 3-4).
-        fast = {"fp8_shape_filter": False, "fp8_fast_accum_backward": True}
+        either = {"fp8_shape_filter": False, "fp8_fast_accum_backward": True}
         if cuda_graphs:
-            return "a LoRA base's under CUDA graphs", {"fp8_lm_head": True, "fp8_scaling": "delayed", **fast}
-        return "a LoRA base's", {"fp8_lm_head": False, "fp8_scaling": "dynamic", **fast}
+            return "a LoRA base's under CUDA graphs", {"fp8_lm_head": True, "fp8_scaling": "delayed", **either}
+        return "a LoRA base's", {"fp8_lm_head": False, "fp8_scaling": "dynamic", **either}
     if path == "fused":  # one amax history per process, which several processes would not agree on: dynamic there.
         # Fast backward accumulation moved pre-training's loss (docs/fp8.md): off until a loss check says otherwise.
         scaling = "delayed" if world_size == 1 else "dynamic"
