@@ -676,6 +676,6 @@ def test_gpu_lora_fine_tune_runs_compiled_with_an_fp8_base(base_run, tmp_path, t
     assert code == 0, err
     assert "15 frozen linears in FP8 (weights cast once), 0 in BF16" in stdout
     # --compile_mode auto replays an FP8 step under CUDA graphs, where a LoRA base's scaling defaults to delayed.
-    assert "fp8_scaling=delayed (a LoRA base's under CUDA graphs defaults)" in stdout
+    assert "fp8_scaling=delayed, fp8_fast_accum_backward=True (a LoRA base's under CUDA graphs defaults)" in stdout
     assert "the BF16 weights of 15 FP8 linears kept in CPU memory" in stdout
     assert "2 shared input casts, 2 SwiGLU blocks made in FP8, loss fused into the FP8 head" in stdout
