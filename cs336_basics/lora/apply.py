@@ -23,6 +23,7 @@ from cs336_basics.lora.layers import (
     FrozenFp8SwiGLU,
     FrozenLinear,
     FrozenSharedInput,
+    projected_together,
 )
 from cs336_basics.precision.converter import Converter, delayed_scaling
 from cs336_basics.precision.fp8 import FAST_ACCUM_BACKWARD_NOTE, FP8ConversionReport, is_lm_head, skip_reason
@@ -202,14 +203,13 @@ def _group_fp8_layers(model: nn.Module, fp8: FP8Config, report: LoRAReport) -> N
 
 
 def _group_bf16_adapters(model: nn.Module) -> None:
-    """On a BF16 base, each group of linears that read one input (a module's SHARED_INPUT) and carry adapters in two
-    or more of them runs as a FrozenSharedInput, so that their adapters' A projections are one GEMM, as on an FP8
-    base (layers.adapter_deltas)."""
+    """On a BF16 base, each group of linears that read one input (a module's SHARED_INPUT) whose adapters
+    layers.adapter_deltas projects with one GEMM (layers.projected_together) runs as a FrozenSharedInput, as on an
+    FP8 base."""
     for module in list(model.modules()):
         for attr, members in getattr(module, "SHARED_INPUT", {}).items():
             linears = tuple(getattr(module, name) for name in members)
-            frozen = all(isinstance(layer, FrozenLinear) for layer in linears)
-            if frozen and sum(layer.rank > 0 for layer in linears) >= 2:
+            if all(isinstance(layer, FrozenLinear) for layer in linears) and projected_together(linears):
                 setattr(module, attr, FrozenSharedInput(linears))
 
 

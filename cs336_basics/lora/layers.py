@@ -178,7 +178,7 @@ class FrozenLinear(nn.Module):
         return base + (", fp8" if self.fp8 else "") + adapters
 
 
-def _projected_together(layers: tuple[FrozenLinear, ...]) -> list[FrozenLinear]:
+def projected_together(layers: tuple[FrozenLinear, ...]) -> list[FrozenLinear]:
     """The layers whose adapters adapter_deltas projects with one GEMM: those with adapters, when there are two or
     more and none has dropout; otherwise none."""
     adapted = [layer for layer in layers if layer.rank]
@@ -193,7 +193,7 @@ def adapter_gemm_widths(model: nn.Module) -> set[int]:
     widths = {m.rank for m in model.modules() if isinstance(m, FrozenLinear) and m.rank}
     for module in model.modules():
         if isinstance(module, (FrozenSharedInput, FrozenFp8QkvRope)):
-            together = _projected_together(module.linears)
+            together = projected_together(module.linears)
             if together:
                 widths.add(sum(layer.rank for layer in together))
     return widths
@@ -205,7 +205,7 @@ def adapter_deltas(layers: tuple[FrozenLinear, ...], x: torch.Tensor) -> list[to
     the backward A's gradients are one GEMM (x read once more) and x's gradient through them one GEMM (written once)
     instead of one per adapter. Each output entry is the same dot product as alone. Adapters with dropout take
     their own masks of x, so layers with dropout go one by one."""
-    adapted = _projected_together(layers)
+    adapted = projected_together(layers)
     if not adapted:
         return [layer.adapter_delta(x) for layer in layers]
     low_rank = x @ torch.cat([layer.lora_a for layer in adapted]).t()
@@ -244,7 +244,7 @@ class FrozenSharedInput(nn.Module):
 
     def extra_repr(self) -> str:
         what = "frozen FP8 linears sharing one input cast" if self.fp8 else "frozen linears sharing one input"
-        together = ", their adapters' A projections as one GEMM" if _projected_together(self.linears) else ""
+        together = ", their adapters' A projections as one GEMM" if projected_together(self.linears) else ""
         return f"{len(self.linears)} {what}{together}"
 
 
