@@ -156,27 +156,37 @@ def test_gpu_triton_producer_matches_the_reference(layout, shape, with_positions
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("keep_bf16", [True, False])
-def test_gpu_frozen_base_producer_writes_the_same_fp8_and_keeps_the_bf16_gradient(keep_bf16):
-    # A frozen base's variant (lora/layers.py): the same FP8 gradient, no transpose, the rotated BF16 one if asked.
+@pytest.mark.parametrize("keep_bf16", [[True, True, True], [True, False, True], [False, False, False]])
+def test_gpu_frozen_base_producer_writes_the_same_fp8_side_by_side_and_keeps_the_bf16_gradients(keep_bf16):
+    # A frozen base's variant (lora/layers.py): q/k/v's gradients, each in FP8 by its own scale, as the columns of one
+    # matrix (no transposes), with the rotated BF16 gradients where asked.
     from cs336_basics.precision.fused import rope_triton as triton_ops
 
-    batch, heads, seq, head_dim = 2, 14, 300, 64
+    batch, seq, head_dim, heads = 2, 300, 64, (14, 2, 2)
     rope = RotaryEmbedding(head_dim, 512).cuda()
-    grad = attention_grad(batch, heads, seq, head_dim, device="cuda")
-    for rotate in (True, False):
-        scale = amax_to_scale(reference.rope_grad_amax(grad, rope.cos, rope.sin, None, rotate) / 2, E5M2)
-        rows = [(torch.zeros(batch * seq, device="cuda"), torch.zeros(batch * seq, device="cuda", dtype=torch.int32))
-                for _ in range(2)]  # fmt: skip
-        args = (grad, rope.cos, rope.sin, None, scale, E5M2, rotate, True)
-        g_fp8, kept = triton_ops.rope_grad_cast_frozen(*args, keep_bf16, *rows[0])
-        expected, _ = reference.rope_grad_cast(*args, *rows[1])
-        assert_same_bits(g_fp8, expected)
-        if keep_bf16:
-            assert_same_bits(kept, reference.rope_grad(grad, rope.cos, rope.sin, None, rotate))
+    grads = [attention_grad(batch, n, seq, head_dim, device="cuda") * 4**i for i, n in enumerate(heads)]
+    rotate = [True, True, False]
+    scales = torch.cat([
+        amax_to_scale(reference.rope_grad_amax(grad, rope.cos, rope.sin, None, turn) / 2, E5M2)
+        for grad, turn in zip(grads, rotate, strict=True)
+    ])  # fmt: skip
+    rows = [[(torch.zeros(batch * seq, device="cuda"), torch.zeros(batch * seq, device="cuda", dtype=torch.int32))
+             for _ in grads] for _ in range(2)]  # fmt: skip
+    g_fp8, *kept = triton_ops.rope_grad_cast_frozen_joint(
+        grads, rope.cos, rope.sin, None, scales, E5M2, rotate, True, keep_bf16, *map(list, zip(*rows[0], strict=True))
+    )
+    assert g_fp8.shape == (batch * seq, sum(heads) * head_dim) and g_fp8.is_contiguous()
+    start = 0
+    for i, grad in enumerate(grads):
+        args = (grad, rope.cos, rope.sin, None, scales[i : i + 1], E5M2, rotate[i], True)
+        expected, _ = reference.rope_grad_cast(*args, *rows[1][i])
+        assert_same_bits(g_fp8[:, start : start + expected.shape[1]], expected)
+        start += expected.shape[1]
+        if keep_bf16[i]:
+            assert_same_bits(kept[i], reference.rope_grad(grad, rope.cos, rope.sin, None, rotate[i]))
         else:
-            assert kept.numel() == 0
-        assert rows[0][0].max() == rows[1][0].max()
+            assert kept[i].numel() == 0
+        assert rows[0][i][0].max() == rows[1][i][0].max()
 
 
 @pytest.mark.gpu

@@ -129,9 +129,14 @@ class FrozenLinear(nn.Module):
         to CPU memory)."""
         device = self.weight_fp8.device if self.weight_casts else self.weight.device
         w_fp8, w_scale_inv = dynamic_cast(self.weight.to(device), E4M3)
-        self.register_buffer("weight_fp8", w_fp8, persistent=False)
-        self.register_buffer("weight_fp8_t", w_fp8.t().contiguous(), persistent=False)
-        self.register_buffer("weight_scale_inv", w_scale_inv, persistent=False)
+        if self.weight_casts:  # in place: W^T may be columns of a group's joint copy (FrozenFp8QkvRope)
+            self.weight_fp8.copy_(w_fp8)
+            self.weight_fp8_t.copy_(w_fp8.t())
+            self.weight_scale_inv.copy_(w_scale_inv)
+        else:
+            self.register_buffer("weight_fp8", w_fp8, persistent=False)
+            self.register_buffer("weight_fp8_t", w_fp8.t().contiguous(), persistent=False)
+            self.register_buffer("weight_scale_inv", w_scale_inv, persistent=False)
         self.weight_casts += 1
 
     @property
@@ -248,16 +253,31 @@ class FrozenSharedInput(nn.Module):
         return f"{len(self.linears)} {what}{together}"
 
 
+def joint_dgrad_scales(
+    grad_scale_invs: list[torch.Tensor], weight_scale_invs: list[torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """dx = sum_i dy_i W_i as one FP8 GEMM over [dy_1 .. dy_n] and [W_1; ..; W_n] takes one scale for all the
+    products, so each dy_i is cast with the scale that gives every (dy_i, W_i) pair the same product of inverse
+    scales: the largest of the pairs' own. Returns (the casts' scales, shape (n,); that product, the GEMM's
+    inverse scale). No cast scale exceeds the site's own, so none saturates more; a smaller one only moves a gradient
+    down E5M2's range, which spans some thirty binades."""
+    weight_invs = torch.stack([inv.reshape(()) for inv in weight_scale_invs])
+    products = torch.stack([inv.reshape(()) for inv in grad_scale_invs]) * weight_invs
+    joint_inv = products.amax()
+    return weight_invs / joint_inv, joint_inv.reshape(1)
+
+
 class _FrozenFp8QkvRope(torch.autograd.Function):
     """(q, k, v) as (batch, heads, seq, head_dim), q and k rotated, from frozen FP8 q/k/v weights (cached operands as
     _FrozenFp8Linears'): x cast once; each output its base's FP8 GEMM plus its adapters' contribution (a `delta`
     computed outside by autograd, or None), then RoPE as the model applies it. In backward one kernel per output
-    (rope_ops' rope_grad_cast_frozen) rotates attention's gradient back and writes it in FP8 for the base's dx GEMM,
-    and where there is a delta also in BF16, as the delta's gradient. Unfused, RoPE's backward writes the BF16
-    gradient and a separate cast reads it back (see precision/fused/qkv_rope.py)."""
+    (rope_ops' rope_grad_cast_frozen_joint) rotates attention's gradient back and writes it in FP8 as columns of one
+    matrix, and where there is a delta also in BF16, as the delta's gradient; then one GEMM with the joint W^T gives
+    dx (joint_dgrad_scales), where three GEMMs would each write a BF16 dx for a sum to read back. Unfused, RoPE's
+    backward writes the BF16 gradient and a separate cast reads it back (see precision/fused/qkv_rope.py)."""
 
     @staticmethod
-    def forward(ctx, x, delta_q, delta_k, delta_v, ops, rope, heads, positions, scalings, record, *operands):
+    def forward(ctx, x, delta_q, delta_k, delta_v, ops, rope, heads, positions, scalings, record, joint_t, *operands):
         batch, seq, _ = x.shape
         x_fp8, x_inv = scalings[0].cast(x.reshape(-1, x.shape[-1]), INPUT, record)
         deltas = (delta_q, delta_k, delta_v)
@@ -269,16 +289,17 @@ class _FrozenFp8QkvRope(torch.autograd.Function):
             outputs.append(y.view(batch, seq, n, -1).transpose(1, 2))
         angles = None if positions is None else positions.unsqueeze(1)
         q, k, v = rope(outputs[0], angles), rope(outputs[1], angles), outputs[2]
-        ctx.save_for_backward(positions, *[t for _, w_t, scale in _triples(operands) for t in (w_t, scale)])
+        ctx.save_for_backward(positions, joint_t, *[w_inv for _, _, w_inv in _triples(operands)])
         ctx.ops, ctx.rope, ctx.scalings, ctx.record, ctx.n_operands = ops, rope, scalings, record, len(operands)
         ctx.has_delta = tuple(delta is not None for delta in deltas)
         return q, k, v
 
     @staticmethod
     def backward(ctx, *grads: torch.Tensor):
-        positions, *saved = ctx.saved_tensors
+        positions, joint_t, *w_invs = ctx.saved_tensors
         ops, rope, record = ctx.ops, ctx.rope, ctx.record
         batch, _, seq, _ = grads[0].shape
+        unused = [None] * (7 + ctx.n_operands)
         if not ctx.needs_input_grad[0]:
             # The first block's x (the frozen embedding's, normed) needs no gradient: no base GEMM, so no FP8 cast and
             # no recording either (as for a group whose backward never runs); only the adapters' BF16 gradients.
@@ -287,25 +308,27 @@ class _FrozenFp8QkvRope(torch.autograd.Function):
                 else None
                 for i, (grad, keep) in enumerate(zip(grads, ctx.has_delta, strict=True))
             ]  # fmt: skip
-            return None, *d_deltas, *([None] * (6 + ctx.n_operands))
-        dx, d_deltas = None, []
-        for i, (grad, scaling, keep) in enumerate(zip(grads, ctx.scalings, ctx.has_delta, strict=True)):
-            w_t, w_inv = saved[2 * i], saved[2 * i + 1]
-            rotate = i < 2  # q and k; not v
-            scale, g_inv, recording, rows = rope_grad_cast_args(ops, rope, positions, grad, rotate, scaling, record)
-            g_fp8, g_kept = ops.rope_grad_cast_frozen(
-                grad, rope.cos, rope.sin, positions, scale, scaling.dtypes[GRAD], rotate, recording, keep, *rows
-            )
-            part = fp8_matmul(g_fp8, g_inv, w_t.t(), w_inv, scaling.fast_accum_backward)
-            dx = part if dx is None else dx + part
-            d_deltas.append(g_kept.view(batch, seq, -1) if keep else None)
-        return dx.view(batch, seq, -1), *d_deltas, *([None] * (6 + ctx.n_operands))
+            return None, *d_deltas, *unused
+        rotate = [True, True, False]  # q and k; not v
+        casts = [
+            rope_grad_cast_args(ops, rope, positions, grad, rotate[i], scaling, record)
+            for i, (grad, scaling) in enumerate(zip(grads, ctx.scalings, strict=True))
+        ]
+        scales, joint_inv = joint_dgrad_scales([g_inv for _, g_inv, _, _ in casts], w_invs)
+        g_fp8, *kept = ops.rope_grad_cast_frozen_joint(
+            list(grads), rope.cos, rope.sin, positions, scales, ctx.scalings[0].dtypes[GRAD], rotate, casts[0][2],
+            list(ctx.has_delta), [rows[0] for *_, rows in casts], [rows[1] for *_, rows in casts],
+        )  # fmt: skip
+        dx = fp8_matmul(g_fp8, joint_inv, joint_t.t(), torch.ones_like(joint_inv), ctx.scalings[0].fast_accum_backward)
+        d_deltas = [g.view(batch, seq, -1) if keep else None for g, keep in zip(kept, ctx.has_delta, strict=True)]
+        return dx.view(batch, seq, -1), *d_deltas, *unused
 
 
 class FrozenFp8QkvRope(nn.Module):
     """Stands in for attention's frozen FP8 q/k/v projections and RoPE (a CausalSelfAttention's `qkv_rope`): the same
     FrozenLinears (weights, adapters, scalings and state-dict keys stay where the model has them), run as one unit
-    with the attention's own RotaryEmbedding."""
+    with the attention's own RotaryEmbedding. Their FP8 W^T become columns of one joint W^T (a buffer here, each
+    layer's `weight_fp8_t` a view of its columns: no second copy), the backward GEMM's operand."""
 
     def __init__(self, linears: tuple[FrozenLinear, ...], rope: RotaryEmbedding, heads: tuple[int, int, int]):
         super().__init__()
@@ -313,6 +336,12 @@ class FrozenFp8QkvRope(nn.Module):
         self.rope = (rope,)  # not registered: the attention (and the model) owns it
         self.heads = heads
         self.ops = rope_ops(linears[0].weight_fp8.device)
+        self.register_buffer("joint_weight_fp8_t", torch.cat([layer.weight_fp8_t for layer in linears], 1), False)
+        start = 0
+        for layer in linears:
+            columns = self.joint_weight_fp8_t[:, start : start + layer.out_features]
+            layer.register_buffer("weight_fp8_t", columns, persistent=False)
+            start += layer.out_features
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
         """As Fp8QkvRope.forward."""
@@ -322,11 +351,12 @@ class FrozenFp8QkvRope(nn.Module):
         operands = [t for layer in self.linears for t in layer.fp8_operands]
         scalings = tuple(layer.scaling for layer in self.linears)
         return _FrozenFp8QkvRope.apply(
-            x, *deltas, self.ops, self.rope[0], self.heads, positions, scalings, self.training, *operands
-        )
+            x, *deltas, self.ops, self.rope[0], self.heads, positions, scalings, self.training,
+            self.joint_weight_fp8_t, *operands,
+        )  # fmt: skip
 
     def extra_repr(self) -> str:
-        return "frozen q/k/v projections and RoPE as one unit, fp8, gradients produced in FP8"
+        return "frozen q/k/v projections and RoPE as one unit, fp8, gradients produced in FP8, dx in one GEMM"
 
 
 class _FrozenFp8SwiGLU(torch.autograd.Function):

@@ -28,7 +28,7 @@ from cs336_basics.precision.fused.tiles import ROPE_GRAD_TILE, Tile, record_tile
 @triton.jit
 def _rope_grad_kernel(
     g_ptr, cos_ptr, sin_ptr, pos_ptr, out_ptr, out_t_ptr, scale_ptr, amax_ptr, sat_ptr,
-    M, F, seq, stride_b, stride_h, stride_s, pos_stride_b, recorded_rows,
+    M, F, seq, stride_b, stride_h, stride_s, pos_stride_b, recorded_rows, out_stride, out_col,
     HEAD_DIM: tl.constexpr, LIMIT: tl.constexpr, ROTATE: tl.constexpr, POSITIONS: tl.constexpr, CAST: tl.constexpr,
     TRANSPOSE: tl.constexpr, KEEP_BF16: tl.constexpr, RECORD: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_F: tl.constexpr,
@@ -62,7 +62,8 @@ def _rope_grad_kernel(
         scale = tl.load(scale_ptr)
         y = saturating_cast(g, scale, LIMIT, out_ptr.dtype.element_ty)
         offs = rows[:, None].to(tl.int64) * F + cols[None, :]
-        tl.store(out_ptr + offs, y, mask=mask)
+        # The FP8 output may be the columns from out_col of a wider matrix (row stride out_stride), not an (M, F) one.
+        tl.store(out_ptr + rows[:, None].to(tl.int64) * out_stride + out_col + cols[None, :], y, mask=mask)
         if TRANSPOSE:  # for the weight gradient's GEMM
             tl.store(out_t_ptr + cols[None, :].to(tl.int64) * M + rows[:, None], y, mask=mask)
         if KEEP_BF16:  # the rotated gradient itself, in the second output's place: for a frozen base's adapters
@@ -74,11 +75,11 @@ def _rope_grad_kernel(
 
 
 def _launch(grad, cos, sin, positions, outputs, scale, dtype: torch.dtype, rotate: bool, recorded=None,
-            tile: Tile = ROPE_GRAD_TILE, keep_bf16: bool = False):  # fmt: skip
-    """Runs the kernel over `grad` (batch, heads, seq, head_dim), tiled by `tile`: casting into `outputs` (an (M, F)
-    FP8 tensor and a second tensor: its (F, M) FP8 transpose; with `keep_bf16` the (M, F) rotated gradient in grad's
-    dtype instead; or None) and recording into `recorded` (a site's amax and saturation row buffers) if given;
-    without `outputs`, returns the amax per tile."""
+            tile: Tile = ROPE_GRAD_TILE, keep_bf16: bool = False, out_col: int = 0):  # fmt: skip
+    """Runs the kernel over `grad` (batch, heads, seq, head_dim), tiled by `tile`: casting into `outputs` (an FP8
+    tensor, (M, F) or a wider row-major one written from column `out_col` on, and a second tensor: its (F, M) FP8
+    transpose; with `keep_bf16` the (M, F) rotated gradient in grad's dtype instead; or None) and recording into
+    `recorded` (a site's amax and saturation row buffers) if given; without `outputs`, returns the amax per tile."""
     if grad.dim() != 4 or not grad.is_cuda:
         raise ValueError("the RoPE gradient kernel takes a 4-D (batch, heads, seq, head_dim) CUDA tensor")
     if grad.stride(-1) != 1:
@@ -94,11 +95,13 @@ def _launch(grad, cos, sin, positions, outputs, scale, dtype: torch.dtype, rotat
     pos_stride = positions.stride(0) if positions is not None and positions.shape[0] > 1 else 0
     stride_b, stride_h, stride_s, _ = grad.stride()
     out, second = outputs if cast else (unused, None)
+    out_stride = out.shape[1] if cast else f
     wrap_triton(_rope_grad_kernel)[grid](
         grad, cos, sin, pos, out, unused if second is None else second, scale if cast else unused, amax, saturated,
-        m, f, seq, stride_b, stride_h, stride_s, pos_stride, amax.numel(), HEAD_DIM=head_dim, LIMIT=fp8_max(dtype),
-        ROTATE=rotate, POSITIONS=positions is not None, CAST=cast, TRANSPOSE=second is not None and not keep_bf16,
-        KEEP_BF16=keep_bf16, RECORD=recorded is not None, **tile.launch_options(),
+        m, f, seq, stride_b, stride_h, stride_s, pos_stride, amax.numel(), out_stride, out_col, HEAD_DIM=head_dim,
+        LIMIT=fp8_max(dtype), ROTATE=rotate, POSITIONS=positions is not None, CAST=cast,
+        TRANSPOSE=second is not None and not keep_bf16, KEEP_BF16=keep_bf16, RECORD=recorded is not None,
+        **tile.launch_options(),
     )  # fmt: skip
     return tile_amax
 
@@ -130,25 +133,42 @@ def rope_grad_cast(
     return outputs
 
 
-@triton_op("cs336_fp8::rope_grad_cast_frozen", mutates_args={"amax_rows", "saturated_rows"})
-def rope_grad_cast_frozen(
-    grad: torch.Tensor,
+# An opaque custom op, not a triton_op: inductor traced this op's three launches into one matrix as three
+# functional mutations and copied the matrix between them.
+@torch.library.custom_op("cs336_fp8::rope_grad_cast_frozen_joint", mutates_args={"amax_rows", "saturated_rows"})
+def rope_grad_cast_frozen_joint(
+    grads: list[torch.Tensor],
     cos: torch.Tensor,
     sin: torch.Tensor,
     positions: torch.Tensor | None,
-    scale: torch.Tensor,
+    scales: torch.Tensor,
     dtype: torch.dtype,
-    rotate: bool,
+    rotate: list[bool],
     record: bool,
-    keep_bf16: bool,
-    amax_rows: torch.Tensor,
-    saturated_rows: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    batch, heads, seq, head_dim = grad.shape
-    m, f = batch * seq, heads * head_dim
-    g_fp8 = torch.empty(m, f, device=grad.device, dtype=dtype)
-    kept = torch.empty((m, f) if keep_bf16 else (0,), device=grad.device, dtype=grad.dtype)
-    recorded = (amax_rows, saturated_rows) if record else None
-    _launch(grad, cos, sin, positions, (g_fp8, kept if keep_bf16 else None), scale, dtype, rotate, recorded,
-            keep_bf16=keep_bf16)  # fmt: skip
-    return g_fp8, kept
+    keep_bf16: list[bool],
+    amax_rows: list[torch.Tensor],
+    saturated_rows: list[torch.Tensor],
+) -> list[torch.Tensor]:
+    batch, _, seq, _ = grads[0].shape
+    widths = [grad.shape[1] * grad.shape[3] for grad in grads]
+    joint = torch.empty(batch * seq, sum(widths), device=grads[0].device, dtype=dtype)
+    kept, start = [], 0
+    for i, (grad, width) in enumerate(zip(grads, widths, strict=True)):
+        bf16 = torch.empty((batch * seq, width) if keep_bf16[i] else (0,), device=grad.device, dtype=grad.dtype)
+        recorded = (amax_rows[i], saturated_rows[i]) if record else None
+        outputs = (joint[:, start : start + width], bf16 if keep_bf16[i] else None)
+        _launch(
+            grad, cos, sin, positions, outputs, scales[i : i + 1], dtype, rotate[i], recorded, keep_bf16=keep_bf16[i]
+        )
+        kept.append(bf16)
+        start += width
+    return [joint, *kept]
+
+
+@rope_grad_cast_frozen_joint.register_fake
+def _(grads, cos, sin, positions, scales, dtype, rotate, record, keep_bf16, amax_rows, saturated_rows):
+    batch, _, seq, _ = grads[0].shape
+    widths = [grad.shape[1] * grad.shape[3] for grad in grads]
+    shapes = [(batch * seq, width) if keep else (0,) for width, keep in zip(widths, keep_bf16, strict=True)]
+    kept = [grad.new_empty(shape) for grad, shape in zip(grads, shapes, strict=True)]
+    return [grads[0].new_empty(batch * seq, sum(widths), dtype=dtype), *kept]
