@@ -165,15 +165,16 @@ def test_gpu_frozen_base_producer_writes_the_same_fp8_side_by_side_and_keeps_the
     batch, seq, head_dim, heads = 2, 300, 64, (14, 2, 2)
     rope = RotaryEmbedding(head_dim, 512).cuda()
     grads = [attention_grad(batch, n, seq, head_dim, device="cuda") * 4**i for i, n in enumerate(heads)]
-    rotate = [True, True, False]
+    rotate = [True, True, False]  # q and k; not v
     scales = torch.cat([
         amax_to_scale(reference.rope_grad_amax(grad, rope.cos, rope.sin, None, turn) / 2, E5M2)
         for grad, turn in zip(grads, rotate, strict=True)
     ])  # fmt: skip
     rows = [[(torch.zeros(batch * seq, device="cuda"), torch.zeros(batch * seq, device="cuda", dtype=torch.int32))
              for _ in grads] for _ in range(2)]  # fmt: skip
-    g_fp8, *kept = triton_ops.rope_grad_cast_frozen_joint(
-        grads, rope.cos, rope.sin, None, scales, E5M2, rotate, True, keep_bf16, *map(list, zip(*rows[0], strict=True))
+    flat_rows = [buffer for site in rows[0] for buffer in site]
+    g_fp8, *kept = triton_ops.rope_grad_cast_frozen_qkv(
+        *grads, rope.cos, rope.sin, None, scales, E5M2, True, keep_bf16, *flat_rows
     )
     assert g_fp8.shape == (batch * seq, sum(heads) * head_dim) and g_fp8.is_contiguous()
     start = 0

@@ -271,7 +271,7 @@ class _FrozenFp8QkvRope(torch.autograd.Function):
     """(q, k, v) as (batch, heads, seq, head_dim), q and k rotated, from frozen FP8 q/k/v weights (cached operands as
     _FrozenFp8Linears'): x cast once; each output its base's FP8 GEMM plus its adapters' contribution (a `delta`
     computed outside by autograd, or None), then RoPE as the model applies it. In backward one kernel per output
-    (rope_ops' rope_grad_cast_frozen_joint) rotates attention's gradient back and writes it in FP8 as columns of one
+    (rope_ops' rope_grad_cast_frozen_qkv) rotates attention's gradient back and writes it in FP8 as columns of one
     matrix, and where there is a delta also in BF16, as the delta's gradient; then one GEMM with the joint W^T gives
     dx (joint_dgrad_scales), where three GEMMs would each write a BF16 dx for a sum to read back. Unfused, RoPE's
     backward writes the BF16 gradient and a separate cast reads it back (see precision/fused/qkv_rope.py)."""
@@ -309,15 +309,15 @@ class _FrozenFp8QkvRope(torch.autograd.Function):
                 for i, (grad, keep) in enumerate(zip(grads, ctx.has_delta, strict=True))
             ]  # fmt: skip
             return None, *d_deltas, *unused
-        rotate = [True, True, False]  # q and k; not v
         casts = [
-            rope_grad_cast_args(ops, rope, positions, grad, rotate[i], scaling, record)
+            rope_grad_cast_args(ops, rope, positions, grad, i < 2, scaling, record)  # q and k rotated back; not v
             for i, (grad, scaling) in enumerate(zip(grads, ctx.scalings, strict=True))
         ]
         scales, joint_inv = joint_dgrad_scales([g_inv for _, g_inv, _, _ in casts], w_invs)
-        g_fp8, *kept = ops.rope_grad_cast_frozen_joint(
-            list(grads), rope.cos, rope.sin, positions, scales, ctx.scalings[0].dtypes[GRAD], rotate, casts[0][2],
-            list(ctx.has_delta), [rows[0] for *_, rows in casts], [rows[1] for *_, rows in casts],
+        rows = [buffer for *_, site_rows in casts for buffer in site_rows]
+        g_fp8, *kept = ops.rope_grad_cast_frozen_qkv(
+            *grads, rope.cos, rope.sin, positions, scales, ctx.scalings[0].dtypes[GRAD], casts[0][2],
+            list(ctx.has_delta), *rows,
         )  # fmt: skip
         dx = fp8_matmul(g_fp8, joint_inv, joint_t.t(), torch.ones_like(joint_inv), ctx.scalings[0].fast_accum_backward)
         d_deltas = [g.view(batch, seq, -1) if keep else None for g, keep in zip(kept, ctx.has_delta, strict=True)]

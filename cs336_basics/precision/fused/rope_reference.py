@@ -95,25 +95,32 @@ def rope_grad_cast_frozen(
     return _cast(g, scale, dtype, record, amax_rows, saturated_rows), g if keep_bf16 else grad.new_empty(0)
 
 
-def rope_grad_cast_frozen_joint(
-    grads: list[torch.Tensor],
+def rope_grad_cast_frozen_qkv(
+    grad_q: torch.Tensor,
+    grad_k: torch.Tensor,
+    grad_v: torch.Tensor,
     cos: torch.Tensor,
     sin: torch.Tensor,
     positions: torch.Tensor | None,
     scales: torch.Tensor,
     dtype: torch.dtype,
-    rotate: list[bool],
     record: bool,
     keep_bf16: list[bool],
-    amax_rows: list[torch.Tensor],
-    saturated_rows: list[torch.Tensor],
-) -> list[torch.Tensor]:
-    """rope_grad_cast_frozen of several gradients (q, k, v), each with its own scale (`scales[i]`), their FP8 casts
-    side by side as the columns of one (tokens, channels summed) matrix: the operand of one GEMM over all of them.
-    Returns that matrix, then each gradient's kept BF16 copy (or an empty tensor)."""
+    amax_q: torch.Tensor,
+    saturated_q: torch.Tensor,
+    amax_k: torch.Tensor,
+    saturated_k: torch.Tensor,
+    amax_v: torch.Tensor,
+    saturated_v: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """rope_grad_cast_frozen of q's, k's (rotated back) and v's gradients, each by its own scale (`scales[i]`), their
+    FP8 casts side by side as the columns of one (tokens, channels summed) matrix: the operand of one GEMM over the
+    three. Returns that matrix, then each gradient's kept BF16 copy (or an empty tensor)."""
+    rows = ((amax_q, saturated_q), (amax_k, saturated_k), (amax_v, saturated_v))
     parts = [
-        rope_grad_cast_frozen(grad, cos, sin, positions, scales[i : i + 1], dtype, rotate[i], record, keep_bf16[i],
-                              amax_rows[i], saturated_rows[i])
-        for i, grad in enumerate(grads)
-    ]  # fmt: skip
-    return [torch.cat([g_fp8 for g_fp8, _ in parts], dim=1), *[kept for _, kept in parts]]
+        rope_grad_cast_frozen(
+            grad, cos, sin, positions, scales[i : i + 1], dtype, i < 2, record, keep_bf16[i], *rows[i]
+        )
+        for i, grad in enumerate((grad_q, grad_k, grad_v))
+    ]
+    return torch.cat([g_fp8 for g_fp8, _ in parts], dim=1), *[kept for _, kept in parts]

@@ -133,42 +133,57 @@ def rope_grad_cast(
     return outputs
 
 
-# An opaque custom op, not a triton_op: inductor traced this op's three launches into one matrix as three
-# functional mutations and copied the matrix between them.
-@torch.library.custom_op("cs336_fp8::rope_grad_cast_frozen_joint", mutates_args={"amax_rows", "saturated_rows"})
-def rope_grad_cast_frozen_joint(
-    grads: list[torch.Tensor],
+# An opaque custom op, not a triton_op: traced, its three launches into one matrix became three functional mutations,
+# and inductor copied the matrix between them. It returns a fixed tuple and mutates single tensors: functionalization
+# refused a list returned beside mutated arguments.
+@torch.library.custom_op(
+    "cs336_fp8::rope_grad_cast_frozen_qkv",
+    mutates_args={"amax_q", "saturated_q", "amax_k", "saturated_k", "amax_v", "saturated_v"},
+)
+def rope_grad_cast_frozen_qkv(
+    grad_q: torch.Tensor,
+    grad_k: torch.Tensor,
+    grad_v: torch.Tensor,
     cos: torch.Tensor,
     sin: torch.Tensor,
     positions: torch.Tensor | None,
     scales: torch.Tensor,
     dtype: torch.dtype,
-    rotate: list[bool],
     record: bool,
     keep_bf16: list[bool],
-    amax_rows: list[torch.Tensor],
-    saturated_rows: list[torch.Tensor],
-) -> list[torch.Tensor]:
-    batch, _, seq, _ = grads[0].shape
-    widths = [grad.shape[1] * grad.shape[3] for grad in grads]
-    joint = torch.empty(batch * seq, sum(widths), device=grads[0].device, dtype=dtype)
+    amax_q: torch.Tensor,
+    saturated_q: torch.Tensor,
+    amax_k: torch.Tensor,
+    saturated_k: torch.Tensor,
+    amax_v: torch.Tensor,
+    saturated_v: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    grads = (grad_q, grad_k, grad_v)
+    recorded = ((amax_q, saturated_q), (amax_k, saturated_k), (amax_v, saturated_v))
+    batch, _, seq, _ = grad_q.shape
+    joint = torch.empty(batch * seq, sum(_width(grad) for grad in grads), device=grad_q.device, dtype=dtype)
     kept, start = [], 0
-    for i, (grad, width) in enumerate(zip(grads, widths, strict=True)):
+    for i, grad in enumerate(grads):
+        width = _width(grad)
         bf16 = torch.empty((batch * seq, width) if keep_bf16[i] else (0,), device=grad.device, dtype=grad.dtype)
-        recorded = (amax_rows[i], saturated_rows[i]) if record else None
-        outputs = (joint[:, start : start + width], bf16 if keep_bf16[i] else None)
-        _launch(
-            grad, cos, sin, positions, outputs, scales[i : i + 1], dtype, rotate[i], recorded, keep_bf16=keep_bf16[i]
-        )
+        outputs = (joint, bf16 if keep_bf16[i] else None)
+        _launch(grad, cos, sin, positions, outputs, scales[i : i + 1], dtype, i < 2, recorded[i] if record else None,
+                keep_bf16=keep_bf16[i], out_col=start)  # fmt: skip
         kept.append(bf16)
         start += width
-    return [joint, *kept]
+    return joint, kept[0], kept[1], kept[2]
 
 
-@rope_grad_cast_frozen_joint.register_fake
-def _(grads, cos, sin, positions, scales, dtype, rotate, record, keep_bf16, amax_rows, saturated_rows):
-    batch, _, seq, _ = grads[0].shape
-    widths = [grad.shape[1] * grad.shape[3] for grad in grads]
-    shapes = [(batch * seq, width) if keep else (0,) for width, keep in zip(widths, keep_bf16, strict=True)]
-    kept = [grad.new_empty(shape) for grad, shape in zip(grads, shapes, strict=True)]
-    return [grads[0].new_empty(batch * seq, sum(widths), dtype=dtype), *kept]
+def _width(grad: torch.Tensor) -> int:
+    """Channels of a (batch, heads, seq, head_dim) gradient: heads * head_dim."""
+    return grad.shape[1] * grad.shape[3]
+
+
+@rope_grad_cast_frozen_qkv.register_fake
+def _(grad_q, grad_k, grad_v, cos, sin, positions, scales, dtype, record, keep_bf16, *rows):
+    grads = (grad_q, grad_k, grad_v)
+    tokens = grad_q.shape[0] * grad_q.shape[2]
+    kept = [
+        grad.new_empty((tokens, _width(grad)) if keep else (0,)) for grad, keep in zip(grads, keep_bf16, strict=True)
+    ]
+    return grad_q.new_empty(tokens, sum(_width(grad) for grad in grads), dtype=dtype), *kept
