@@ -139,7 +139,7 @@ def test_the_heads_backward_gemms_never_accumulate_fast(lora_targets):
     # --fp8_fast_accum_backward reaches every backward FP8 GEMM but the head's, whose results it ruined on the GPU
     # (fast_accum_backward in precision/fused/convert.py says why and where it was measured).
     torch.manual_seed(0)
-    vocab = 96  # no other dimension of the tiny model: the head's backward GEMMs are those whose A operand has it
+    vocab = 112  # no other dimension of the tiny model (joint dx GEMMs: 96, 128): the head's backward GEMMs have it
     model = TransformerLM(tiny_model(vocab_size=vocab)).to(torch.bfloat16)
     fp8 = FP8Config(use_fp8=True, fp8_emulate=True, fp8_path="fused", fp8_lm_head=True, fp8_fast_accum_backward=True)
     if lora_targets:  # a frozen base; with adapters on the head, it is not the loss-fused head but a FrozenLinear

@@ -155,6 +155,31 @@ def test_gpu_triton_producers_match_the_reference(shape, record, transposed):
         assert not record or count > 0
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("record", [False, True])
+def test_gpu_joint_gradient_producer_writes_dh1_and_dh3_side_by_side(record):
+    # A frozen base's variant (lora/layers.py): dh1 and dh3 as the columns of one matrix, for one dx GEMM.
+    from cs336_basics.precision.fused import swiglu_triton as triton_ops
+
+    shape = (300, 200)
+    dg, h1, h3 = activations(*shape, device="cuda")
+    scales = amax_to_scale(reference.swiglu_grad_amax(dg, h1, h3) / torch.tensor([2.0, 0.5], device="cuda"), E5M2)
+    tested_rows = [row_buffers(shape[0], "cuda") for _ in range(2)]
+    before = [tuple(b.clone() for b in rows) for rows in tested_rows]
+    joint = triton_ops.swiglu_grad_cast_joint(dg, h1, h3, scales, E5M2, record, *tested_rows[0], *tested_rows[1])
+    expected_rows = [row_buffers(shape[0], "cuda") for _ in range(2)]
+    dh1, _, dh3, _ = reference.swiglu_grad_cast(dg, h1, h3, scales, E5M2, record, *expected_rows[0],
+                                                *expected_rows[1], False)  # fmt: skip
+    assert joint.shape == (shape[0], 2 * shape[1]) and joint.is_contiguous()
+    assert_same_bits(joint[:, : shape[1]], dh1)
+    assert_same_bits(joint[:, shape[1] :], dh3)
+    for grad, scale_k, rows, rows_before in zip(reference.swiglu_grads(dg, h1, h3), scales, tested_rows, before,
+                                                 strict=True):  # fmt: skip
+        magnitude = grad.float().abs()
+        count = int((magnitude * scale_k > fp8_max(E5M2)).sum()) if record else 0
+        assert_recorded(rows, rows_before, magnitude.max().item() if record else 0.0, count, saturated_tolerance=2)
+
+
 def assert_same_outputs(tested, expected) -> None:
     for test, ref in zip(tested, expected, strict=True):
         if test.numel() == 0:  # not transposed: nothing written

@@ -233,8 +233,8 @@ def loss_and_grads(model: TransformerLM) -> tuple[torch.Tensor, dict[str, torch.
 
 
 def test_the_fp8_base_shares_input_casts_and_makes_swiglu_in_fp8_with_the_same_numerics():
-    """Grouped (q/k/v and w1/w3 inputs cast once, SwiGLU made in FP8) and per-layer FP8 bases cast the same tensors
-    with the same scales: the same loss and adapter gradients, with fewer amax passes."""
+    """Grouped (q/k/v and w1/w3 inputs cast once, SwiGLU made in FP8, w1/w3's dx one GEMM) and per-layer FP8 bases:
+    the same loss, adapter gradients as close to the BF16 base's, with fewer amax passes and GEMMs."""
     grouped, report, _ = fp8_lora("attn", fp8_fused_rope=False)
     plain, plain_report, _ = fp8_lora("attn", fp8_share_input_casts=False, fp8_fused_swiglu=False)
     n = tiny_model().n_layers
@@ -243,22 +243,23 @@ def test_the_fp8_base_shares_input_casts_and_makes_swiglu_in_fp8_with_the_same_n
     assert sum(isinstance(m, FrozenSharedInput) for m in grouped.modules()) == n
     assert sum(isinstance(m, FrozenFp8SwiGLU) for m in grouped.modules()) == n
     assert plain.state_dict().keys() == grouped.state_dict().keys()
+    bf16, _, _ = fp8_lora("attn", fp8=None)  # the same adapters on the BF16 base
     loss, grads, calls = loss_and_grads(grouped)
     plain_loss, plain_grads, plain_calls = loss_and_grads(plain)
+    _, bf16_grads, _ = loss_and_grads(bf16)
     torch.testing.assert_close(loss, plain_loss, rtol=0, atol=0)
-    # The forward is the same computation, and so is the last block's backward. Below it, the input gradients of
-    # q, k, v (and w1, w3) are summed in another order, and BF16 rounding differences grow to E5M2's resolution when
-    # the next gradient cast rounds them.
-    last = f"layers.{n - 1}."
+    # The forward is the same computation. In the backward, w1/w3's input gradient is one GEMM over dh1 and dh3, cast
+    # with scales that give both (gradient, weight) pairs one product (joint_dgrad_scales), and q/k/v's are summed in
+    # another order: other roundings of the same E5M2 precision, so the adapters' gradients are as close to the BF16
+    # base's as the per-layer base's are.
     for name, grad in plain_grads.items():
-        if name.startswith(last):
-            torch.testing.assert_close(grads[name], grad, rtol=0, atol=0, msg=name)
-        assert sqnr_db(grad.float(), grads[name].float()) > 25, name
+        reference = bf16_grads[name].float()
+        assert sqnr_db(reference, grads[name].float()) > sqnr_db(reference, grad.float()) - 2, name
     # 7 FP8 linears per block, 2 casts each (input and output gradient) unshared; q/k/v and w1/w3 cast theirs once.
     assert plain_calls["amax"] - calls["amax"] == 3 * n
-    # Forward and dx, no weight gradient; and no dx at all for the first block's q/k/v, whose input (the frozen
-    # embedding's, normed) needs no gradient.
-    assert calls["_scaled_mm"] == plain_calls["_scaled_mm"] == 2 * 7 * n - 3
+    # Forward and dx, no weight gradient; no dx at all for the first block's q/k/v, whose input (the frozen
+    # embedding's, normed) needs no gradient; and one dx GEMM for w1 and w3 together.
+    assert plain_calls["_scaled_mm"] == 2 * 7 * n - 3 and calls["_scaled_mm"] == plain_calls["_scaled_mm"] - n
 
 
 def test_joint_dgrad_scales_give_every_pair_one_product_and_no_cast_a_larger_scale():
@@ -429,7 +430,9 @@ def test_a_delayed_fp8_base_scales_from_recorded_amaxes_without_an_amax_pass():
         similarity.append(min(sqnr_db(reference_grads[n], g) for n, g in grads.items() if reference_grads[n].any()))
         state.update()
     torch.testing.assert_close(loss, reference_loss, rtol=1e-2, atol=0)
-    assert similarity[0] < 1 and similarity[-1] > 15, similarity  # scale 1: gradients flushed to zero; then matched
+    # Scale 1: gradients flushed to zero; then matched, to FP8 rounding: the joint dx GEMMs' cast scales follow each
+    # base's own (delayed or this step's) amaxes, so their roundings differ a little more than before.
+    assert similarity[0] < 1 and similarity[-1] > 12, similarity
 
 
 def test_adapters_on_the_mlp_keep_its_linears_apart_and_shared_casts_keep_adapters():

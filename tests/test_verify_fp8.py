@@ -100,10 +100,11 @@ def test_cpu_mode_verifies_a_lora_fine_tune_on_an_fp8_base(scaling, lora_flags, 
     )
     assert len(linears["adapter_layers"]) == 8 and linears["trainable"] == 2 * 8 * 4 * 32
     # 2 GEMMs per FP8 linear but for the first block's q/k/v, whose input (the frozen embedding) needs no gradient,
-    # and the second's, whose input gradient is one GEMM for the three; the FP8 head's two are one per block of rows.
+    # the second's, whose input gradient is one GEMM for the three, and each block's w1/w3, one for the two; the FP8
+    # head's two are one per block of rows each.
     gemms = checks["fp8_gemms_launched"]["evidence"]
     assert gemms["head_blocks"] == (LOGITS_ROW_BLOCKS if head else 0)
-    assert gemms["eager_scaled_mm"] == 2 * 14 - 3 - 2 + (2 * LOGITS_ROW_BLOCKS if head else 0)
+    assert gemms["eager_scaled_mm"] == 2 * 14 - 3 - 2 - 2 + (2 * LOGITS_ROW_BLOCKS if head else 0)
     assert checks["base_fp8_weights_cast_once"]["evidence"] == {"layers": n, "recast": {}}
     # The LoRA report's summary comes before the checks: FP8 and BF16 base layers, adapters, no weight gradient.
     summary = stdout.split("training FP8")[0]
@@ -192,4 +193,4 @@ def test_gpu_mode_verifies_a_lora_fine_tune_compiled(tmp_path, token_files, caps
     assert [c["name"] for c in payload["checks"]] == LORA_CHECKS
     gemms = checks["fp8_gemms_launched"]["evidence"]
     # The FP8 head too: one GEMM per block of rows and pass (as in the CPU test above).
-    assert gemms["scaled_mm"] == gemms["eager_scaled_mm"] == 2 * 14 - 3 - 2 + 2 * LOGITS_ROW_BLOCKS
+    assert gemms["scaled_mm"] == gemms["eager_scaled_mm"] == 2 * 14 - 3 - 2 - 2 + 2 * LOGITS_ROW_BLOCKS

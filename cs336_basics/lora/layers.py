@@ -16,7 +16,9 @@ What the frozen base changes, and what these modules use:
   writes its activation and its gradients straight in FP8 from the fused path's kernels, without the transposed
   copies a weight gradient would read (`FrozenFp8SwiGLU`); attention's q/k/v also take over RoPE, so that one kernel
   rotates each gradient back and writes it in FP8, and in BF16 only for adapters (`FrozenFp8QkvRope`); the FP8 head
-  computes the loss beside its GEMM and writes the logits' gradient in FP8 (`FrozenFp8LMHead`).
+  computes the loss beside its GEMM and writes the logits' gradient in FP8 (`FrozenFp8LMHead`). In the two units,
+  q/k/v's and w1/w3's input gradients are one GEMM each over their FP8 gradients side by side (`joint_dgrad`), not
+  a GEMM per layer whose BF16 results a sum reads back.
 - The adapters stay in the weight dtype (BF16 on a GPU): at rank r their GEMMs are thin, memory-bound, and FP8 would
   buy nothing there. The optimizer keeps their fp32 masters, as for any trainable BF16 weight. Adapters on layers
   that read one input (q/k/v) project it with one GEMM, their A matrices stacked (`adapter_deltas`), on either base:
@@ -263,8 +265,26 @@ def joint_dgrad_scales(
     down E5M2's range, which spans some thirty binades."""
     weight_invs = torch.stack([inv.reshape(()) for inv in weight_scale_invs])
     products = torch.stack([inv.reshape(()) for inv in grad_scale_invs]) * weight_invs
-    joint_inv = products.amax()
+    joint_inv = products.max()
     return weight_invs / joint_inv, joint_inv.reshape(1)
+
+
+def joint_dgrad(grads_fp8: torch.Tensor, joint_inv: torch.Tensor, joint_t: torch.Tensor, fast: bool) -> torch.Tensor:
+    """dx = sum_i dy_i W_i as one FP8 GEMM: the gradients side by side (cast by joint_dgrad_scales), against the
+    weights' joint W^T (join_fp8_weights_t)."""
+    return fp8_matmul(grads_fp8, joint_inv, joint_t.t(), torch.ones_like(joint_inv), fast)
+
+
+def join_fp8_weights_t(owner: nn.Module, linears: tuple[FrozenLinear, ...]) -> None:
+    """Registers on `owner` the joint W^T of frozen FP8 `linears` that share an input (their FP8 W^T side by side:
+    joint_dgrad's operand), each linear's `weight_fp8_t` becoming a view of its columns, so there is no second copy
+    (FrozenLinear.refresh_fp8_weight writes in place)."""
+    owner.register_buffer("joint_weight_fp8_t", torch.cat([layer.weight_fp8_t for layer in linears], 1), False)
+    start = 0
+    for layer in linears:
+        columns = owner.joint_weight_fp8_t[:, start : start + layer.out_features]
+        layer.register_buffer("weight_fp8_t", columns, persistent=False)
+        start += layer.out_features
 
 
 class _FrozenFp8QkvRope(torch.autograd.Function):
@@ -319,7 +339,7 @@ class _FrozenFp8QkvRope(torch.autograd.Function):
             *grads, rope.cos, rope.sin, positions, scales, ctx.scalings[0].dtypes[GRAD], casts[0][2],
             list(ctx.has_delta), *rows,
         )  # fmt: skip
-        dx = fp8_matmul(g_fp8, joint_inv, joint_t.t(), torch.ones_like(joint_inv), ctx.scalings[0].fast_accum_backward)
+        dx = joint_dgrad(g_fp8, joint_inv, joint_t, ctx.scalings[0].fast_accum_backward)
         d_deltas = [g.view(batch, seq, -1) if keep else None for g, keep in zip(kept, ctx.has_delta, strict=True)]
         return dx.view(batch, seq, -1), *d_deltas, *unused
 
@@ -336,12 +356,7 @@ class FrozenFp8QkvRope(nn.Module):
         self.rope = (rope,)  # not registered: the attention (and the model) owns it
         self.heads = heads
         self.ops = rope_ops(linears[0].weight_fp8.device)
-        self.register_buffer("joint_weight_fp8_t", torch.cat([layer.weight_fp8_t for layer in linears], 1), False)
-        start = 0
-        for layer in linears:
-            columns = self.joint_weight_fp8_t[:, start : start + layer.out_features]
-            layer.register_buffer("weight_fp8_t", columns, persistent=False)
-            start += layer.out_features
+        join_fp8_weights_t(self, self.linears)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
         """As Fp8QkvRope.forward."""
@@ -361,11 +376,12 @@ class FrozenFp8QkvRope(nn.Module):
 
 class _FrozenFp8SwiGLU(torch.autograd.Function):
     """W2 (silu(W1 x) * W3 x) with frozen FP8 weights: x cast once, the activation g and the gradients dh1, dh3
-    written in FP8 by the fused path's producer kernels (no transposes: there is no weight gradient). Scalings as
-    the fused path's Fp8SwiGLU: w1's casts x and scales dh1, w3's dh3, w2's g and dy."""
+    written in FP8 by the fused path's producer kernels (no transposes: there is no weight gradient), dh1 and dh3 side
+    by side for one dx GEMM with W1 and W3's joint W^T (joint_dgrad). Scalings as the fused path's Fp8SwiGLU: w1's
+    casts x and scales dh1, w3's dh3, w2's g and dy."""
 
     @staticmethod
-    def forward(ctx, x, ops, scalings, record, w1, w1_t, w1_inv, w3, w3_t, w3_inv, w2, w2_t, w2_inv):
+    def forward(ctx, x, ops, scalings, record, joint_t, w1, w1_inv, w3, w3_inv, w2, w2_t, w2_inv):
         s1, _, s2 = scalings
         x_fp8, x_inv = s1.cast(x.reshape(-1, x.shape[-1]), INPUT, record)
         h1 = fp8_matmul(x_fp8, x_inv, w1.t(), w1_inv, fast_accum=True)
@@ -374,41 +390,45 @@ class _FrozenFp8SwiGLU(torch.autograd.Function):
         rows = s2.producer_rows(INPUT, record, h1)
         g_fp8, _ = ops.swiglu_cast(h1, h3, g_scale, s2.dtypes[INPUT], record and s2.delayed, *rows, False)
         y = fp8_matmul(g_fp8, g_inv, w2.t(), w2_inv, fast_accum=True)
-        ctx.save_for_backward(h1, h3, w1_t, w1_inv, w3_t, w3_inv, w2_t, w2_inv)
+        ctx.save_for_backward(h1, h3, joint_t, w1_inv, w3_inv, w2_t, w2_inv)
         ctx.ops, ctx.scalings, ctx.record = ops, scalings, record
         return y.reshape(*x.shape[:-1], y.shape[-1])
 
     @staticmethod
     def backward(ctx, dy):
-        h1, h3, w1_t, w1_inv, w3_t, w3_inv, w2_t, w2_inv = ctx.saved_tensors
+        h1, h3, joint_t, w1_inv, w3_inv, w2_t, w2_inv = ctx.saved_tensors
         ops, (s1, s3, s2), record = ctx.ops, ctx.scalings, ctx.record
         fast = s2.fast_accum_backward
         dy_fp8, dy_inv = s2.cast(dy.reshape(-1, dy.shape[-1]), GRAD, record)
         dg = fp8_matmul(dy_fp8, dy_inv, w2_t.t(), w2_inv, fast)
-        scales, (dh1_inv, dh3_inv) = produce_scales((s1, s3), GRAD, lambda: ops.swiglu_grad_amax(dg, h1, h3))
+        _, (dh1_inv, dh3_inv) = produce_scales((s1, s3), GRAD, lambda: ops.swiglu_grad_amax(dg, h1, h3))
+        scales, joint_inv = joint_dgrad_scales([dh1_inv, dh3_inv], [w1_inv, w3_inv])
         rows = (*s1.producer_rows(GRAD, record, dg), *s3.producer_rows(GRAD, record, dg))
-        dh1, _, dh3, _ = ops.swiglu_grad_cast(dg, h1, h3, scales, s1.dtypes[GRAD], record and s1.delayed, *rows, False)
-        dx = fp8_matmul(dh1, dh1_inv, w1_t.t(), w1_inv, fast) + fp8_matmul(dh3, dh3_inv, w3_t.t(), w3_inv, fast)
-        return dx.reshape(*dy.shape[:-1], dx.shape[-1]), *([None] * 12)
+        dh13 = ops.swiglu_grad_cast_joint(dg, h1, h3, scales, s1.dtypes[GRAD], record and s1.delayed, *rows)
+        dx = joint_dgrad(dh13, joint_inv, joint_t, fast)
+        return dx.reshape(*dy.shape[:-1], dx.shape[-1]), *([None] * 11)
 
 
 class FrozenFp8SwiGLU(nn.Module):
     """Stands in for a SwiGLU block whose three linears are frozen FP8 FrozenLinears without adapters: the same
-    w1, w2, w3 (same state-dict keys), run as one FP8 block."""
+    w1, w2, w3 (same state-dict keys), run as one FP8 block. W1 and W3's FP8 W^T are columns of one joint W^T
+    (join_fp8_weights_t), the backward GEMM's operand."""
 
     def __init__(self, w1: FrozenLinear, w2: FrozenLinear, w3: FrozenLinear):
         super().__init__()
         self.w1, self.w2, self.w3 = w1, w2, w3
         self.ops = swiglu_ops(w1.weight.device)
+        join_fp8_weights_t(self, (w1, w3))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        layers = (self.w1, self.w3, self.w2)
-        operands = [t for layer in layers for t in layer.fp8_operands]
-        scalings = tuple(layer.scaling for layer in layers)
-        return _FrozenFp8SwiGLU.apply(x, self.ops, scalings, self.training, *operands)
+        w1, w3, w2 = (self.w1.fp8_operands, self.w3.fp8_operands, self.w2.fp8_operands)
+        scalings = (self.w1.scaling, self.w3.scaling, self.w2.scaling)
+        return _FrozenFp8SwiGLU.apply(
+            x, self.ops, scalings, self.training, self.joint_weight_fp8_t, w1[0], w1[2], w3[0], w3[2], *w2
+        )
 
     def extra_repr(self) -> str:
-        return "frozen, fp8, activation and its gradients produced in FP8"
+        return "frozen, fp8, activation and its gradients produced in FP8, dx in one GEMM"
 
 
 class _FrozenFp8LinearCrossEntropy(torch.autograd.Function):

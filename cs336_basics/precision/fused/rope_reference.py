@@ -17,6 +17,9 @@ names and signatures in both modules:
   saturated_rows)` -> (the gradient in FP8, the rotated gradient in grad's dtype if `keep_bf16`, else an empty
   tensor): a frozen base's (lora/layers.py), which has no weight gradient and so needs no transpose, but whose
   adapters read the gradient in BF16.
+- `rope_grad_cast_frozen_qkv(grad_q, grad_k, grad_v, cos, sin, positions, scales, dtype, record, keep_bf16, amax_q,
+  saturated_q, amax_k, saturated_k, amax_v, saturated_v)` -> (the three in FP8 side by side, then each one's kept
+  BF16 gradient or an empty tensor): the frozen base's q/k/v, whose input gradient is one GEMM over the three.
 
 `rotate` says whether RoPE's backward applies (q, k) or not (v). `cos` and `sin` are RotaryEmbedding's float32
 tables (max_seq_len, head_dim / 2); `positions` is None (0..seq-1) or integer (batch or 1, seq). The rotated gradient

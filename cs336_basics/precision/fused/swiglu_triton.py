@@ -77,9 +77,13 @@ def _swiglu_grad_kernel(
     dg_ptr, h1_ptr, h3_ptr, dh1_ptr, dh1_t_ptr, dh3_ptr, dh3_t_ptr, scale_ptr, amax1_ptr, sat1_ptr, recorded_rows1,
     amax3_ptr, sat3_ptr, recorded_rows3, M, F,
     LIMIT: tl.constexpr, CAST: tl.constexpr, RECORD: tl.constexpr, TRANSPOSE: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_F: tl.constexpr,
+    BLOCK_F: tl.constexpr, JOINT: tl.constexpr = False,
 ):  # fmt: skip
     offs, offs_t, mask = tile_offsets(M, F, BLOCK_M, BLOCK_F)
+    out_offs = offs
+    if JOINT:  # dh1 and dh3 side by side, the columns of one (M, 2F) matrix at dh1_ptr (no transposes)
+        out_offs = offs + (offs // F) * F
+        dh3_ptr = dh1_ptr + F
     dg = tl.load(dg_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     a = tl.load(h1_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     b = tl.load(h3_ptr + offs, mask=mask, other=0.0).to(tl.float32)
@@ -87,11 +91,11 @@ def _swiglu_grad_kernel(
     sig = 1.0 / (1.0 + tl.exp(-a))
     dh1 = _round_bf16(_round_bf16(dg * b) * sig * (1.0 + a * (1.0 - sig)))
     dh3 = _round_bf16(dg * _round_bf16(a * sig))
-    _produce(dh1, 0, scale_ptr, dh1_ptr, dh1_t_ptr, amax1_ptr, sat1_ptr, recorded_rows1, offs, offs_t, mask,
+    _produce(dh1, 0, scale_ptr, dh1_ptr, dh1_t_ptr, amax1_ptr, sat1_ptr, recorded_rows1, out_offs, offs_t, mask,
              LIMIT, CAST, RECORD, TRANSPOSE)  # fmt: skip
     if not CAST:  # dynamic scaling's first pass: both tensors' tile amaxes go to one slot tensor (_amax_pass)
         amax3_ptr = amax1_ptr
-    _produce(dh3, 1, scale_ptr, dh3_ptr, dh3_t_ptr, amax3_ptr, sat3_ptr, recorded_rows3, offs, offs_t, mask,
+    _produce(dh3, 1, scale_ptr, dh3_ptr, dh3_t_ptr, amax3_ptr, sat3_ptr, recorded_rows3, out_offs, offs_t, mask,
              LIMIT, CAST, RECORD, TRANSPOSE)  # fmt: skip
 
 
@@ -122,17 +126,18 @@ def _amax_pass(kernel, tile: Tile, inputs, n: int) -> torch.Tensor:
 
 
 def _cast_pass(kernel, tile: Tile, inputs, outputs, scales, dtype: torch.dtype, record: bool, recorded,
-               transposed: bool) -> None:  # fmt: skip
+               transposed: bool, **options) -> None:  # fmt: skip
     """Runs `kernel` over `inputs`, casting its produced tensors into `outputs` (pairs of (M, F) and (F, M) FP8
     tensors; the second is not written unless `transposed`) with `scales`, and with `record` filing each tensor's
-    amax and saturation count into its (amax, saturated) row buffers in `recorded`."""
+    amax and saturation count into its (amax, saturated) row buffers in `recorded`. `options`: the kernel's own
+    switches (the gradient kernel's JOINT)."""
     m, f = _check(*inputs)
     if not record:  # the stand-ins callers pass may be empty: the launch gets an input's pointer in their place
         recorded = [(inputs[0], inputs[0])] * len(recorded)
     rows = [arg for amax, saturated in recorded for arg in (amax, saturated, amax.numel())]
     wrap_triton(kernel)[tile.grid(m, f)](
         *inputs, *outputs, scales, *rows, m, f,
-        LIMIT=fp8_max(dtype), CAST=True, RECORD=record, TRANSPOSE=transposed, **tile.launch_options(),
+        LIMIT=fp8_max(dtype), CAST=True, RECORD=record, TRANSPOSE=transposed, **options, **tile.launch_options(),
     )  # fmt: skip
 
 
@@ -190,3 +195,28 @@ def swiglu_grad_cast(
     recorded = [(amax_rows1, saturated_rows1), (amax_rows3, saturated_rows3)]
     _cast_pass(_swiglu_grad_kernel, SWIGLU_GRAD_TILE, (dg, h1, h3), grads, scales, dtype, record, recorded, transposed)
     return grads[0], grads[1], grads[2], grads[3]
+
+
+@triton_op(
+    "cs336_fp8::swiglu_grad_cast_joint",
+    mutates_args={"amax_rows1", "saturated_rows1", "amax_rows3", "saturated_rows3"},
+)
+def swiglu_grad_cast_joint(
+    dg: torch.Tensor,
+    h1: torch.Tensor,
+    h3: torch.Tensor,
+    scales: torch.Tensor,
+    dtype: torch.dtype,
+    record: bool,
+    amax_rows1: torch.Tensor,
+    saturated_rows1: torch.Tensor,
+    amax_rows3: torch.Tensor,
+    saturated_rows3: torch.Tensor,
+) -> torch.Tensor:
+    m, f = dg.shape
+    joint = torch.empty(m, 2 * f, device=dg.device, dtype=dtype)
+    unused = joint.new_empty(0)  # dh3's place (JOINT writes it beside dh1) and the transposes' (none)
+    recorded = [(amax_rows1, saturated_rows1), (amax_rows3, saturated_rows3)]
+    _cast_pass(_swiglu_grad_kernel, SWIGLU_GRAD_TILE, (dg, h1, h3), [joint, unused, unused, unused], scales, dtype,
+               record, recorded, False, JOINT=True)  # fmt: skip
+    return joint
