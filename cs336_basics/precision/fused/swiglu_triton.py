@@ -77,7 +77,7 @@ def _swiglu_grad_kernel(
     dg_ptr, h1_ptr, h3_ptr, dh1_ptr, dh1_t_ptr, dh3_ptr, dh3_t_ptr, scale_ptr, amax1_ptr, sat1_ptr, recorded_rows1,
     amax3_ptr, sat3_ptr, recorded_rows3, M, F,
     LIMIT: tl.constexpr, CAST: tl.constexpr, RECORD: tl.constexpr, TRANSPOSE: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_F: tl.constexpr, JOINT: tl.constexpr = False,
+    BLOCK_F: tl.constexpr, JOINT: tl.constexpr,
 ):  # fmt: skip
     offs, offs_t, mask = tile_offsets(M, F, BLOCK_M, BLOCK_F)
     out_offs = offs
@@ -107,9 +107,9 @@ def _check(*tensors: torch.Tensor) -> tuple[int, int]:
     return shape
 
 
-def _amax_pass(kernel, tile: Tile, inputs, n: int) -> torch.Tensor:
+def _amax_pass(kernel, tile: Tile, inputs, n: int, **options) -> torch.Tensor:
     """Dynamic scaling's first pass of `kernel` over `inputs` ((M, F) tensors): the amaxes (n,) of its n produced
-    tensors."""
+    tensors. `options`: the kernel's own switches, as in `_cast_pass`."""
     m, f = _check(*inputs)
     grid = tile.grid(m, f)
     slots = torch.empty(n, grid[0] * grid[1], device=inputs[0].device, dtype=torch.float32)
@@ -120,7 +120,7 @@ def _amax_pass(kernel, tile: Tile, inputs, n: int) -> torch.Tensor:
     records = [slots, unused, 1] + [unused, unused, 1] * (n - 1)
     wrap_triton(kernel)[grid](
         *inputs, *[unused] * 2 * n, unused, *records, m, f,
-        LIMIT=1.0, CAST=False, RECORD=False, TRANSPOSE=False, **tile.launch_options(),
+        LIMIT=1.0, CAST=False, RECORD=False, TRANSPOSE=False, **options, **tile.launch_options(),
     )  # fmt: skip
     return slots.amax(dim=1)
 
@@ -130,7 +130,8 @@ def _cast_pass(kernel, tile: Tile, inputs, outputs, scales, dtype: torch.dtype, 
     """Runs `kernel` over `inputs`, casting its produced tensors into `outputs` (pairs of (M, F) and (F, M) FP8
     tensors; the second is not written unless `transposed`) with `scales`, and with `record` filing each tensor's
     amax and saturation count into its (amax, saturated) row buffers in `recorded`. `options`: the kernel's own
-    switches (the gradient kernel's JOINT)."""
+    switches (the gradient kernel's JOINT: every launch names it, since a launch under torch.compile that leaves a
+    constexpr to its default fails the argument check of torch 2.11's `wrap_triton`)."""
     m, f = _check(*inputs)
     if not record:  # the stand-ins callers pass may be empty: the launch gets an input's pointer in their place
         recorded = [(inputs[0], inputs[0])] * len(recorded)
@@ -172,7 +173,7 @@ def swiglu_cast(
 
 @triton_op("cs336_fp8::swiglu_grad_amax", mutates_args={})
 def swiglu_grad_amax(dg: torch.Tensor, h1: torch.Tensor, h3: torch.Tensor) -> torch.Tensor:
-    return _amax_pass(_swiglu_grad_kernel, SWIGLU_GRAD_TILE, (dg, h1, h3), 2)
+    return _amax_pass(_swiglu_grad_kernel, SWIGLU_GRAD_TILE, (dg, h1, h3), 2, JOINT=False)
 
 
 @triton_op(
@@ -193,7 +194,8 @@ def swiglu_grad_cast(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     grads = _fp8_pair(*dg.shape, dg, dtype, transposed) + _fp8_pair(*dg.shape, dg, dtype, transposed)
     recorded = [(amax_rows1, saturated_rows1), (amax_rows3, saturated_rows3)]
-    _cast_pass(_swiglu_grad_kernel, SWIGLU_GRAD_TILE, (dg, h1, h3), grads, scales, dtype, record, recorded, transposed)
+    _cast_pass(_swiglu_grad_kernel, SWIGLU_GRAD_TILE, (dg, h1, h3), grads, scales, dtype, record, recorded, transposed,
+               JOINT=False)  # fmt: skip
     return grads[0], grads[1], grads[2], grads[3]
 
 
