@@ -3,7 +3,7 @@ the implementation on CPU (FP8 emulation).
 
 Attention hands back the gradients of q, k (after RoPE) and v as (batch, heads, seq, head_dim) tensors of any
 strides. The projections' backward GEMMs want each as a row-major (tokens, heads * head_dim) FP8 tensor plus its
-transpose; for q and k, RoPE's backward comes first (the rotation by the opposite angle). Two operations, the same
+transpose; for q and k, RoPE's backward comes first (the rotation by the opposite angle). Three operations, the same
 names and signatures in both modules:
 - `rope_grad_amax(grad, cos, sin, positions, rotate)` -> amax (1,) of the gradient to cast: dynamic scaling's first
   pass;
@@ -11,15 +11,12 @@ names and signatures in both modules:
   gradient in FP8, its transpose in FP8). `scale` has shape (1,). With `record` (delayed scaling) it also files, in
   place, each token row's amax and count of saturated values into a site's row buffers `amax_rows` and
   `saturated_rows` (max-accumulated and added; row r into entry r modulo their length: the update reduces each
-  buffer to one number), as SiteScaling.cast does for the casts it runs itself; without it they are not touched.
-
-- `rope_grad_cast_frozen(grad, cos, sin, positions, scale, dtype, rotate, record, keep_bf16, amax_rows,
-  saturated_rows)` -> (the gradient in FP8, the rotated gradient in grad's dtype if `keep_bf16`, else an empty
-  tensor): a frozen base's (lora/layers.py), which has no weight gradient and so needs no transpose, but whose
-  adapters read the gradient in BF16.
+  buffer to one number), as SiteScaling.cast does for the casts it runs itself; without it they are not touched;
 - `rope_grad_cast_frozen_qkv(grad_q, grad_k, grad_v, cos, sin, positions, scales, dtype, record, keep_bf16, amax_q,
-  saturated_q, amax_k, saturated_k, amax_v, saturated_v)` -> (the three in FP8 side by side, then each one's kept
-  BF16 gradient or an empty tensor): the frozen base's q/k/v, whose input gradient is one GEMM over the three.
+  saturated_q, amax_k, saturated_k, amax_v, saturated_v)` -> (the three gradients in FP8 side by side, then each
+  one's rotated gradient in its dtype where `keep_bf16[i]`, else an empty tensor): a frozen base's q/k/v
+  (lora/layers.py), whose input gradient is one GEMM over the three, which has no weight gradient and so needs no
+  transposes, but whose adapters read the gradient in BF16.
 
 `rotate` says whether RoPE's backward applies (q, k) or not (v). `cos` and `sin` are RotaryEmbedding's float32
 tables (max_seq_len, head_dim / 2); `positions` is None (0..seq-1) or integer (batch or 1, seq). The rotated gradient
@@ -81,7 +78,7 @@ def _cast(g, scale, dtype, record, amax_rows, saturated_rows) -> torch.Tensor:
     return cast_to_fp8(g, scale[0], dtype)
 
 
-def rope_grad_cast_frozen(
+def _rope_grad_cast_frozen(
     grad: torch.Tensor,
     cos: torch.Tensor,
     sin: torch.Tensor,
@@ -94,6 +91,7 @@ def rope_grad_cast_frozen(
     amax_rows: torch.Tensor,
     saturated_rows: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """One gradient of rope_grad_cast_frozen_qkv: (its FP8 cast, its rotated gradient or an empty tensor)."""
     g = rope_grad(grad, cos, sin, positions, rotate)
     return _cast(g, scale, dtype, record, amax_rows, saturated_rows), g if keep_bf16 else grad.new_empty(0)
 
@@ -116,12 +114,12 @@ def rope_grad_cast_frozen_qkv(
     amax_v: torch.Tensor,
     saturated_v: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """rope_grad_cast_frozen of q's, k's (rotated back) and v's gradients, each by its own scale (`scales[i]`), their
+    """_rope_grad_cast_frozen of q's, k's (rotated back) and v's gradients, each by its own scale (`scales[i]`), their
     FP8 casts side by side as the columns of one (tokens, channels summed) matrix: the operand of one GEMM over the
     three. Returns that matrix, then each gradient's kept BF16 copy (or an empty tensor)."""
     rows = ((amax_q, saturated_q), (amax_k, saturated_k), (amax_v, saturated_v))
     parts = [
-        rope_grad_cast_frozen(
+        _rope_grad_cast_frozen(
             grad, cos, sin, positions, scales[i : i + 1], dtype, i < 2, record, keep_bf16[i], *rows[i]
         )
         for i, grad in enumerate((grad_q, grad_k, grad_v))
