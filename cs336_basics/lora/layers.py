@@ -149,10 +149,13 @@ class FrozenLinear(nn.Module):
         """The adapters' contribution to this layer's output for input x; None without adapters."""
         if self.rank == 0:
             return None
+        return self.adapter_output(self.dropout(x) @ self.lora_a.t())
+
+    def adapter_output(self, low_rank: torch.Tensor) -> torch.Tensor:
+        """The adapters' contribution from the rank-r product x A^T: scaled, then through B."""
         # The scale multiplies the rank-r product, not the output: a multiply of the output is a pass over it in the
         # backward too, and compiled, even `* 1.0` stays one where the gradient comes from a custom op (the frozen
         # FP8 q/k/v's). A scale of 1 (the default) multiplies nothing.
-        low_rank = self.dropout(x) @ self.lora_a.t()
         if self.scale != 1.0:
             low_rank = low_rank * self.scale
         return low_rank @ self.lora_b.t()
@@ -217,16 +220,7 @@ def adapter_deltas(layers: tuple[FrozenLinear, ...], x: torch.Tensor) -> list[to
         return [layer.adapter_delta(x) for layer in layers]
     low_rank = x @ torch.cat([layer.lora_a for layer in adapted]).t()
     parts = iter(low_rank.split([layer.rank for layer in adapted], dim=-1))
-    deltas = []
-    for layer in layers:
-        if not layer.rank:
-            deltas.append(None)
-            continue
-        part = next(parts)
-        if layer.scale != 1.0:  # as in adapter_delta: the rank-r product is scaled, and a scale of 1 multiplies nothing
-            part = part * layer.scale
-        deltas.append(part @ layer.lora_b.t())
-    return deltas
+    return [layer.adapter_output(next(parts)) if layer.rank else None for layer in layers]
 
 
 class FrozenSharedInput(nn.Module):
