@@ -55,8 +55,8 @@ def test_reference_cast_records_into_the_sites_buffers_as_its_own_cast(rows):
         site.scale[GRAD] = scale[0]
         site.accumulate(GRAD, torch.full((1,), 0.5), torch.ones(1, dtype=torch.int32))  # an earlier cast's
     expected, _ = sites[0].cast(g, GRAD, record=True)
-    g8, g8_t = reference.rope_grad_cast(grad, rope.cos, rope.sin, None, scale, E5M2, True, True,
-                                        *sites[1].row_buffers(GRAD))  # fmt: skip
+    joint, g8_t, *_ = cast_as_q(grad, rope, scale, True, sites[1].row_buffers(GRAD))
+    g8 = joint[:, : g.shape[1]]
     assert torch.equal(g8.view(torch.uint8), expected.view(torch.uint8)) and torch.equal(g8_t, g8.t())
     assert sites[1].amax[GRAD] == sites[0].amax[GRAD] == g.abs().max()
     assert sites[1].saturated[GRAD] == sites[0].saturated[GRAD] > 1
@@ -64,50 +64,68 @@ def test_reference_cast_records_into_the_sites_buffers_as_its_own_cast(rows):
         assert torch.equal(sites[0].amax_grad, sites[1].amax_grad)
     assert reference.rope_grad_amax(grad, rope.cos, rope.sin, None, True).item() == g.abs().max().item()
     untouched = [buffer.clone() for buffer in sites[1].row_buffers(GRAD)]
-    reference.rope_grad_cast(grad, rope.cos, rope.sin, None, scale, E5M2, True, False, *sites[1].row_buffers(GRAD))
+    cast_as_q(grad, rope, scale, False, sites[1].row_buffers(GRAD))
     assert all(map(torch.equal, untouched, sites[1].row_buffers(GRAD)))
+
+
+def cast_as_q(grad, rope, scale, record, q_rows):
+    """reference.rope_grad_cast_qkv with `grad` as q's gradient (and k's and v's), cast by `scale` and recorded into
+    `q_rows`; k's and v's recordings go to buffers of their own."""
+    rows = [*q_rows, *(torch.zeros_like(buffer) for buffer in (*q_rows, *q_rows))]
+    return reference.rope_grad_cast_qkv(grad, grad, grad, rope.cos, rope.sin, None, scale.repeat(3), E5M2, record,
+                                        [False] * 3, True, *rows)  # fmt: skip
 
 
 def attention_pair(fp8: FP8Config, kv_heads: int = 2, seq: int = 16, device: str = "cpu"):
     """The same attention layer converted to FP8 twice: as a shared-input group rotated by the attention, and as one
-    q/k/v + RoPE unit."""
+    q/k/v + RoPE unit; and the layer left in BF16."""
     config = ModelConfig(vocab_size=64, context_length=seq, dim=64, n_layers=1, n_heads=4, n_kv_heads=kv_heads,
                          intermediate_size=64)  # fmt: skip
     torch.manual_seed(0)
-    layers = [torch.nn.Sequential(CausalSelfAttention(config)).to(device, torch.bfloat16) for _ in range(2)]
+    layers = [torch.nn.Sequential(CausalSelfAttention(config)).to(device, torch.bfloat16) for _ in range(3)]
     layers[1].load_state_dict(layers[0].state_dict())
+    layers[2].load_state_dict(layers[0].state_dict())
     FusedFP8(FP8Config(**{**vars(fp8), "fp8_fused_rope": False})).convert(layers[0])
     FusedFP8(fp8).convert(layers[1])
     assert layers[0][0].qkv is not None and isinstance(layers[1][0].qkv_rope, Fp8QkvRope)
-    return layers[0][0], layers[1][0]
+    return layers[0][0], layers[1][0], layers[2][0]
 
 
 @pytest.mark.parametrize("scaling", ["dynamic", "delayed"])
 @pytest.mark.parametrize("kv_heads, with_positions", [(4, False), (2, True)])
-def test_fused_unit_equals_the_group_it_replaces(scaling, kv_heads, with_positions):
+def test_fused_unit_is_the_group_it_replaces_forward_and_as_close_to_bf16_backward(scaling, kv_heads, with_positions):
+    # Forward, the unit is the group bit for bit. Backward, q/k/v's input gradient is one GEMM over the three
+    # gradients side by side, each cast by a scale that gives every (gradient, weight) pair one product of inverse
+    # scales, none above its own (linear.joint_dgrad_scales); the weight gradients take the same casts. Other
+    # roundings than the group's, so both are held to the BF16 layer's gradients.
     fp8 = FP8Config(use_fp8=True, fp8_emulate=True, fp8_path="fused", fp8_scaling=scaling)
-    plain, fused = attention_pair(fp8, kv_heads)
+    plain, fused, bf16 = attention_pair(fp8, kv_heads)
     x = torch.randn(3, 16, 64, dtype=torch.bfloat16)
     positions = torch.randint(0, 16, (3, 16)) if with_positions else None
-    xs = (x.clone().requires_grad_(), x.clone().requires_grad_())
-    ys = (plain(xs[0], positions), fused(xs[1], positions))
+    xs = [x.clone().requires_grad_() for _ in range(3)]
+    ys = [layer(x_i, positions) for layer, x_i in zip((plain, fused, bf16), xs, strict=True)]
     upstream = torch.randn_like(ys[0])
     for y in ys:
         (y.float() * upstream).sum().backward()
-    assert torch.equal(ys[0], ys[1]) and torch.equal(xs[0].grad, xs[1].grad)
-    for name in ("q_proj", "k_proj", "v_proj", "output_proj"):
-        assert torch.equal(getattr(plain, name).weight.grad, getattr(fused, name).weight.grad), name
+    assert torch.equal(ys[0], ys[1])
+    grads = [[x_i.grad] + [getattr(layer, name).weight.grad for name in ("q_proj", "k_proj", "v_proj", "output_proj")]
+             for x_i, layer in zip(xs, (plain, fused, bf16), strict=True)]  # fmt: skip
+    assert torch.equal(grads[0][4], grads[1][4])  # output_proj's: before the unit's backward
+    for name, grad_plain, grad_fused, grad_bf16 in zip(("x", "q", "k", "v"), *grads, strict=False):
+        assert sqnr_db(grad_bf16, grad_fused) > sqnr_db(grad_bf16, grad_plain) - 2, name
     if scaling == "delayed":
         for site_plain, site_fused in zip(plain.qkv.scalings, fused.qkv_rope.scalings, strict=True):
             for role in (INPUT, WEIGHT, GRAD):
                 assert torch.equal(site_plain.amax[role], site_fused.amax[role])
+            for role in (INPUT, WEIGHT):
                 assert torch.equal(site_plain.saturated[role], site_fused.saturated[role])
+            assert site_fused.saturated[GRAD] <= site_plain.saturated[GRAD]  # no cast scale above the site's own
             assert site_fused.amax[GRAD] > 0
 
 
 def test_positions_in_the_fused_unit_move_the_rotation_as_in_bf16():
     fp8 = FP8Config(use_fp8=True, fp8_emulate=True, fp8_path="fused")
-    _, fused = attention_pair(fp8)
+    _, fused, _ = attention_pair(fp8)
     x = torch.randn(1, 8, 64, dtype=torch.bfloat16)
     shifted = torch.arange(8) + 3  # within the table of 16 positions
     assert not torch.equal(fused(x), fused(x, shifted))
@@ -194,7 +212,7 @@ def test_gpu_frozen_base_producer_writes_the_same_fp8_side_by_side_and_keeps_the
 @pytest.mark.parametrize("scaling", ["dynamic", "delayed"])
 def test_gpu_compiled_fused_unit_matches_the_group_it_replaces(scaling):
     fp8 = FP8Config(use_fp8=True, fp8_path="fused", fp8_scaling=scaling)
-    plain, fused = attention_pair(fp8, kv_heads=2, seq=256, device="cuda")
+    plain, fused, _ = attention_pair(fp8, kv_heads=2, seq=256, device="cuda")
     for module in (plain, fused):
         for site in module.modules():
             if isinstance(site, SiteScaling) and site.delayed:

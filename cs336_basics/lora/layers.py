@@ -42,8 +42,8 @@ from cs336_basics.precision.fused.head import (
     loss_and_unit_grads_by_rows,
     loss_without_gradient,
 )
-from cs336_basics.precision.fused.linear import fp8_matmul
-from cs336_basics.precision.fused.qkv_rope import rope_grad_cast_args, rope_ops
+from cs336_basics.precision.fused.linear import fp8_matmul, joint_columns, joint_dgrad, joint_dgrad_scales
+from cs336_basics.precision.fused.qkv_rope import qkv_grad_cast_args, rope_ops
 from cs336_basics.precision.fused.scaling import (
     E4M3,
     GRAD,
@@ -249,31 +249,11 @@ class FrozenSharedInput(nn.Module):
         return f"{len(self.linears)} {what}{together}"
 
 
-def joint_dgrad_scales(
-    grad_scale_invs: list[torch.Tensor], weight_scale_invs: list[torch.Tensor]
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """dx = sum_i dy_i W_i as one FP8 GEMM over [dy_1 .. dy_n] and [W_1; ..; W_n] takes one scale for all the
-    products, so each dy_i is cast with the scale that gives every (dy_i, W_i) pair the same product of inverse
-    scales: the largest of the pairs' own. Returns (the casts' scales, shape (n,); that product, the GEMM's
-    inverse scale). No cast scale exceeds the site's own, so none saturates more; a smaller one only moves a gradient
-    down E5M2's range, which spans some thirty binades."""
-    weight_invs = torch.stack([inv.reshape(()) for inv in weight_scale_invs])
-    products = torch.stack([inv.reshape(()) for inv in grad_scale_invs]) * weight_invs
-    joint_inv = products.max()
-    return weight_invs / joint_inv, joint_inv.reshape(1)
-
-
-def joint_dgrad(grads_fp8: torch.Tensor, joint_inv: torch.Tensor, joint_t: torch.Tensor, fast: bool) -> torch.Tensor:
-    """dx = sum_i dy_i W_i as one FP8 GEMM: the gradients side by side (cast by joint_dgrad_scales), against the
-    weights' joint W^T (join_fp8_weights_t)."""
-    return fp8_matmul(grads_fp8, joint_inv, joint_t.t(), torch.ones_like(joint_inv), fast)
-
-
 def join_fp8_weights_t(owner: nn.Module, linears: tuple[FrozenLinear, ...]) -> None:
     """Registers on `owner` the joint W^T of frozen FP8 `linears` that share an input (their FP8 W^T side by side:
     joint_dgrad's operand), each linear's `weight_fp8_t` becoming a view of its columns, so there is no second copy
     (FrozenLinear.refresh_fp8_weight writes in place)."""
-    owner.register_buffer("joint_weight_fp8_t", torch.cat([layer.weight_fp8_t for layer in linears], 1), False)
+    owner.register_buffer("joint_weight_fp8_t", joint_columns([layer.weight_fp8_t for layer in linears]), False)
     start = 0
     for layer in linears:
         columns = owner.joint_weight_fp8_t[:, start : start + layer.out_features]
@@ -285,7 +265,7 @@ class _FrozenFp8QkvRope(torch.autograd.Function):
     """(q, k, v) as (batch, heads, seq, head_dim), q and k rotated, from frozen FP8 q/k/v weights (cached operands as
     _FrozenFp8Linears'): x cast once; each output its base's FP8 GEMM plus its adapters' contribution (a `delta`
     computed outside by autograd, or None), then RoPE as the model applies it. In backward one kernel per output
-    (rope_ops' rope_grad_cast_frozen_qkv) rotates attention's gradient back and writes it in FP8 as columns of one
+    (rope_ops' rope_grad_cast_qkv) rotates attention's gradient back and writes it in FP8 as columns of one
     matrix, and where there is a delta also in BF16, as the delta's gradient; then one GEMM with the joint W^T gives
     dx (joint_dgrad_scales), where three GEMMs would each write a BF16 dx for a sum to read back. Unfused, RoPE's
     backward writes the BF16 gradient and a separate cast reads it back (see precision/fused/qkv_rope.py)."""
@@ -323,15 +303,11 @@ class _FrozenFp8QkvRope(torch.autograd.Function):
                 for i, (grad, keep) in enumerate(zip(grads, ctx.has_delta, strict=True))
             ]  # fmt: skip
             return None, *d_deltas, *unused
-        casts = [
-            rope_grad_cast_args(ops, rope, positions, grad, i < 2, scaling, record)  # q and k rotated back; not v
-            for i, (grad, scaling) in enumerate(zip(grads, ctx.scalings, strict=True))
-        ]
-        scales, joint_inv = joint_dgrad_scales([g_inv for _, g_inv, _, _ in casts], w_invs)
-        rows = [buffer for *_, site_rows in casts for buffer in site_rows]
-        g_fp8, *kept = ops.rope_grad_cast_frozen_qkv(
-            *grads, rope.cos, rope.sin, positions, scales, ctx.scalings[0].dtypes[GRAD], casts[0][2],
-            list(ctx.has_delta), *rows,
+        scalings = ctx.scalings
+        scales, joint_inv, recording, rows = qkv_grad_cast_args(ops, rope, positions, grads, scalings, w_invs, record)
+        g_fp8, *kept = ops.rope_grad_cast_qkv(
+            *grads, rope.cos, rope.sin, positions, scales, scalings[0].dtypes[GRAD], recording, list(ctx.has_delta),
+            False, *rows,
         )  # fmt: skip
         dx = joint_dgrad(g_fp8, joint_inv, joint_t, ctx.scalings[0].fast_accum_backward)
         d_deltas = [g.view(batch, seq, -1) if keep else None for g, keep in zip(kept, ctx.has_delta, strict=True)]
@@ -398,7 +374,7 @@ class _FrozenFp8SwiGLU(torch.autograd.Function):
         _, (dh1_inv, dh3_inv) = produce_scales((s1, s3), GRAD, lambda: ops.swiglu_grad_amax(dg, h1, h3))
         scales, joint_inv = joint_dgrad_scales([dh1_inv, dh3_inv], [w1_inv, w3_inv])
         rows = (*s1.producer_rows(GRAD, record, dg), *s3.producer_rows(GRAD, record, dg))
-        dh13 = ops.swiglu_grad_cast_joint(dg, h1, h3, scales, s1.dtypes[GRAD], record and s1.delayed, *rows)
+        dh13, _, _ = ops.swiglu_grad_cast(dg, h1, h3, scales, s1.dtypes[GRAD], record and s1.delayed, *rows, False)
         dx = joint_dgrad(dh13, joint_inv, joint_t, fast)
         return dx.reshape(*dy.shape[:-1], dx.shape[-1]), *([None] * 11)
 

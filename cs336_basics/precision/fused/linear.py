@@ -104,6 +104,33 @@ def backward_gemms(
     return dx, dw
 
 
+def joint_dgrad_scales(
+    grad_scale_invs: list[torch.Tensor], weight_scale_invs: list[torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """dx = sum_i dy_i W_i as one FP8 GEMM over [dy_1 .. dy_n] and [W_1; ..; W_n] takes one scale for all the
+    products, so each dy_i is cast with the scale that gives every (dy_i, W_i) pair the same product of inverse
+    scales: the largest of the pairs' own. Returns (the casts' scales, shape (n,); that product, the GEMM's
+    inverse scale). No cast scale exceeds the site's own, so none saturates more; a smaller one only moves a gradient
+    down E5M2's range, which spans some thirty binades."""
+    weight_invs = torch.stack([inv.reshape(()) for inv in weight_scale_invs])
+    products = torch.stack([inv.reshape(()) for inv in grad_scale_invs]) * weight_invs
+    joint_inv = products.max()
+    return weight_invs / joint_inv, joint_inv.reshape(1)
+
+
+def joint_dgrad(grads_fp8: torch.Tensor, joint_inv: torch.Tensor, joint_t: torch.Tensor, fast: bool) -> torch.Tensor:
+    """dx = sum_i dy_i W_i as one FP8 GEMM: the gradients side by side (cast by joint_dgrad_scales), against the
+    weights' W^T side by side (joint_columns)."""
+    return fp8_matmul(grads_fp8, joint_inv, joint_t.t(), torch.ones_like(joint_inv), fast)
+
+
+def joint_columns(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """FP8 matrices of one height side by side, copied as bytes: traced, inductor turns a copy into a Triton kernel of
+    the tensors' dtype, and one of FP8 values failed to build on the H100
+    (benchmarks/results/2026-11-27-lora-defaults-both-gpus/README.md, item 5); one of bytes is any copy."""
+    return torch.cat([t.view(torch.uint8) for t in tensors], dim=1).view(tensors[0].dtype)
+
+
 def fp8_linears(
     x: torch.Tensor, weights: tuple[torch.Tensor, ...], scalings: tuple[SiteScaling, ...], record: bool
 ) -> tuple[torch.Tensor, ...]:

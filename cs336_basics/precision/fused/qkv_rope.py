@@ -4,7 +4,9 @@ As a shared-input group (linear.py: Fp8SharedInputLinears) q, k and v cast their
 rotates q and k, so that in backward one kernel takes attention's gradients of q, k and v as they come, applies
 RoPE's backward to q's and k's, and writes each straight in FP8, row-major and transposed, with its delayed-scaling
 recordings (rope_triton.py on CUDA; rope_reference.py, the same math in torch, in CPU emulation). Unfused, the rotated
-gradients are written in BF16 and re-read by casts that reduce each token's row across the heads. The forward
+gradients are written in BF16 and re-read by casts that reduce each token's row across the heads. The three FP8
+gradients sit side by side in one matrix, so the input gradient is one GEMM against the three weights' W^T side by
+side (linear.joint_dgrad), where three GEMMs would each write a BF16 result for a sum to read back. The forward
 rotates with the model's own RotaryEmbedding, so its values are the BF16 module's.
 """
 
@@ -18,7 +20,7 @@ from torch import nn
 from cs336_basics.model.attention import CausalSelfAttention
 from cs336_basics.model.layers import RotaryEmbedding
 from cs336_basics.precision.fused import rope_reference
-from cs336_basics.precision.fused.linear import backward_gemms, forward_gemm
+from cs336_basics.precision.fused.linear import forward_gemm, fp8_matmul, joint_columns, joint_dgrad, joint_dgrad_scales
 from cs336_basics.precision.fused.scaling import GRAD, INPUT, SiteScaling, produce_scales
 
 
@@ -39,28 +41,36 @@ def rope_ops(device: torch.device) -> ModuleType:
     return rope_triton
 
 
-def rope_grad_cast_args(
+def qkv_grad_cast_args(
     ops: ModuleType,
     rope: RotaryEmbedding,
     positions: torch.Tensor | None,
-    grad: torch.Tensor,
-    rotate: bool,
-    scaling: SiteScaling,
+    grads: tuple[torch.Tensor, ...],
+    scalings: tuple[SiteScaling, ...],
+    weight_invs: list[torch.Tensor],
     record: bool,
-) -> tuple[torch.Tensor, torch.Tensor, bool, tuple[torch.Tensor, ...]]:
-    """(scale, inverse scale, whether to record, the row buffers) of one q/k/v output's gradient cast through RoPE's
-    backward: dynamic scaling first takes the rotated gradient's amax; delayed scaling records into the site's rows."""
+) -> tuple[torch.Tensor, torch.Tensor, bool, list[torch.Tensor]]:
+    """What rope_grad_cast_qkv and the one input-gradient GEMM after it take for q's, k's and v's gradients: (the
+    casts' scales (3,), the GEMM's inverse scale (joint_dgrad_scales), whether to record, the sites' row buffers in the
+    op's order). Dynamic scaling first takes each rotated gradient's amax; delayed scaling records into the rows."""
+    invs, rows = [], []
+    for i, (grad, scaling) in enumerate(zip(grads, scalings, strict=True)):
+        rotate = i < 2  # q and k are rotated back; v is not
 
-    def amax() -> torch.Tensor:
-        return ops.rope_grad_amax(grad, rope.cos, rope.sin, positions, rotate)
+        def amax(grad=grad, rotate=rotate) -> torch.Tensor:
+            return ops.rope_grad_amax(grad, rope.cos, rope.sin, positions, rotate)
 
-    scale, (g_inv,) = produce_scales((scaling,), GRAD, amax)
-    return scale, g_inv, record and scaling.delayed, scaling.producer_rows(GRAD, record, grad)
+        _, (g_inv,) = produce_scales((scaling,), GRAD, amax)
+        invs.append(g_inv)
+        rows.extend(scaling.producer_rows(GRAD, record, grad))
+    scales, joint_inv = joint_dgrad_scales(invs, weight_invs)
+    return scales, joint_inv, record and scalings[0].delayed, rows
 
 
 class _Fp8QkvRope(torch.autograd.Function):
     """(q, k, v) as (batch, heads, seq, head_dim), q and k rotated, from x (batch, seq, dim): three FP8 GEMMs on one
-    cast of x. `heads` is each output's head count; `positions` None or integer (batch or 1, seq)."""
+    cast of x. `heads` is each output's head count; `positions` None or integer (batch or 1, seq). Backward: one
+    input-gradient GEMM over the three gradients (cast by linear.joint_dgrad_scales), a weight-gradient GEMM each."""
 
     @staticmethod
     def forward(ctx, x, ops: ModuleType, rope: RotaryEmbedding, heads: tuple[int, ...], positions,
@@ -84,17 +94,17 @@ class _Fp8QkvRope(torch.autograd.Function):
     def backward(ctx, *grads: torch.Tensor):
         x_fp8_t, x_inv, positions, *rest = ctx.saved_tensors
         weights_t, weight_invs = rest[:3], rest[3:]
-        ops, rope, record = ctx.ops, ctx.rope, ctx.record
-        dx, dws = None, []
-        for i, (grad, scaling, w_t, w_inv) in enumerate(zip(grads, ctx.scalings, weights_t, weight_invs, strict=True)):
-            rotate = i < 2  # q and k; not v
-            scale, g_inv, recording, rows = rope_grad_cast_args(ops, rope, positions, grad, rotate, scaling, record)
-            g_fp8, g_fp8_t = ops.rope_grad_cast(
-                grad, rope.cos, rope.sin, positions, scale, scaling.dtypes[GRAD], rotate, recording, *rows
-            )
-            part, dw = backward_gemms(g_fp8, g_fp8_t, g_inv, w_t, w_inv, x_fp8_t, x_inv, scaling.fast_accum_backward)
-            dx = part if dx is None else dx + part
-            dws.append(dw)
+        ops, rope, record, scalings = ctx.ops, ctx.rope, ctx.record, ctx.scalings
+        scales, joint_inv, recording, rows = qkv_grad_cast_args(
+            ops, rope, positions, grads, scalings, weight_invs, record
+        )
+        g_fp8, *g_fp8_t = ops.rope_grad_cast_qkv(
+            *grads, rope.cos, rope.sin, positions, scales, scalings[0].dtypes[GRAD], recording, [False] * 3, True, *rows
+        )
+        fast = scalings[0].fast_accum_backward
+        dx = joint_dgrad(g_fp8, joint_inv, joint_columns(weights_t), fast)
+        g_invs = scales.reciprocal()
+        dws = [fp8_matmul(g_t, g_invs[i : i + 1], x_fp8_t.t(), x_inv, fast) for i, g_t in enumerate(g_fp8_t)]
         batch, _, seq, _ = grads[0].shape
         return dx.view(batch, seq, -1), None, None, None, None, None, None, *dws
 
@@ -103,6 +113,8 @@ class Fp8QkvRope(nn.Module):
     """Stands in for attention's q/k/v projections and RoPE (a CausalSelfAttention's `qkv_rope`): the same q_proj,
     k_proj and v_proj weights (so the same state-dict keys and optimizer state), run as one FP8 unit with the
     attention's own RotaryEmbedding. The scalings are the linears' own; q_proj's also scales the shared input."""
+
+    input_gradient_gemms_joined = 2  # q, k and v: one input-gradient GEMM, not 3 (the verify tool counts them)
 
     def __init__(self, linears: tuple[nn.Linear, ...], scalings: tuple[SiteScaling, ...], rope: RotaryEmbedding,
                  heads: tuple[int, int, int]):  # fmt: skip

@@ -3,25 +3,24 @@ the implementation on CPU (FP8 emulation).
 
 Attention hands back the gradients of q, k (after RoPE) and v as (batch, heads, seq, head_dim) tensors of any
 strides. The projections' backward GEMMs want each as a row-major (tokens, heads * head_dim) FP8 tensor plus its
-transpose; for q and k, RoPE's backward comes first (the rotation by the opposite angle). Three operations, the same
+transpose; for q and k, RoPE's backward comes first (the rotation by the opposite angle). Two operations, the same
 names and signatures in both modules:
 - `rope_grad_amax(grad, cos, sin, positions, rotate)` -> amax (1,) of the gradient to cast: dynamic scaling's first
   pass;
-- `rope_grad_cast(grad, cos, sin, positions, scale, dtype, rotate, record, amax_rows, saturated_rows)` -> (the
-  gradient in FP8, its transpose in FP8). `scale` has shape (1,). With `record` (delayed scaling) it also files, in
-  place, each token row's amax and count of saturated values into a site's row buffers `amax_rows` and
-  `saturated_rows` (max-accumulated and added; row r into entry r modulo their length: the update reduces each
-  buffer to one number), as SiteScaling.cast does for the casts it runs itself; without it they are not touched;
-- `rope_grad_cast_frozen_qkv(grad_q, grad_k, grad_v, cos, sin, positions, scales, dtype, record, keep_bf16, amax_q,
-  saturated_q, amax_k, saturated_k, amax_v, saturated_v)` -> (the three gradients in FP8 side by side, then each
-  one's rotated gradient in its dtype where `keep_bf16[i]`, else an empty tensor): a frozen base's q/k/v
-  (lora/layers.py), whose input gradient is one GEMM over the three, which has no weight gradient and so needs no
-  transposes, but whose adapters read the gradient in BF16.
+- `rope_grad_cast_qkv(grad_q, grad_k, grad_v, cos, sin, positions, scales, dtype, record, keep_bf16, transposed,
+  amax_q, saturated_q, amax_k, saturated_k, amax_v, saturated_v)` -> (the three gradients in FP8 side by side, the
+  columns of one (tokens, channels summed) matrix: the operand of one input-gradient GEMM over the three; then one
+  second output per gradient: its (channels, tokens) FP8 transpose if `transposed`, for its weight-gradient GEMM;
+  else its rotated gradient in its dtype where `keep_bf16[i]`, for a frozen base's adapters (lora/layers.py); else
+  an empty tensor). Gradient i is cast with `scales[i]`. With `record` (delayed scaling) it also files, in place,
+  each token row's amax and count of saturated values into the site's row buffers (`amax_q`, `saturated_q`, ...;
+  max-accumulated and added; row r into entry r modulo their length: the update reduces each buffer to one number),
+  as SiteScaling.cast does for the casts it runs itself; without it they are not touched.
 
-`rotate` says whether RoPE's backward applies (q, k) or not (v). `cos` and `sin` are RotaryEmbedding's float32
-tables (max_seq_len, head_dim / 2); `positions` is None (0..seq-1) or integer (batch or 1, seq). The rotated gradient
-is rounded to BF16 where autograd of RotaryEmbedding.forward in a BF16 model rounds it, so the FP8 tensors are the
-casts of the BF16 gradients the unfused path would have written.
+`rotate` says whether RoPE's backward applies (q, k) or not (v); rope_grad_cast_qkv rotates q's and k's. `cos` and
+`sin` are RotaryEmbedding's float32 tables (max_seq_len, head_dim / 2); `positions` is None (0..seq-1) or integer
+(batch or 1, seq). The rotated gradient is rounded to BF16 where autograd of RotaryEmbedding.forward in a BF16 model
+rounds it, so the FP8 tensors are the casts of the BF16 gradients the unfused path would have written.
 """
 
 from __future__ import annotations
@@ -52,22 +51,6 @@ def rope_grad_amax(
     return rope_grad(grad, cos, sin, positions, rotate).abs().amax().float().reshape(1)
 
 
-def rope_grad_cast(
-    grad: torch.Tensor,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
-    positions: torch.Tensor | None,
-    scale: torch.Tensor,
-    dtype: torch.dtype,
-    rotate: bool,
-    record: bool,
-    amax_rows: torch.Tensor,
-    saturated_rows: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    g_fp8 = _cast(rope_grad(grad, cos, sin, positions, rotate), scale, dtype, record, amax_rows, saturated_rows)
-    return g_fp8, g_fp8.t().contiguous()
-
-
 def _cast(g, scale, dtype, record, amax_rows, saturated_rows) -> torch.Tensor:
     """g (tokens, channels) in FP8, with delayed scaling's recordings if `record`."""
     if record:
@@ -78,7 +61,7 @@ def _cast(g, scale, dtype, record, amax_rows, saturated_rows) -> torch.Tensor:
     return cast_to_fp8(g, scale[0], dtype)
 
 
-def _rope_grad_cast_frozen(
+def _rope_grad_cast_one(
     grad: torch.Tensor,
     cos: torch.Tensor,
     sin: torch.Tensor,
@@ -88,15 +71,17 @@ def _rope_grad_cast_frozen(
     rotate: bool,
     record: bool,
     keep_bf16: bool,
+    transposed: bool,
     amax_rows: torch.Tensor,
     saturated_rows: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One gradient of rope_grad_cast_frozen_qkv: (its FP8 cast, its rotated gradient or an empty tensor)."""
+    """One gradient of rope_grad_cast_qkv: (its FP8 cast, its second output)."""
     g = rope_grad(grad, cos, sin, positions, rotate)
-    return _cast(g, scale, dtype, record, amax_rows, saturated_rows), g if keep_bf16 else grad.new_empty(0)
+    g_fp8 = _cast(g, scale, dtype, record, amax_rows, saturated_rows)
+    return g_fp8, g_fp8.t().contiguous() if transposed else g if keep_bf16 else grad.new_empty(0)
 
 
-def rope_grad_cast_frozen_qkv(
+def rope_grad_cast_qkv(
     grad_q: torch.Tensor,
     grad_k: torch.Tensor,
     grad_v: torch.Tensor,
@@ -107,6 +92,7 @@ def rope_grad_cast_frozen_qkv(
     dtype: torch.dtype,
     record: bool,
     keep_bf16: list[bool],
+    transposed: bool,
     amax_q: torch.Tensor,
     saturated_q: torch.Tensor,
     amax_k: torch.Tensor,
@@ -114,14 +100,18 @@ def rope_grad_cast_frozen_qkv(
     amax_v: torch.Tensor,
     saturated_v: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """_rope_grad_cast_frozen of q's, k's (rotated back) and v's gradients, each by its own scale (`scales[i]`), their
-    FP8 casts side by side as the columns of one (tokens, channels summed) matrix: the operand of one GEMM over the
-    three. Returns that matrix, then each gradient's kept BF16 copy (or an empty tensor)."""
+    check_second_outputs(keep_bf16, transposed)
     rows = ((amax_q, saturated_q), (amax_k, saturated_k), (amax_v, saturated_v))
     parts = [
-        _rope_grad_cast_frozen(
-            grad, cos, sin, positions, scales[i : i + 1], dtype, i < 2, record, keep_bf16[i], *rows[i]
+        _rope_grad_cast_one(
+            grad, cos, sin, positions, scales[i : i + 1], dtype, i < 2, record, keep_bf16[i], transposed, *rows[i]
         )
         for i, grad in enumerate((grad_q, grad_k, grad_v))
     ]
-    return torch.cat([g_fp8 for g_fp8, _ in parts], dim=1), *[kept for _, kept in parts]
+    return torch.cat([g_fp8 for g_fp8, _ in parts], dim=1), *[second for _, second in parts]
+
+
+def check_second_outputs(keep_bf16: list[bool], transposed: bool) -> None:
+    """The kernel writes one second output per gradient: its transpose or its BF16 copy, not both."""
+    if transposed and any(keep_bf16):
+        raise ValueError("rope_grad_cast_qkv writes either the transposes or the BF16 gradients, not both")

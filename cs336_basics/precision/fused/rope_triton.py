@@ -9,7 +9,8 @@ of the gradient (any strides but a contiguous last axis), rotates it back, and w
 transposed; with delayed scaling each tile's amax and saturation count go straight into the site's own row buffers
 (tiles.record_tile), with no kernel of their own.
 The operations, their signatures and numerics are rope_reference.py's; tests compare the two on the GPU. They are
-torch custom ops (torch.library.triton_op), so torch.compile keeps them in its graph (fullgraph).
+torch custom ops, so torch.compile keeps them in its graph (fullgraph): the amax pass a triton_op, the cast an opaque
+custom op (its comment says why).
 
 Imported only on CUDA machines: triton ships with torch's Linux CUDA wheels.
 """
@@ -21,6 +22,7 @@ import triton
 import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
+from cs336_basics.precision.fused.rope_reference import check_second_outputs
 from cs336_basics.precision.fused.scaling import E5M2, fp8_max
 from cs336_basics.precision.fused.tiles import ROPE_GRAD_TILE, Tile, record_tile, saturating_cast
 
@@ -113,34 +115,14 @@ def rope_grad_amax(
     return _launch(grad, cos, sin, positions, None, None, E5M2, rotate).amax().reshape(1)
 
 
-@triton_op("cs336_fp8::rope_grad_cast", mutates_args={"amax_rows", "saturated_rows"})
-def rope_grad_cast(
-    grad: torch.Tensor,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
-    positions: torch.Tensor | None,
-    scale: torch.Tensor,
-    dtype: torch.dtype,
-    rotate: bool,
-    record: bool,
-    amax_rows: torch.Tensor,
-    saturated_rows: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    batch, heads, seq, head_dim = grad.shape
-    m, f = batch * seq, heads * head_dim
-    outputs = (torch.empty(m, f, device=grad.device, dtype=dtype), torch.empty(f, m, device=grad.device, dtype=dtype))
-    _launch(grad, cos, sin, positions, outputs, scale, dtype, rotate, (amax_rows, saturated_rows) if record else None)
-    return outputs
-
-
 # An opaque custom op, not a triton_op: traced, its three launches into one matrix became three functional mutations,
 # and inductor copied the matrix between them. It returns a fixed tuple and mutates single tensors: functionalization
 # refused a list returned beside mutated arguments.
 @torch.library.custom_op(
-    "cs336_fp8::rope_grad_cast_frozen_qkv",
+    "cs336_fp8::rope_grad_cast_qkv",
     mutates_args={"amax_q", "saturated_q", "amax_k", "saturated_k", "amax_v", "saturated_v"},
 )
-def rope_grad_cast_frozen_qkv(
+def rope_grad_cast_qkv(
     grad_q: torch.Tensor,
     grad_k: torch.Tensor,
     grad_v: torch.Tensor,
@@ -151,6 +133,7 @@ def rope_grad_cast_frozen_qkv(
     dtype: torch.dtype,
     record: bool,
     keep_bf16: list[bool],
+    transposed: bool,
     amax_q: torch.Tensor,
     saturated_q: torch.Tensor,
     amax_k: torch.Tensor,
@@ -158,20 +141,31 @@ def rope_grad_cast_frozen_qkv(
     amax_v: torch.Tensor,
     saturated_v: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    check_second_outputs(keep_bf16, transposed)
     grads = (grad_q, grad_k, grad_v)
     recorded = ((amax_q, saturated_q), (amax_k, saturated_k), (amax_v, saturated_v))
-    batch, _, seq, _ = grad_q.shape
-    joint = torch.empty(batch * seq, sum(_width(grad) for grad in grads), device=grad_q.device, dtype=dtype)
-    kept, start = [], 0
+    joint, seconds = _outputs(grads, dtype, keep_bf16, transposed)
+    start = 0
     for i, grad in enumerate(grads):
-        width = _width(grad)
-        bf16 = torch.empty((batch * seq, width) if keep_bf16[i] else (0,), device=grad.device, dtype=grad.dtype)
-        outputs = (joint, bf16 if keep_bf16[i] else None)
-        _launch(grad, cos, sin, positions, outputs, scales[i : i + 1], dtype, i < 2, recorded[i] if record else None,
-                keep_bf16=keep_bf16[i], out_col=start)  # fmt: skip
-        kept.append(bf16)
-        start += width
-    return joint, kept[0], kept[1], kept[2]
+        second = seconds[i] if seconds[i].numel() else None
+        _launch(grad, cos, sin, positions, (joint, second), scales[i : i + 1], dtype, i < 2,
+                recorded[i] if record else None, keep_bf16=keep_bf16[i], out_col=start)  # fmt: skip
+        start += _width(grad)
+    return joint, *seconds
+
+
+def _outputs(grads, dtype: torch.dtype, keep_bf16: list[bool], transposed: bool):
+    """rope_grad_cast_qkv's outputs, to be written (also its fake implementation's, under the fake tensor mode)."""
+    batch, _, seq, _ = grads[0].shape
+    tokens, device = batch * seq, grads[0].device
+    joint = torch.empty((tokens, sum(_width(grad) for grad in grads)), device=device, dtype=dtype)
+    seconds = [
+        torch.empty((_width(grad), tokens), device=device, dtype=dtype)
+        if transposed
+        else torch.empty((tokens, _width(grad)) if keep else (0,), device=device, dtype=grad.dtype)
+        for grad, keep in zip(grads, keep_bf16, strict=True)
+    ]
+    return joint, seconds
 
 
 def _width(grad: torch.Tensor) -> int:
@@ -179,11 +173,7 @@ def _width(grad: torch.Tensor) -> int:
     return grad.shape[1] * grad.shape[3]
 
 
-@rope_grad_cast_frozen_qkv.register_fake
-def _(grad_q, grad_k, grad_v, cos, sin, positions, scales, dtype, record, keep_bf16, *rows):
-    grads = (grad_q, grad_k, grad_v)
-    tokens = grad_q.shape[0] * grad_q.shape[2]
-    kept = [
-        grad.new_empty((tokens, _width(grad)) if keep else (0,)) for grad, keep in zip(grads, keep_bf16, strict=True)
-    ]
-    return grad_q.new_empty(tokens, sum(_width(grad) for grad in grads), dtype=dtype), *kept
+@rope_grad_cast_qkv.register_fake
+def _(grad_q, grad_k, grad_v, cos, sin, positions, scales, dtype, record, keep_bf16, transposed, *rows):
+    joint, seconds = _outputs((grad_q, grad_k, grad_v), dtype, keep_bf16, transposed)
+    return joint, *seconds

@@ -11,11 +11,9 @@ Four operations, the same names and signatures in both modules:
   without it they are not touched;
 - `swiglu_grad_amax(dg, h1, h3)` -> amaxes (2,) of dh1 and dh3, the gradients of h1 and h3;
 - `swiglu_grad_cast(dg, h1, h3, scales, dtype, record, amax_rows1, saturated_rows1, amax_rows3, saturated_rows3,
-  transposed=True)` -> (dh1, dh1^T, dh3, dh3^T in FP8), dh1 recorded into the first pair of buffers and dh3 into the
-  second; the transposes empty without `transposed`.
-- `swiglu_grad_cast_joint(dg, h1, h3, scales, dtype, record, amax_rows1, saturated_rows1, amax_rows3,
-  saturated_rows3)` -> [dh1 dh3] in FP8, side by side: a frozen base's (lora/layers.py), whose input gradient is one
-  GEMM over both.
+  transposed=True)` -> ([dh1 dh3] in FP8 side by side, the columns of one (M, 2F) matrix: the operand of one
+  input-gradient GEMM over both; dh1^T; dh3^T), dh1 cast with `scales[0]` and recorded into the first pair of
+  buffers, dh3 with `scales[1]` into the second; the transposes empty without `transposed`.
 
 Each value is first rounded to BF16 exactly where autograd of `F.silu(h1) * h3` in BF16 rounds it, so the FP8 tensors
 are the casts of the BF16 tensors the unfused path would have written. All tensors are 2-D and row-major; the
@@ -80,29 +78,10 @@ def swiglu_grad_cast(
     amax_rows3: torch.Tensor,
     saturated_rows3: torch.Tensor,
     transposed: bool = True,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     dh1, dh3 = swiglu_grads(dg, h1, h3)
     dh1_fp8, dh3_fp8 = cast_to_fp8(dh1, scales[0], dtype), cast_to_fp8(dh3, scales[1], dtype)
     if record:
         record_into_entry0(dh1, scales[0], dtype, amax_rows1, saturated_rows1)
         record_into_entry0(dh3, scales[1], dtype, amax_rows3, saturated_rows3)
-    return dh1_fp8, _transpose(dh1_fp8, transposed), dh3_fp8, _transpose(dh3_fp8, transposed)
-
-
-def swiglu_grad_cast_joint(
-    dg: torch.Tensor,
-    h1: torch.Tensor,
-    h3: torch.Tensor,
-    scales: torch.Tensor,
-    dtype: torch.dtype,
-    record: bool,
-    amax_rows1: torch.Tensor,
-    saturated_rows1: torch.Tensor,
-    amax_rows3: torch.Tensor,
-    saturated_rows3: torch.Tensor,
-) -> torch.Tensor:
-    """swiglu_grad_cast's dh1 and dh3 (no transposes) side by side, the columns of one (M, 2F) matrix: the operand of
-    one GEMM over both."""
-    rows = (amax_rows1, saturated_rows1, amax_rows3, saturated_rows3)
-    dh1, _, dh3, _ = swiglu_grad_cast(dg, h1, h3, scales, dtype, record, *rows, transposed=False)
-    return torch.cat([dh1, dh3], dim=1)
+    return torch.cat([dh1_fp8, dh3_fp8], dim=1), _transpose(dh1_fp8, transposed), _transpose(dh3_fp8, transposed)

@@ -1,5 +1,5 @@
-"""SwiGLU's FP8 producers as Triton kernels (CUDA): the SwiGLU output g and the gradients dh1, dh3 are written
-straight in FP8, row-major and transposed, by the kernel that computes them, never in BF16.
+"""SwiGLU's FP8 producers as Triton kernels (CUDA): the SwiGLU output g and the gradients dh1, dh3 (side by side) are
+written straight in FP8, row-major and transposed, by the kernel that computes them, never in BF16.
 
 Unfused, each of these tensors is written in BF16, read back for its amax, read again to be cast and written again
 transposed: on the 366m shape inductor's kernels for them took more time than the BF16 SwiGLU itself
@@ -74,16 +74,14 @@ def _swiglu_kernel(
 
 @triton.jit
 def _swiglu_grad_kernel(
-    dg_ptr, h1_ptr, h3_ptr, dh1_ptr, dh1_t_ptr, dh3_ptr, dh3_t_ptr, scale_ptr, amax1_ptr, sat1_ptr, recorded_rows1,
+    dg_ptr, h1_ptr, h3_ptr, dh_ptr, dh1_t_ptr, dh3_t_ptr, scale_ptr, amax1_ptr, sat1_ptr, recorded_rows1,
     amax3_ptr, sat3_ptr, recorded_rows3, M, F,
     LIMIT: tl.constexpr, CAST: tl.constexpr, RECORD: tl.constexpr, TRANSPOSE: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_F: tl.constexpr, JOINT: tl.constexpr,
+    BLOCK_F: tl.constexpr,
 ):  # fmt: skip
     offs, offs_t, mask = tile_offsets(M, F, BLOCK_M, BLOCK_F)
-    out_offs = offs
-    if JOINT:  # dh1 and dh3 side by side, the columns of one (M, 2F) matrix at dh1_ptr (no transposes)
-        out_offs = offs + (offs // F) * F
-        dh3_ptr = dh1_ptr + F
+    # dh1 and dh3 side by side, the columns of one (M, 2F) matrix at dh_ptr; their transposes apart.
+    out_offs = offs + (offs // F) * F
     dg = tl.load(dg_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     a = tl.load(h1_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     b = tl.load(h3_ptr + offs, mask=mask, other=0.0).to(tl.float32)
@@ -91,11 +89,11 @@ def _swiglu_grad_kernel(
     sig = 1.0 / (1.0 + tl.exp(-a))
     dh1 = _round_bf16(_round_bf16(dg * b) * sig * (1.0 + a * (1.0 - sig)))
     dh3 = _round_bf16(dg * _round_bf16(a * sig))
-    _produce(dh1, 0, scale_ptr, dh1_ptr, dh1_t_ptr, amax1_ptr, sat1_ptr, recorded_rows1, out_offs, offs_t, mask,
+    _produce(dh1, 0, scale_ptr, dh_ptr, dh1_t_ptr, amax1_ptr, sat1_ptr, recorded_rows1, out_offs, offs_t, mask,
              LIMIT, CAST, RECORD, TRANSPOSE)  # fmt: skip
     if not CAST:  # dynamic scaling's first pass: both tensors' tile amaxes go to one slot tensor (_amax_pass)
         amax3_ptr = amax1_ptr
-    _produce(dh3, 1, scale_ptr, dh3_ptr, dh3_t_ptr, amax3_ptr, sat3_ptr, recorded_rows3, out_offs, offs_t, mask,
+    _produce(dh3, 1, scale_ptr, dh_ptr + F, dh3_t_ptr, amax3_ptr, sat3_ptr, recorded_rows3, out_offs, offs_t, mask,
              LIMIT, CAST, RECORD, TRANSPOSE)  # fmt: skip
 
 
@@ -107,9 +105,9 @@ def _check(*tensors: torch.Tensor) -> tuple[int, int]:
     return shape
 
 
-def _amax_pass(kernel, tile: Tile, inputs, n: int, **options) -> torch.Tensor:
+def _amax_pass(kernel, tile: Tile, inputs, n: int) -> torch.Tensor:
     """Dynamic scaling's first pass of `kernel` over `inputs` ((M, F) tensors): the amaxes (n,) of its n produced
-    tensors. `options`: the kernel's own switches, as in `_cast_pass`."""
+    tensors."""
     m, f = _check(*inputs)
     grid = tile.grid(m, f)
     slots = torch.empty(n, grid[0] * grid[1], device=inputs[0].device, dtype=torch.float32)
@@ -119,26 +117,25 @@ def _amax_pass(kernel, tile: Tile, inputs, n: int, **options) -> torch.Tensor:
     # torch.compile's functionalized launch had written each argument to a copy of its own and kept one.
     records = [slots, unused, 1] + [unused, unused, 1] * (n - 1)
     wrap_triton(kernel)[grid](
-        *inputs, *[unused] * 2 * n, unused, *records, m, f,
-        LIMIT=1.0, CAST=False, RECORD=False, TRANSPOSE=False, **options, **tile.launch_options(),
+        *inputs, *[unused] * (1 + n), unused, *records, m, f,
+        LIMIT=1.0, CAST=False, RECORD=False, TRANSPOSE=False, **tile.launch_options(),
     )  # fmt: skip
     return slots.amax(dim=1)
 
 
 def _cast_pass(kernel, tile: Tile, inputs, outputs, scales, dtype: torch.dtype, record: bool, recorded,
-               transposed: bool, **options) -> None:  # fmt: skip
-    """Runs `kernel` over `inputs`, casting its produced tensors into `outputs` (pairs of (M, F) and (F, M) FP8
-    tensors; the second is not written unless `transposed`) with `scales`, and with `record` filing each tensor's
-    amax and saturation count into its (amax, saturated) row buffers in `recorded`. `options`: the kernel's own
-    switches (the gradient kernel's JOINT: every launch names it, since a launch under torch.compile that leaves a
-    constexpr to its default fails the argument check of torch 2.11's `wrap_triton`)."""
+               transposed: bool) -> None:  # fmt: skip
+    """Runs `kernel` over `inputs`, casting its n produced tensors into `outputs` (one row-major FP8 matrix, the n
+    (M, F) tensors side by side, then each one's (F, M) FP8 transpose, not written unless `transposed`) with
+    `scales`, and with `record` filing each tensor's amax and saturation count into its (amax, saturated) row buffers
+    in `recorded`."""
     m, f = _check(*inputs)
     if not record:  # the stand-ins callers pass may be empty: the launch gets an input's pointer in their place
         recorded = [(inputs[0], inputs[0])] * len(recorded)
     rows = [arg for amax, saturated in recorded for arg in (amax, saturated, amax.numel())]
     wrap_triton(kernel)[tile.grid(m, f)](
         *inputs, *outputs, scales, *rows, m, f,
-        LIMIT=fp8_max(dtype), CAST=True, RECORD=record, TRANSPOSE=transposed, **options, **tile.launch_options(),
+        LIMIT=fp8_max(dtype), CAST=True, RECORD=record, TRANSPOSE=transposed, **tile.launch_options(),
     )  # fmt: skip
 
 
@@ -173,7 +170,7 @@ def swiglu_cast(
 
 @triton_op("cs336_fp8::swiglu_grad_amax", mutates_args={})
 def swiglu_grad_amax(dg: torch.Tensor, h1: torch.Tensor, h3: torch.Tensor) -> torch.Tensor:
-    return _amax_pass(_swiglu_grad_kernel, SWIGLU_GRAD_TILE, (dg, h1, h3), 2, JOINT=False)
+    return _amax_pass(_swiglu_grad_kernel, SWIGLU_GRAD_TILE, (dg, h1, h3), 2)
 
 
 @triton_op(
@@ -191,34 +188,11 @@ def swiglu_grad_cast(
     amax_rows3: torch.Tensor,
     saturated_rows3: torch.Tensor,
     transposed: bool = True,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    grads = _fp8_pair(*dg.shape, dg, dtype, transposed) + _fp8_pair(*dg.shape, dg, dtype, transposed)
-    recorded = [(amax_rows1, saturated_rows1), (amax_rows3, saturated_rows3)]
-    _cast_pass(_swiglu_grad_kernel, SWIGLU_GRAD_TILE, (dg, h1, h3), grads, scales, dtype, record, recorded, transposed,
-               JOINT=False)  # fmt: skip
-    return grads[0], grads[1], grads[2], grads[3]
-
-
-@triton_op(
-    "cs336_fp8::swiglu_grad_cast_joint",
-    mutates_args={"amax_rows1", "saturated_rows1", "amax_rows3", "saturated_rows3"},
-)
-def swiglu_grad_cast_joint(
-    dg: torch.Tensor,
-    h1: torch.Tensor,
-    h3: torch.Tensor,
-    scales: torch.Tensor,
-    dtype: torch.dtype,
-    record: bool,
-    amax_rows1: torch.Tensor,
-    saturated_rows1: torch.Tensor,
-    amax_rows3: torch.Tensor,
-    saturated_rows3: torch.Tensor,
-) -> torch.Tensor:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     m, f = dg.shape
     joint = torch.empty(m, 2 * f, device=dg.device, dtype=dtype)
-    unused = joint.new_empty(0)  # dh3's place (JOINT writes it beside dh1) and the transposes' (none)
+    dh1_t, dh3_t = (torch.empty((f, m) if transposed else (0,), device=dg.device, dtype=dtype) for _ in range(2))
     recorded = [(amax_rows1, saturated_rows1), (amax_rows3, saturated_rows3)]
-    _cast_pass(_swiglu_grad_kernel, SWIGLU_GRAD_TILE, (dg, h1, h3), [joint, unused, unused, unused], scales, dtype,
-               record, recorded, False, JOINT=True)  # fmt: skip
-    return joint
+    _cast_pass(_swiglu_grad_kernel, SWIGLU_GRAD_TILE, (dg, h1, h3), [joint, dh1_t, dh3_t], scales, dtype, record,
+               recorded, transposed)  # fmt: skip
+    return joint, dh1_t, dh3_t
