@@ -136,6 +136,12 @@ def test_positions_in_the_fused_unit_move_the_rotation_as_in_bf16():
 # ---- GPU: the Triton kernel against the reference ----
 
 
+def gpu_row_buffers(rows: int, sites: int = 3) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Each site's (amax, saturated) row buffers on the GPU, already holding earlier recordings."""
+    return [(torch.rand(rows, device="cuda"), torch.randint(0, 9, (rows,), device="cuda", dtype=torch.int32))
+            for _ in range(sites)]  # fmt: skip
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("layout", ["bshd", "bhsd"])
 @pytest.mark.parametrize("shape, with_positions", [((2, 14, 300, 64), False), ((3, 4, 128, 128), True)])
@@ -148,63 +154,61 @@ def test_gpu_triton_producer_matches_the_reference(layout, shape, with_positions
     positions = torch.randint(0, 512, (batch, seq), device="cuda") if with_positions else None
     for rotate in (True, False):
         args = (grad, rope.cos, rope.sin, positions, rotate)
-        amax = reference.rope_grad_amax(*args)
-        torch.testing.assert_close(triton_ops.rope_grad_amax(*args), amax, rtol=1e-2, atol=0)
-        scale = amax_to_scale(amax / 2, E5M2)  # some values saturate
-        for record in (False, True):
-            buffers = [(torch.rand(rows, device="cuda"), torch.randint(0, 9, (rows,), device="cuda", dtype=torch.int32))
-                       for rows in (batch * seq, 100)]  # fmt: skip
-            for amax_rows, saturated_rows in buffers:
-                before = (amax_rows.clone(), saturated_rows.clone())
-                expected_rows = (amax_rows.clone(), saturated_rows.clone())
-                cast_args = (grad, rope.cos, rope.sin, positions, scale, E5M2, rotate, record)
-                tested = triton_ops.rope_grad_cast(*cast_args, amax_rows, saturated_rows)
-                expected = reference.rope_grad_cast(*cast_args, *expected_rows)
-                for test, ref in zip(tested, expected, strict=True):
-                    assert_same_bits(test, ref)
+        torch.testing.assert_close(triton_ops.rope_grad_amax(*args), reference.rope_grad_amax(*args), rtol=1e-2, atol=0)
+    # As q's (rotated back), k's (rotated back, four times larger) and v's gradients, each cast by its own scale, for
+    # half its amax: some values saturate.
+    grads = (grad, grad * 4, grad)
+    scales = torch.cat([
+        amax_to_scale(reference.rope_grad_amax(g, rope.cos, rope.sin, positions, i < 2) / 2, E5M2)
+        for i, g in enumerate(grads)
+    ])  # fmt: skip
+    for record in (False, True):
+        for rows in (batch * seq, 100):
+            tested_rows = gpu_row_buffers(rows)
+            before = [(amax.clone(), saturated.clone()) for amax, saturated in tested_rows]
+            expected_rows = [(amax.clone(), saturated.clone()) for amax, saturated in tested_rows]
+            cast_args = (*grads, rope.cos, rope.sin, positions, scales, E5M2, record, [False] * 3, True)
+            tested = triton_ops.rope_grad_cast_qkv(*cast_args, *[b for site in tested_rows for b in site])
+            expected = reference.rope_grad_cast_qkv(*cast_args, *[b for site in expected_rows for b in site])
+            for test, ref in zip(tested, expected, strict=True):  # the three side by side, then each transpose
+                assert_same_bits(test, ref)
+            for site, site_before, site_expected in zip(tested_rows, before, expected_rows, strict=True):
                 # The kernel files each tile's recording in one entry, the reference each row's: the same totals.
                 # A value at the edge of the range may saturate in one and not the other (its last bit).
-                amax = expected_rows[0].max().item()
-                saturated = int((expected_rows[1] - before[1]).sum())
-                assert_recorded((amax_rows, saturated_rows), before, amax, saturated, saturated_tolerance=2)
+                amax = site_expected[0].max().item()
+                saturated = int((site_expected[1] - site_before[1]).sum())
+                assert_recorded(site, site_before, amax, saturated, saturated_tolerance=2)
                 if record:
-                    assert amax_rows.sum() > before[0].sum() and saturated_rows.sum() > before[1].sum()
+                    assert site[0].sum() > site_before[0].sum() and site[1].sum() > site_before[1].sum()
                 else:
-                    assert torch.equal(amax_rows, before[0]) and torch.equal(saturated_rows, before[1])
+                    assert torch.equal(site[0], site_before[0]) and torch.equal(site[1], site_before[1])
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("keep_bf16", [[True, True, True], [True, False, True], [False, False, False]])
 def test_gpu_frozen_base_producer_writes_the_same_fp8_side_by_side_and_keeps_the_bf16_gradients(keep_bf16):
-    # A frozen base's variant (lora/layers.py): q/k/v's gradients, each in FP8 by its own scale, as the columns of one
-    # matrix (no transposes), with the rotated BF16 gradients where asked.
+    # A frozen base's form (lora/layers.py): no transposes, the rotated BF16 gradients where asked.
     from cs336_basics.precision.fused import rope_triton as triton_ops
 
     batch, seq, head_dim, heads = 2, 300, 64, (14, 2, 2)
     rope = RotaryEmbedding(head_dim, 512).cuda()
     grads = [attention_grad(batch, n, seq, head_dim, device="cuda") * 4**i for i, n in enumerate(heads)]
-    rotate = [True, True, False]  # q and k; not v
     scales = torch.cat([
-        amax_to_scale(reference.rope_grad_amax(grad, rope.cos, rope.sin, None, turn) / 2, E5M2)
-        for grad, turn in zip(grads, rotate, strict=True)
+        amax_to_scale(reference.rope_grad_amax(grad, rope.cos, rope.sin, None, i < 2) / 2, E5M2)
+        for i, grad in enumerate(grads)
     ])  # fmt: skip
     rows = [[(torch.zeros(batch * seq, device="cuda"), torch.zeros(batch * seq, device="cuda", dtype=torch.int32))
              for _ in grads] for _ in range(2)]  # fmt: skip
-    flat_rows = [buffer for site in rows[0] for buffer in site]
-    g_fp8, *kept = triton_ops.rope_grad_cast_frozen_qkv(
-        *grads, rope.cos, rope.sin, None, scales, E5M2, True, keep_bf16, *flat_rows
-    )
-    assert g_fp8.shape == (batch * seq, sum(heads) * head_dim) and g_fp8.is_contiguous()
-    start = 0
-    for i, grad in enumerate(grads):
-        args = (grad, rope.cos, rope.sin, None, scales[i : i + 1], E5M2, rotate[i], True)
-        expected, _ = reference.rope_grad_cast(*args, *rows[1][i])
-        assert_same_bits(g_fp8[:, start : start + expected.shape[1]], expected)
-        start += expected.shape[1]
-        if keep_bf16[i]:
-            assert_same_bits(kept[i], reference.rope_grad(grad, rope.cos, rope.sin, None, rotate[i]))
+    cast_args = (*grads, rope.cos, rope.sin, None, scales, E5M2, True, keep_bf16, False)
+    tested = triton_ops.rope_grad_cast_qkv(*cast_args, *[b for site in rows[0] for b in site])
+    expected = reference.rope_grad_cast_qkv(*cast_args, *[b for site in rows[1] for b in site])
+    assert tested[0].shape == (batch * seq, sum(heads) * head_dim) and tested[0].is_contiguous()
+    assert_same_bits(tested[0], expected[0])
+    for i, keep in enumerate(keep_bf16):
+        if keep:
+            assert_same_bits(tested[1 + i], expected[1 + i])
         else:
-            assert kept[i].numel() == 0
+            assert tested[1 + i].numel() == 0
         assert rows[0][i][0].max() == rows[1][i][0].max()
 
 

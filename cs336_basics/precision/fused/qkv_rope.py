@@ -20,7 +20,14 @@ from torch import nn
 from cs336_basics.model.attention import CausalSelfAttention
 from cs336_basics.model.layers import RotaryEmbedding
 from cs336_basics.precision.fused import rope_reference
-from cs336_basics.precision.fused.linear import forward_gemm, fp8_matmul, joint_columns, joint_dgrad, joint_dgrad_scales
+from cs336_basics.precision.fused.linear import (
+    forward_gemm,
+    fp8_matmul,
+    joint_columns,
+    joint_dgrad,
+    joint_dgrad_scales,
+    joint_grad_scale_invs,
+)
 from cs336_basics.precision.fused.scaling import GRAD, INPUT, SiteScaling, produce_scales
 
 
@@ -103,8 +110,8 @@ class _Fp8QkvRope(torch.autograd.Function):
         )
         fast = scalings[0].fast_accum_backward
         dx = joint_dgrad(g_fp8, joint_inv, joint_columns(weights_t), fast)
-        g_invs = scales.reciprocal()
-        dws = [fp8_matmul(g_t, g_invs[i : i + 1], x_fp8_t.t(), x_inv, fast) for i, g_t in enumerate(g_fp8_t)]
+        g_invs = joint_grad_scale_invs(joint_inv, weight_invs)
+        dws = [fp8_matmul(g_t, g_inv, x_fp8_t.t(), x_inv, fast) for g_t, g_inv in zip(g_fp8_t, g_invs, strict=True)]
         batch, _, seq, _ = grads[0].shape
         return dx.view(batch, seq, -1), None, None, None, None, None, None, *dws
 

@@ -23,6 +23,7 @@ from cs336_basics.precision.fused.linear import (
     joint_columns,
     joint_dgrad,
     joint_dgrad_scales,
+    joint_grad_scale_invs,
 )
 from cs336_basics.precision.fused.scaling import GRAD, INPUT, SiteScaling, produce_scales
 
@@ -66,9 +67,9 @@ class _Fp8SwiGLU(torch.autograd.Function):
         rows = (*s1.producer_rows(GRAD, record, dg), *s3.producer_rows(GRAD, record, dg))
         dh13, dh1_t, dh3_t = ops.swiglu_grad_cast(dg, h1, h3, scales, s1.dtypes[GRAD], record and s1.delayed, *rows)
         dx = joint_dgrad(dh13, joint_inv, joint_columns([w1_t, w3_t]), fast)
-        dh1_inv, dh3_inv = scales.reciprocal().unbind()
-        dw1 = fp8_matmul(dh1_t, dh1_inv.reshape(1), x_fp8_t.t(), x_inv, fast)
-        dw3 = fp8_matmul(dh3_t, dh3_inv.reshape(1), x_fp8_t.t(), x_inv, fast)
+        dh1_inv, dh3_inv = joint_grad_scale_invs(joint_inv, [w1_inv, w3_inv])
+        dw1 = fp8_matmul(dh1_t, dh1_inv, x_fp8_t.t(), x_inv, fast)
+        dw3 = fp8_matmul(dh3_t, dh3_inv, x_fp8_t.t(), x_inv, fast)
         return dx.reshape(*dy.shape[:-1], dx.shape[-1]), None, None, None, dw1, dw3, dw2
 
 
