@@ -15,16 +15,19 @@ def sqnr_db(ref: torch.Tensor, test: torch.Tensor) -> float:
 
 
 class RecordScaledMM(TorchDispatchMode):
-    """(operand a's shape, use_fast_accum) of every FP8 GEMM run under it."""
+    """(operand a's shape, use_fast_accum) of every FP8 GEMM run under it, and its two scales' numbers of dimensions
+    (`scale_dims`)."""
 
     def __init__(self):
         super().__init__()
         self.calls = []
+        self.scale_dims = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func is torch.ops.aten._scaled_mm.default:
             fast = args[7] if len(args) > 7 else (kwargs or {}).get("use_fast_accum", False)  # as the schema orders it
             self.calls.append((tuple(args[0].shape), bool(fast)))
+            self.scale_dims.append((args[2].dim(), args[3].dim()))
         return func(*args, **(kwargs or {}))
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from numerics import sqnr_db
+from numerics import RecordScaledMM, sqnr_db
 from tiny import TINY_FLAGS, tiny_model
 from torch import nn
 
@@ -334,6 +334,19 @@ def test_converted_model_trains_close_to_bf16():
     grads = dict(fp8.named_parameters())
     for name, p in bf16.named_parameters():
         assert sqnr_db(p.grad, grads[name].grad) > 14, name
+
+
+@pytest.mark.parametrize("fp8", [FUSED, DELAYED], ids=["dynamic", "delayed"])
+def test_a_step_runs_three_fp8_gemms_per_linear_less_the_joined_input_gradients(fp8):
+    # q/k/v's input gradients run as one GEMM (two fewer per block), w1/w3's too (one fewer). Each GEMM's two scales
+    # have as many dimensions: on the GPU, inductor's lowering of the FP8 GEMM asserts it.
+    model = tiny_lm()
+    FusedFP8(fp8).convert(model)
+    ids = torch.randint(0, 64, (4, 16))
+    with RecordScaledMM() as gemms:
+        model(ids, targets=ids).backward()
+    assert len(gemms.calls) == 3 * 14 - 2 * (2 + 1)
+    assert all(a == b for a, b in gemms.scale_dims), gemms.scale_dims
 
 
 @pytest.mark.parametrize(
