@@ -142,10 +142,12 @@ def test_gpu_triton_producers_match_the_reference(shape, record, transposed):
     scales = amax_to_scale(grad_amax / 2, E5M2)
     tested_rows = [row_buffers(shape[0], "cuda") for _ in range(2)]
     before = [tuple(b.clone() for b in rows) for rows in tested_rows]
-    tested = triton_ops.swiglu_grad_cast(dg, h1, h3, scales, E5M2, record, *tested_rows[0], *tested_rows[1], transposed)
+    joint_scales = scales / torch.tensor([1.0, 16.0], device="cuda")  # as joint_dgrad_scales can make them
+    tested = triton_ops.swiglu_grad_cast(dg, h1, h3, scales, joint_scales, E5M2, record, *tested_rows[0],
+                                         *tested_rows[1], transposed)  # fmt: skip
     expected_rows = [row_buffers(shape[0], "cuda") for _ in range(2)]
-    expected = reference.swiglu_grad_cast(dg, h1, h3, scales, E5M2, record, *expected_rows[0], *expected_rows[1],
-                                          transposed)  # fmt: skip
+    expected = reference.swiglu_grad_cast(dg, h1, h3, scales, joint_scales, E5M2, record, *expected_rows[0],
+                                          *expected_rows[1], transposed)  # fmt: skip
     assert_same_outputs(tested, expected)
     for grad, scale_k, rows, rows_before in zip(reference.swiglu_grads(dg, h1, h3), scales, tested_rows, before,
                                                  strict=True):  # fmt: skip
@@ -157,9 +159,9 @@ def test_gpu_triton_producers_match_the_reference(shape, record, transposed):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("record", [False, True])
-def test_gpu_gradient_producer_casts_dh1_and_dh3_side_by_side_by_their_own_scales(record):
-    # As a frozen base runs it (lora/layers.py: no transposes), with scales four binades apart, as the joint input
-    # gradient's scales can be (linear.joint_dgrad_scales).
+def test_gpu_gradient_producer_casts_dh1_and_dh3_side_by_side_by_their_joint_scales(record):
+    # As a frozen base runs it (lora/layers.py: no transposes): own scales four binades apart, the joint ones two below
+    # them (as linear.joint_dgrad_scales can make them), the recordings against the own ones.
     from cs336_basics.precision.fused import swiglu_triton as triton_ops
 
     shape = (300, 200)
@@ -167,10 +169,11 @@ def test_gpu_gradient_producer_casts_dh1_and_dh3_side_by_side_by_their_own_scale
     scales = amax_to_scale(reference.swiglu_grad_amax(dg, h1, h3) / torch.tensor([2.0, 0.125], device="cuda"), E5M2)
     tested_rows = [row_buffers(shape[0], "cuda") for _ in range(2)]
     before = [tuple(b.clone() for b in rows) for rows in tested_rows]
-    tested = triton_ops.swiglu_grad_cast(dg, h1, h3, scales, E5M2, record, *tested_rows[0], *tested_rows[1], False)
+    tested = triton_ops.swiglu_grad_cast(dg, h1, h3, scales, scales / 4, E5M2, record, *tested_rows[0], *tested_rows[1],
+                                         False)  # fmt: skip
     expected_rows = [row_buffers(shape[0], "cuda") for _ in range(2)]
-    expected = reference.swiglu_grad_cast(dg, h1, h3, scales, E5M2, record, *expected_rows[0], *expected_rows[1],
-                                          False)  # fmt: skip
+    expected = reference.swiglu_grad_cast(dg, h1, h3, scales, scales / 4, E5M2, record, *expected_rows[0],
+                                          *expected_rows[1], False)  # fmt: skip
     assert tested[0].shape == (shape[0], 2 * shape[1]) and tested[0].is_contiguous()
     assert_same_outputs(tested, expected)
     for grad, scale_k, rows, rows_before in zip(reference.swiglu_grads(dg, h1, h3), scales, tested_rows, before,

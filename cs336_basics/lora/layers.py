@@ -304,10 +304,12 @@ class _FrozenFp8QkvRope(torch.autograd.Function):
             ]  # fmt: skip
             return None, *d_deltas, *unused
         scalings = ctx.scalings
-        scales, joint_inv, recording, rows = qkv_grad_cast_args(ops, rope, positions, grads, scalings, w_invs, record)
+        scales, _, joint_scales, joint_inv, recording, rows = qkv_grad_cast_args(
+            ops, rope, positions, grads, scalings, w_invs, record
+        )
         g_fp8, *kept = ops.rope_grad_cast_qkv(
-            *grads, rope.cos, rope.sin, positions, scales, scalings[0].dtypes[GRAD], recording, list(ctx.has_delta),
-            False, *rows,
+            *grads, rope.cos, rope.sin, positions, scales, joint_scales, scalings[0].dtypes[GRAD], recording,
+            list(ctx.has_delta), False, *rows,
         )  # fmt: skip
         dx = joint_dgrad(g_fp8, joint_inv, joint_t, ctx.scalings[0].fast_accum_backward)
         d_deltas = [g.view(batch, seq, -1) if keep else None for g, keep in zip(kept, ctx.has_delta, strict=True)]
@@ -371,10 +373,11 @@ class _FrozenFp8SwiGLU(torch.autograd.Function):
         fast = s2.fast_accum_backward
         dy_fp8, dy_inv = s2.cast(dy.reshape(-1, dy.shape[-1]), GRAD, record)
         dg = fp8_matmul(dy_fp8, dy_inv, w2_t.t(), w2_inv, fast)
-        _, (dh1_inv, dh3_inv) = produce_scales((s1, s3), GRAD, lambda: ops.swiglu_grad_amax(dg, h1, h3))
-        scales, joint_inv = joint_dgrad_scales([dh1_inv, dh3_inv], [w1_inv, w3_inv])
+        scales, (dh1_inv, dh3_inv) = produce_scales((s1, s3), GRAD, lambda: ops.swiglu_grad_amax(dg, h1, h3))
+        joint_scales, joint_inv = joint_dgrad_scales([dh1_inv, dh3_inv], [w1_inv, w3_inv])
         rows = (*s1.producer_rows(GRAD, record, dg), *s3.producer_rows(GRAD, record, dg))
-        dh13, _, _ = ops.swiglu_grad_cast(dg, h1, h3, scales, s1.dtypes[GRAD], record and s1.delayed, *rows, False)
+        recording = record and s1.delayed
+        dh13, _, _ = ops.swiglu_grad_cast(dg, h1, h3, scales, joint_scales, s1.dtypes[GRAD], recording, *rows, False)
         dx = joint_dgrad(dh13, joint_inv, joint_t, fast)
         return dx.reshape(*dy.shape[:-1], dx.shape[-1]), *([None] * 11)
 

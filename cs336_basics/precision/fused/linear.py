@@ -118,13 +118,6 @@ def joint_dgrad_scales(
     return weight_invs / joint_inv, joint_inv.reshape(1)
 
 
-def joint_grad_scale_invs(joint_inv: torch.Tensor, weight_scale_invs: list[torch.Tensor]) -> list[torch.Tensor]:
-    """The inverse scale each gradient was cast with by joint_dgrad_scales (joint_inv / its weight's), for its weight
-    gradient's GEMM, in the shape of its weight's inverse scale, as the other operand's is: inductor's lowering of
-    the FP8 GEMM asserts that both scales have as many dimensions (a (1,) scale beside a 0-d one failed on the H100)."""
-    return [joint_inv.reshape(inv.shape) / inv for inv in weight_scale_invs]
-
-
 def joint_dgrad(grads_fp8: torch.Tensor, joint_inv: torch.Tensor, joint_t: torch.Tensor, fast: bool) -> torch.Tensor:
     """dx = sum_i dy_i W_i as one FP8 GEMM: the gradients side by side (cast by joint_dgrad_scales), against the
     weights' W^T side by side (joint_columns)."""

@@ -26,7 +26,6 @@ from cs336_basics.precision.fused.linear import (
     joint_columns,
     joint_dgrad,
     joint_dgrad_scales,
-    joint_grad_scale_invs,
 )
 from cs336_basics.precision.fused.scaling import GRAD, INPUT, SiteScaling, produce_scales
 
@@ -56,28 +55,31 @@ def qkv_grad_cast_args(
     scalings: tuple[SiteScaling, ...],
     weight_invs: list[torch.Tensor],
     record: bool,
-) -> tuple[torch.Tensor, torch.Tensor, bool, list[torch.Tensor]]:
-    """What rope_grad_cast_qkv and the one input-gradient GEMM after it take for q's, k's and v's gradients: (the
-    casts' scales (3,), the GEMM's inverse scale (joint_dgrad_scales), whether to record, the sites' row buffers in the
-    op's order). Dynamic scaling first takes each rotated gradient's amax; delayed scaling records into the rows."""
-    invs, rows = [], []
+) -> tuple[torch.Tensor, tuple[torch.Tensor, ...], torch.Tensor, torch.Tensor, bool, list[torch.Tensor]]:
+    """What rope_grad_cast_qkv and the GEMMs after it take for q's, k's and v's gradients: (the sites' own scales
+    (3,) and their inverses (for the transposes and the weight gradients), the joint input-gradient GEMM's scales (3,)
+    and its inverse scale (joint_dgrad_scales), whether to record, the sites' row buffers in the op's order). Dynamic
+    scaling first takes each rotated gradient's amax; delayed scaling records into the rows."""
+    scales, invs, rows = [], [], []
     for i, (grad, scaling) in enumerate(zip(grads, scalings, strict=True)):
         rotate = i < 2  # q and k are rotated back; v is not
 
         def amax(grad=grad, rotate=rotate) -> torch.Tensor:
             return ops.rope_grad_amax(grad, rope.cos, rope.sin, positions, rotate)
 
-        _, (g_inv,) = produce_scales((scaling,), GRAD, amax)
+        scale, (g_inv,) = produce_scales((scaling,), GRAD, amax)
+        scales.append(scale.reshape(1))
         invs.append(g_inv)
         rows.extend(scaling.producer_rows(GRAD, record, grad))
-    scales, joint_inv = joint_dgrad_scales(invs, weight_invs)
-    return scales, joint_inv, record and scalings[0].delayed, rows
+    joint_scales, joint_inv = joint_dgrad_scales(invs, weight_invs)
+    return torch.cat(scales), tuple(invs), joint_scales, joint_inv, record and scalings[0].delayed, rows
 
 
 class _Fp8QkvRope(torch.autograd.Function):
     """(q, k, v) as (batch, heads, seq, head_dim), q and k rotated, from x (batch, seq, dim): three FP8 GEMMs on one
     cast of x. `heads` is each output's head count; `positions` None or integer (batch or 1, seq). Backward: one
-    input-gradient GEMM over the three gradients (cast by linear.joint_dgrad_scales), a weight-gradient GEMM each."""
+    input-gradient GEMM over the three gradients side by side (cast by linear.joint_dgrad_scales), and a
+    weight-gradient GEMM each, over its transpose cast by its site's own scale, as an unjoined layer's."""
 
     @staticmethod
     def forward(ctx, x, ops: ModuleType, rope: RotaryEmbedding, heads: tuple[int, ...], positions,
@@ -102,15 +104,15 @@ class _Fp8QkvRope(torch.autograd.Function):
         x_fp8_t, x_inv, positions, *rest = ctx.saved_tensors
         weights_t, weight_invs = rest[:3], rest[3:]
         ops, rope, record, scalings = ctx.ops, ctx.rope, ctx.record, ctx.scalings
-        scales, joint_inv, recording, rows = qkv_grad_cast_args(
+        scales, g_invs, joint_scales, joint_inv, recording, rows = qkv_grad_cast_args(
             ops, rope, positions, grads, scalings, weight_invs, record
         )
         g_fp8, *g_fp8_t = ops.rope_grad_cast_qkv(
-            *grads, rope.cos, rope.sin, positions, scales, scalings[0].dtypes[GRAD], recording, [False] * 3, True, *rows
-        )
+            *grads, rope.cos, rope.sin, positions, scales, joint_scales, scalings[0].dtypes[GRAD], recording,
+            [False] * 3, True, *rows,
+        )  # fmt: skip
         fast = scalings[0].fast_accum_backward
         dx = joint_dgrad(g_fp8, joint_inv, joint_columns(weights_t), fast)
-        g_invs = joint_grad_scale_invs(joint_inv, weight_invs)
         dws = [fp8_matmul(g_t, g_inv, x_fp8_t.t(), x_inv, fast) for g_t, g_inv in zip(g_fp8_t, g_invs, strict=True)]
         batch, _, seq, _ = grads[0].shape
         return dx.view(batch, seq, -1), None, None, None, None, None, None, *dws

@@ -7,12 +7,13 @@ transpose; for q and k, RoPE's backward comes first (the rotation by the opposit
 names and signatures in both modules:
 - `rope_grad_amax(grad, cos, sin, positions, rotate)` -> amax (1,) of the gradient to cast: dynamic scaling's first
   pass;
-- `rope_grad_cast_qkv(grad_q, grad_k, grad_v, cos, sin, positions, scales, dtype, record, keep_bf16, transposed,
-  amax_q, saturated_q, amax_k, saturated_k, amax_v, saturated_v)` -> (the three gradients in FP8 side by side, the
-  columns of one (tokens, channels summed) matrix: the operand of one input-gradient GEMM over the three; then one
-  second output per gradient: its (channels, tokens) FP8 transpose if `transposed`, for its weight-gradient GEMM;
-  else its rotated gradient in its dtype where `keep_bf16[i]`, for a frozen base's adapters (lora/layers.py); else
-  an empty tensor). Gradient i is cast with `scales[i]`. With `record` (delayed scaling) it also files, in place,
+- `rope_grad_cast_qkv(grad_q, grad_k, grad_v, cos, sin, positions, scales, joint_scales, dtype, record, keep_bf16,
+  transposed, amax_q, saturated_q, amax_k, saturated_k, amax_v, saturated_v)` -> (the three gradients in FP8 side by
+  side, the columns of one (tokens, channels summed) matrix, gradient i cast by `joint_scales[i]`: the operand of one
+  input-gradient GEMM over the three (linear.joint_dgrad_scales); then one second output per gradient: its (channels,
+  tokens) FP8 transpose by its site's own scale `scales[i]` if `transposed`, for its weight-gradient GEMM; else its
+  rotated gradient in its dtype where `keep_bf16[i]`, for a frozen base's adapters (lora/layers.py); else an empty
+  tensor). With `record` (delayed scaling) it also files, against `scales[i]`, in place,
   each token row's amax and count of saturated values into the site's row buffers (`amax_q`, `saturated_q`, ...;
   max-accumulated and added; row r into entry r modulo their length: the update reduces each buffer to one number),
   as SiteScaling.cast does for the casts it runs itself; without it they are not touched.
@@ -51,14 +52,13 @@ def rope_grad_amax(
     return rope_grad(grad, cos, sin, positions, rotate).abs().amax().float().reshape(1)
 
 
-def _cast(g, scale, dtype, record, amax_rows, saturated_rows) -> torch.Tensor:
-    """g (tokens, channels) in FP8, with delayed scaling's recordings if `record`."""
+def _record(g, scale, dtype, record, amax_rows, saturated_rows) -> None:
+    """Delayed scaling's recordings of g (tokens, channels) cast by `scale`, if `record`."""
     if record:
         magnitude = g.abs().float()
         entry = torch.arange(g.shape[0], device=g.device) % amax_rows.numel()
         amax_rows.scatter_reduce_(0, entry, magnitude.amax(dim=-1), "amax")
         saturated_rows.scatter_add_(0, entry, (magnitude * scale[0] > fp8_max(dtype)).sum(dim=-1, dtype=torch.int32))
-    return cast_to_fp8(g, scale[0], dtype)
 
 
 def _rope_grad_cast_one(
@@ -67,6 +67,7 @@ def _rope_grad_cast_one(
     sin: torch.Tensor,
     positions: torch.Tensor | None,
     scale: torch.Tensor,
+    joint_scale: torch.Tensor,
     dtype: torch.dtype,
     rotate: bool,
     record: bool,
@@ -75,10 +76,13 @@ def _rope_grad_cast_one(
     amax_rows: torch.Tensor,
     saturated_rows: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One gradient of rope_grad_cast_qkv: (its FP8 cast, its second output)."""
+    """One gradient of rope_grad_cast_qkv: (its FP8 cast by `joint_scale`, its second output)."""
     g = rope_grad(grad, cos, sin, positions, rotate)
-    g_fp8 = _cast(g, scale, dtype, record, amax_rows, saturated_rows)
-    return g_fp8, g_fp8.t().contiguous() if transposed else g if keep_bf16 else grad.new_empty(0)
+    _record(g, scale, dtype, record, amax_rows, saturated_rows)
+    g_fp8 = cast_to_fp8(g, joint_scale[0], dtype)
+    if transposed:
+        return g_fp8, cast_to_fp8(g, scale[0], dtype).t().contiguous()
+    return g_fp8, g if keep_bf16 else grad.new_empty(0)
 
 
 def rope_grad_cast_qkv(
@@ -89,6 +93,7 @@ def rope_grad_cast_qkv(
     sin: torch.Tensor,
     positions: torch.Tensor | None,
     scales: torch.Tensor,
+    joint_scales: torch.Tensor,
     dtype: torch.dtype,
     record: bool,
     keep_bf16: list[bool],
@@ -104,7 +109,18 @@ def rope_grad_cast_qkv(
     rows = ((amax_q, saturated_q), (amax_k, saturated_k), (amax_v, saturated_v))
     parts = [
         _rope_grad_cast_one(
-            grad, cos, sin, positions, scales[i : i + 1], dtype, i < 2, record, keep_bf16[i], transposed, *rows[i]
+            grad,
+            cos,
+            sin,
+            positions,
+            scales[i : i + 1],
+            joint_scales[i : i + 1],
+            dtype,
+            i < 2,
+            record,
+            keep_bf16[i],
+            transposed,
+            *rows[i],
         )
         for i, grad in enumerate((grad_q, grad_k, grad_v))
     ]

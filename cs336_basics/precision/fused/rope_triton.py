@@ -29,7 +29,7 @@ from cs336_basics.precision.fused.tiles import ROPE_GRAD_TILE, Tile, record_tile
 
 @triton.jit
 def _rope_grad_kernel(
-    g_ptr, cos_ptr, sin_ptr, pos_ptr, out_ptr, out_t_ptr, scale_ptr, amax_ptr, sat_ptr,
+    g_ptr, cos_ptr, sin_ptr, pos_ptr, out_ptr, out_t_ptr, scale_ptr, joint_scale_ptr, amax_ptr, sat_ptr,
     M, F, seq, stride_b, stride_h, stride_s, pos_stride_b, recorded_rows, out_stride, out_col,
     HEAD_DIM: tl.constexpr, LIMIT: tl.constexpr, ROTATE: tl.constexpr, POSITIONS: tl.constexpr, CAST: tl.constexpr,
     TRANSPOSE: tl.constexpr, KEEP_BF16: tl.constexpr, RECORD: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -62,12 +62,14 @@ def _rope_grad_kernel(
     magnitude = tl.abs(g)
     if CAST:
         scale = tl.load(scale_ptr)
-        y = saturating_cast(g, scale, LIMIT, out_ptr.dtype.element_ty)
+        # The row-major output: the columns from out_col of the three gradients' joint matrix (row stride
+        # out_stride), cast by the joint input-gradient GEMM's scale.
+        y = saturating_cast(g, tl.load(joint_scale_ptr), LIMIT, out_ptr.dtype.element_ty)
         offs = rows[:, None].to(tl.int64) * F + cols[None, :]
-        # The FP8 output may be the columns from out_col of a wider matrix (row stride out_stride), not an (M, F) one.
         tl.store(out_ptr + rows[:, None].to(tl.int64) * out_stride + out_col + cols[None, :], y, mask=mask)
-        if TRANSPOSE:  # for the weight gradient's GEMM
-            tl.store(out_t_ptr + cols[None, :].to(tl.int64) * M + rows[:, None], y, mask=mask)
+        if TRANSPOSE:  # for the weight gradient's GEMM, by the site's own scale
+            y_t = saturating_cast(g, scale, LIMIT, out_t_ptr.dtype.element_ty)
+            tl.store(out_t_ptr + cols[None, :].to(tl.int64) * M + rows[:, None], y_t, mask=mask)
         if KEEP_BF16:  # the rotated gradient itself, in the second output's place: for a frozen base's adapters
             tl.store(out_t_ptr + offs, g.to(out_t_ptr.dtype.element_ty), mask=mask)
         if RECORD:
@@ -76,12 +78,13 @@ def _rope_grad_kernel(
         tl.store(amax_ptr + tl.program_id(0) * tl.num_programs(1) + tl.program_id(1), tl.max(magnitude))
 
 
-def _launch(grad, cos, sin, positions, outputs, scale, dtype: torch.dtype, rotate: bool, recorded=None,
+def _launch(grad, cos, sin, positions, outputs, scales, dtype: torch.dtype, rotate: bool, recorded=None,
             tile: Tile = ROPE_GRAD_TILE, keep_bf16: bool = False, out_col: int = 0):  # fmt: skip
-    """Runs the kernel over `grad` (batch, heads, seq, head_dim), tiled by `tile`: casting into `outputs` (an FP8
-    tensor, (M, F) or a wider row-major one written from column `out_col` on, and a second tensor: its (F, M) FP8
-    transpose; with `keep_bf16` the (M, F) rotated gradient in grad's dtype instead; or None) and recording into
-    `recorded` (a site's amax and saturation row buffers) if given; without `outputs`, returns the amax per tile."""
+    """Runs the kernel over `grad` (batch, heads, seq, head_dim), tiled by `tile`: casting into `outputs` (a wider
+    row-major FP8 tensor written from column `out_col` on, by the second of `scales` (the site's own scale, the joint
+    GEMM's), and a second tensor: the (F, M) FP8 transpose by the first; with `keep_bf16` the (M, F) rotated gradient
+    in grad's dtype instead; or None) and recording into `recorded` (a site's amax and saturation row buffers, counted
+    against the site's own scale) if given; without `outputs`, returns the amax per tile."""
     if grad.dim() != 4 or not grad.is_cuda:
         raise ValueError("the RoPE gradient kernel takes a 4-D (batch, heads, seq, head_dim) CUDA tensor")
     if grad.stride(-1) != 1:
@@ -99,7 +102,8 @@ def _launch(grad, cos, sin, positions, outputs, scale, dtype: torch.dtype, rotat
     out, second = outputs if cast else (unused, None)
     out_stride = out.shape[1] if cast else f
     wrap_triton(_rope_grad_kernel)[grid](
-        grad, cos, sin, pos, out, unused if second is None else second, scale if cast else unused, amax, saturated,
+        grad, cos, sin, pos, out, unused if second is None else second, *(scales if cast else (unused, unused)), amax,
+        saturated,
         m, f, seq, stride_b, stride_h, stride_s, pos_stride, amax.numel(), out_stride, out_col, HEAD_DIM=head_dim,
         LIMIT=fp8_max(dtype), ROTATE=rotate, POSITIONS=positions is not None, CAST=cast,
         TRANSPOSE=second is not None and not keep_bf16, KEEP_BF16=keep_bf16, RECORD=recorded is not None,
@@ -130,6 +134,7 @@ def rope_grad_cast_qkv(
     sin: torch.Tensor,
     positions: torch.Tensor | None,
     scales: torch.Tensor,
+    joint_scales: torch.Tensor,
     dtype: torch.dtype,
     record: bool,
     keep_bf16: list[bool],
@@ -148,7 +153,8 @@ def rope_grad_cast_qkv(
     start = 0
     for i, grad in enumerate(grads):
         second = seconds[i] if seconds[i].numel() else None
-        _launch(grad, cos, sin, positions, (joint, second), scales[i : i + 1], dtype, i < 2,
+        own_and_joint = (scales[i : i + 1], joint_scales[i : i + 1])
+        _launch(grad, cos, sin, positions, (joint, second), own_and_joint, dtype, i < 2,
                 recorded[i] if record else None, keep_bf16=keep_bf16[i], out_col=start)  # fmt: skip
         start += _width(grad)
     return joint, *seconds
@@ -174,6 +180,6 @@ def _width(grad: torch.Tensor) -> int:
 
 
 @rope_grad_cast_qkv.register_fake
-def _(grad_q, grad_k, grad_v, cos, sin, positions, scales, dtype, record, keep_bf16, transposed, *rows):
+def _(grad_q, grad_k, grad_v, cos, sin, positions, scales, joint_scales, dtype, record, keep_bf16, transposed, *rows):
     joint, seconds = _outputs((grad_q, grad_k, grad_v), dtype, keep_bf16, transposed)
     return joint, *seconds

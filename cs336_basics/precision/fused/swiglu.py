@@ -23,7 +23,6 @@ from cs336_basics.precision.fused.linear import (
     joint_columns,
     joint_dgrad,
     joint_dgrad_scales,
-    joint_grad_scale_invs,
 )
 from cs336_basics.precision.fused.scaling import GRAD, INPUT, SiteScaling, produce_scales
 
@@ -62,12 +61,12 @@ class _Fp8SwiGLU(torch.autograd.Function):
         fast = s2.fast_accum_backward
         dy_fp8, dy_inv = s2.cast(dy.reshape(-1, dy.shape[-1]), GRAD, record)
         dg, dw2 = backward_gemms(dy_fp8, s2.transposed(dy_fp8), dy_inv, w2_t, w2_inv, g_fp8_t, g_inv, fast)
-        _, (dh1_inv, dh3_inv) = produce_scales((s1, s3), GRAD, lambda: ops.swiglu_grad_amax(dg, h1, h3))
-        scales, joint_inv = joint_dgrad_scales([dh1_inv, dh3_inv], [w1_inv, w3_inv])
+        scales, (dh1_inv, dh3_inv) = produce_scales((s1, s3), GRAD, lambda: ops.swiglu_grad_amax(dg, h1, h3))
+        joint_scales, joint_inv = joint_dgrad_scales([dh1_inv, dh3_inv], [w1_inv, w3_inv])
         rows = (*s1.producer_rows(GRAD, record, dg), *s3.producer_rows(GRAD, record, dg))
-        dh13, dh1_t, dh3_t = ops.swiglu_grad_cast(dg, h1, h3, scales, s1.dtypes[GRAD], record and s1.delayed, *rows)
+        recording = record and s1.delayed
+        dh13, dh1_t, dh3_t = ops.swiglu_grad_cast(dg, h1, h3, scales, joint_scales, s1.dtypes[GRAD], recording, *rows)
         dx = joint_dgrad(dh13, joint_inv, joint_columns([w1_t, w3_t]), fast)
-        dh1_inv, dh3_inv = joint_grad_scale_invs(joint_inv, [w1_inv, w3_inv])
         dw1 = fp8_matmul(dh1_t, dh1_inv, x_fp8_t.t(), x_inv, fast)
         dw3 = fp8_matmul(dh3_t, dh3_inv, x_fp8_t.t(), x_inv, fast)
         return dx.reshape(*dy.shape[:-1], dx.shape[-1]), None, None, None, dw1, dw3, dw2

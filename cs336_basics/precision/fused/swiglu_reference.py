@@ -10,10 +10,11 @@ Four operations, the same names and signatures in both modules:
   added; into which entries is each implementation's choice, as the update reduces each buffer to one number);
   without it they are not touched;
 - `swiglu_grad_amax(dg, h1, h3)` -> amaxes (2,) of dh1 and dh3, the gradients of h1 and h3;
-- `swiglu_grad_cast(dg, h1, h3, scales, dtype, record, amax_rows1, saturated_rows1, amax_rows3, saturated_rows3,
-  transposed=True)` -> ([dh1 dh3] in FP8 side by side, the columns of one (M, 2F) matrix: the operand of one
-  input-gradient GEMM over both; dh1^T; dh3^T), dh1 cast with `scales[0]` and recorded into the first pair of
-  buffers, dh3 with `scales[1]` into the second; the transposes empty without `transposed`.
+- `swiglu_grad_cast(dg, h1, h3, scales, joint_scales, dtype, record, amax_rows1, saturated_rows1, amax_rows3,
+  saturated_rows3, transposed=True)` -> ([dh1 dh3] in FP8 side by side, the columns of one (M, 2F) matrix, cast by
+  `joint_scales`: the operand of one input-gradient GEMM over both (linear.joint_dgrad_scales); dh1^T and dh3^T in
+  FP8 by their sites' own `scales`, for the weight gradients), dh1 recorded against `scales[0]` into the first pair
+  of buffers, dh3 against `scales[1]` into the second; the transposes empty without `transposed`.
 
 Each value is first rounded to BF16 exactly where autograd of `F.silu(h1) * h3` in BF16 rounds it, so the FP8 tensors
 are the casts of the BF16 tensors the unfused path would have written. All tensors are 2-D and row-major; the
@@ -71,6 +72,7 @@ def swiglu_grad_cast(
     h1: torch.Tensor,
     h3: torch.Tensor,
     scales: torch.Tensor,
+    joint_scales: torch.Tensor,
     dtype: torch.dtype,
     record: bool,
     amax_rows1: torch.Tensor,
@@ -80,8 +82,9 @@ def swiglu_grad_cast(
     transposed: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     dh1, dh3 = swiglu_grads(dg, h1, h3)
-    dh1_fp8, dh3_fp8 = cast_to_fp8(dh1, scales[0], dtype), cast_to_fp8(dh3, scales[1], dtype)
     if record:
         record_into_entry0(dh1, scales[0], dtype, amax_rows1, saturated_rows1)
         record_into_entry0(dh3, scales[1], dtype, amax_rows3, saturated_rows3)
-    return torch.cat([dh1_fp8, dh3_fp8], dim=1), _transpose(dh1_fp8, transposed), _transpose(dh3_fp8, transposed)
+    joint = torch.cat([cast_to_fp8(dh1, joint_scales[0], dtype), cast_to_fp8(dh3, joint_scales[1], dtype)], dim=1)
+    dh1_t, dh3_t = (_transpose(cast_to_fp8(dh, scales[k], dtype), transposed) for k, dh in enumerate((dh1, dh3)))
+    return joint, dh1_t, dh3_t

@@ -37,19 +37,20 @@ def _round_bf16(x):
 
 
 @triton.jit
-def _produce(value, k, scale_ptr, out_ptr, out_t_ptr, amax_ptr, sat_ptr, recorded_rows, offs, offs_t, mask,
-             LIMIT: tl.constexpr, CAST: tl.constexpr, RECORD: tl.constexpr, TRANSPOSE: tl.constexpr):  # fmt: skip
-    """Tensor k of a producer. CAST: cast with its scale and store it, with its transpose if TRANSPOSE, and with RECORD
-    file the tile's amax and saturation count into the site's row buffers (record_tile). Otherwise (dynamic scaling's
-    first pass) write the tile's amax to this program's slot of row k; torch reduces the slots (atomics on one
-    address from every program would serialise)."""
+def _produce(value, k, scale_ptr, joint_scale_ptr, out_ptr, out_t_ptr, amax_ptr, sat_ptr, recorded_rows, offs, offs_t,
+             mask, LIMIT: tl.constexpr, CAST: tl.constexpr, RECORD: tl.constexpr, TRANSPOSE: tl.constexpr):  # fmt: skip
+    """Tensor k of a producer. CAST: cast it and store it row-major by its joint scale (its scale where it has no
+    joint GEMM: the kernel gets the same pointer twice), with its transpose by its own scale if TRANSPOSE, and with
+    RECORD file the tile's amax and its saturation count against its own scale into the site's row buffers
+    (record_tile). Otherwise (dynamic scaling's first pass) write the tile's amax to this program's slot of row k;
+    torch reduces the slots (atomics on one address from every program would serialise)."""
     magnitude = tl.abs(value)
     if CAST:
         scale = tl.load(scale_ptr + k)
-        y = saturating_cast(value, scale, LIMIT, out_ptr.dtype.element_ty)
+        y = saturating_cast(value, tl.load(joint_scale_ptr + k), LIMIT, out_ptr.dtype.element_ty)
         tl.store(out_ptr + offs, y, mask=mask)
         if TRANSPOSE:
-            tl.store(out_t_ptr + offs_t, y, mask=mask)
+            tl.store(out_t_ptr + offs_t, saturating_cast(value, scale, LIMIT, out_t_ptr.dtype.element_ty), mask=mask)
         if RECORD:
             record_tile(magnitude, scale, amax_ptr, sat_ptr, recorded_rows, LIMIT)
     else:
@@ -59,7 +60,7 @@ def _produce(value, k, scale_ptr, out_ptr, out_t_ptr, amax_ptr, sat_ptr, recorde
 
 @triton.jit
 def _swiglu_kernel(
-    h1_ptr, h3_ptr, g_ptr, g_t_ptr, scale_ptr, amax_ptr, sat_ptr, recorded_rows, M, F,
+    h1_ptr, h3_ptr, g_ptr, g_t_ptr, scale_ptr, joint_scale_ptr, amax_ptr, sat_ptr, recorded_rows, M, F,
     LIMIT: tl.constexpr, CAST: tl.constexpr, RECORD: tl.constexpr, TRANSPOSE: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_F: tl.constexpr,
 ):  # fmt: skip
@@ -68,14 +69,14 @@ def _swiglu_kernel(
     b = tl.load(h3_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     # silu as torch computes it, each result rounded to BF16 where the BF16 module rounds it.
     g = _round_bf16(_round_bf16(a / (1.0 + tl.exp(-a))) * b)
-    _produce(g, 0, scale_ptr, g_ptr, g_t_ptr, amax_ptr, sat_ptr, recorded_rows, offs, offs_t, mask,
+    _produce(g, 0, scale_ptr, joint_scale_ptr, g_ptr, g_t_ptr, amax_ptr, sat_ptr, recorded_rows, offs, offs_t, mask,
              LIMIT, CAST, RECORD, TRANSPOSE)  # fmt: skip
 
 
 @triton.jit
 def _swiglu_grad_kernel(
-    dg_ptr, h1_ptr, h3_ptr, dh_ptr, dh1_t_ptr, dh3_t_ptr, scale_ptr, amax1_ptr, sat1_ptr, recorded_rows1,
-    amax3_ptr, sat3_ptr, recorded_rows3, M, F,
+    dg_ptr, h1_ptr, h3_ptr, dh_ptr, dh1_t_ptr, dh3_t_ptr, scale_ptr, joint_scale_ptr, amax1_ptr, sat1_ptr,
+    recorded_rows1, amax3_ptr, sat3_ptr, recorded_rows3, M, F,
     LIMIT: tl.constexpr, CAST: tl.constexpr, RECORD: tl.constexpr, TRANSPOSE: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_F: tl.constexpr,
 ):  # fmt: skip
@@ -89,12 +90,12 @@ def _swiglu_grad_kernel(
     sig = 1.0 / (1.0 + tl.exp(-a))
     dh1 = _round_bf16(_round_bf16(dg * b) * sig * (1.0 + a * (1.0 - sig)))
     dh3 = _round_bf16(dg * _round_bf16(a * sig))
-    _produce(dh1, 0, scale_ptr, dh_ptr, dh1_t_ptr, amax1_ptr, sat1_ptr, recorded_rows1, out_offs, offs_t, mask,
-             LIMIT, CAST, RECORD, TRANSPOSE)  # fmt: skip
+    _produce(dh1, 0, scale_ptr, joint_scale_ptr, dh_ptr, dh1_t_ptr, amax1_ptr, sat1_ptr, recorded_rows1, out_offs,
+             offs_t, mask, LIMIT, CAST, RECORD, TRANSPOSE)  # fmt: skip
     if not CAST:  # dynamic scaling's first pass: both tensors' tile amaxes go to one slot tensor (_amax_pass)
         amax3_ptr = amax1_ptr
-    _produce(dh3, 1, scale_ptr, dh_ptr + F, dh3_t_ptr, amax3_ptr, sat3_ptr, recorded_rows3, out_offs, offs_t, mask,
-             LIMIT, CAST, RECORD, TRANSPOSE)  # fmt: skip
+    _produce(dh3, 1, scale_ptr, joint_scale_ptr, dh_ptr + F, dh3_t_ptr, amax3_ptr, sat3_ptr, recorded_rows3, out_offs,
+             offs_t, mask, LIMIT, CAST, RECORD, TRANSPOSE)  # fmt: skip
 
 
 def _check(*tensors: torch.Tensor) -> tuple[int, int]:
@@ -117,24 +118,24 @@ def _amax_pass(kernel, tile: Tile, inputs, n: int) -> torch.Tensor:
     # torch.compile's functionalized launch had written each argument to a copy of its own and kept one.
     records = [slots, unused, 1] + [unused, unused, 1] * (n - 1)
     wrap_triton(kernel)[grid](
-        *inputs, *[unused] * (1 + n), unused, *records, m, f,
+        *inputs, *[unused] * (1 + n), unused, unused, *records, m, f,
         LIMIT=1.0, CAST=False, RECORD=False, TRANSPOSE=False, **tile.launch_options(),
     )  # fmt: skip
     return slots.amax(dim=1)
 
 
-def _cast_pass(kernel, tile: Tile, inputs, outputs, scales, dtype: torch.dtype, record: bool, recorded,
+def _cast_pass(kernel, tile: Tile, inputs, outputs, scales, joint_scales, dtype: torch.dtype, record: bool, recorded,
                transposed: bool) -> None:  # fmt: skip
     """Runs `kernel` over `inputs`, casting its n produced tensors into `outputs` (one row-major FP8 matrix, the n
-    (M, F) tensors side by side, then each one's (F, M) FP8 transpose, not written unless `transposed`) with
-    `scales`, and with `record` filing each tensor's amax and saturation count into its (amax, saturated) row buffers
-    in `recorded`."""
+    (M, F) tensors side by side, by `joint_scales`; then each one's (F, M) FP8 transpose by `scales`, not written
+    unless `transposed`), and with `record` filing each tensor's amax and saturation count (against `scales`) into its
+    (amax, saturated) row buffers in `recorded`."""
     m, f = _check(*inputs)
     if not record:  # the stand-ins callers pass may be empty: the launch gets an input's pointer in their place
         recorded = [(inputs[0], inputs[0])] * len(recorded)
     rows = [arg for amax, saturated in recorded for arg in (amax, saturated, amax.numel())]
     wrap_triton(kernel)[tile.grid(m, f)](
-        *inputs, *outputs, scales, *rows, m, f,
+        *inputs, *outputs, scales, joint_scales, *rows, m, f,
         LIMIT=fp8_max(dtype), CAST=True, RECORD=record, TRANSPOSE=transposed, **tile.launch_options(),
     )  # fmt: skip
 
@@ -163,7 +164,7 @@ def swiglu_cast(
     transposed: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     g = _fp8_pair(*h1.shape, h1, dtype, transposed)
-    _cast_pass(_swiglu_kernel, SWIGLU_TILE, (h1, h3), g, scale, dtype, record, [(amax_rows, saturated_rows)],
+    _cast_pass(_swiglu_kernel, SWIGLU_TILE, (h1, h3), g, scale, scale, dtype, record, [(amax_rows, saturated_rows)],
                transposed)  # fmt: skip
     return g[0], g[1]
 
@@ -181,6 +182,7 @@ def swiglu_grad_cast(
     h1: torch.Tensor,
     h3: torch.Tensor,
     scales: torch.Tensor,
+    joint_scales: torch.Tensor,
     dtype: torch.dtype,
     record: bool,
     amax_rows1: torch.Tensor,
@@ -193,6 +195,6 @@ def swiglu_grad_cast(
     joint = torch.empty(m, 2 * f, device=dg.device, dtype=dtype)
     dh1_t, dh3_t = (torch.empty((f, m) if transposed else (0,), device=dg.device, dtype=dtype) for _ in range(2))
     recorded = [(amax_rows1, saturated_rows1), (amax_rows3, saturated_rows3)]
-    _cast_pass(_swiglu_grad_kernel, SWIGLU_GRAD_TILE, (dg, h1, h3), [joint, dh1_t, dh3_t], scales, dtype, record,
-               recorded, transposed)  # fmt: skip
+    _cast_pass(_swiglu_grad_kernel, SWIGLU_GRAD_TILE, (dg, h1, h3), [joint, dh1_t, dh3_t], scales, joint_scales, dtype,
+               record, recorded, transposed)  # fmt: skip
     return joint, dh1_t, dh3_t
