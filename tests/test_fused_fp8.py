@@ -440,7 +440,8 @@ def test_gpu_compiled_fused_run_launches_three_fp8_gemms_per_linear(tmp_path, to
     # --no_fp8_shape_filter: on a GPU the auto preset (366m) turns the shape rule on; it would skip every tiny linear.
     argv = [*tiny_flags("cuda"), "--steps", "6", *token_files, "--min_speedup", "0", "--fp8_path", "fused"]
     argv += ["--no_fp8_shape_filter"]
-    argv += ["--fp8_scaling", scaling, "--json", str(out), *(["--fp8_lm_head"] if lm_head else [])]
+    # The head's flag named both ways: the fused path converts the head by default.
+    argv += ["--fp8_scaling", scaling, "--json", str(out), "--fp8_lm_head" if lm_head else "--no_fp8_lm_head"]
     assert verify_fp8_compilation.main(argv) == 0, capsys.readouterr().out
     checks = {c["name"]: c for c in json.loads(out.read_text())["checks"]}
     # Three GEMMs per linear, but q/k/v's input gradients run as one GEMM (two fewer per layer), w1/w3's too (one).
