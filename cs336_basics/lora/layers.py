@@ -42,7 +42,7 @@ from cs336_basics.precision.fused.head import (
     loss_and_unit_grads_by_rows,
     loss_without_gradient,
 )
-from cs336_basics.precision.fused.linear import fp8_matmul, joint_columns, joint_dgrad, joint_dgrad_scales
+from cs336_basics.precision.fused.linear import fp8_matmul, joint_columns, joint_dgrad
 from cs336_basics.precision.fused.qkv_rope import qkv_grad_cast_args, rope_ops
 from cs336_basics.precision.fused.scaling import (
     E4M3,
@@ -52,7 +52,7 @@ from cs336_basics.precision.fused.scaling import (
     dynamic_cast,
     produce_scales,
 )
-from cs336_basics.precision.fused.swiglu import swiglu_ops
+from cs336_basics.precision.fused.swiglu import swiglu_input_gradient, swiglu_ops
 
 
 def _triples(operands: tuple[torch.Tensor, ...]) -> list[tuple[torch.Tensor, ...]]:
@@ -311,7 +311,7 @@ class _FrozenFp8QkvRope(torch.autograd.Function):
             *grads, rope.cos, rope.sin, positions, scales, joint_scales, scalings[0].dtypes[GRAD], recording,
             list(ctx.has_delta), False, *rows,
         )  # fmt: skip
-        dx = joint_dgrad(g_fp8, joint_inv, joint_t, ctx.scalings[0].fast_accum_backward)
+        dx = joint_dgrad(g_fp8, joint_inv, joint_t, scalings[0].fast_accum_backward)
         d_deltas = [g.view(batch, seq, -1) if keep else None for g, keep in zip(kept, ctx.has_delta, strict=True)]
         return dx.view(batch, seq, -1), *d_deltas, *unused
 
@@ -373,12 +373,7 @@ class _FrozenFp8SwiGLU(torch.autograd.Function):
         fast = s2.fast_accum_backward
         dy_fp8, dy_inv = s2.cast(dy.reshape(-1, dy.shape[-1]), GRAD, record)
         dg = fp8_matmul(dy_fp8, dy_inv, w2_t.t(), w2_inv, fast)
-        scales, (dh1_inv, dh3_inv) = produce_scales((s1, s3), GRAD, lambda: ops.swiglu_grad_amax(dg, h1, h3))
-        joint_scales, joint_inv = joint_dgrad_scales([dh1_inv, dh3_inv], [w1_inv, w3_inv])
-        rows = (*s1.producer_rows(GRAD, record, dg), *s3.producer_rows(GRAD, record, dg))
-        recording = record and s1.delayed
-        dh13, _, _ = ops.swiglu_grad_cast(dg, h1, h3, scales, joint_scales, s1.dtypes[GRAD], recording, *rows, False)
-        dx = joint_dgrad(dh13, joint_inv, joint_t, fast)
+        dx, _, _ = swiglu_input_gradient(ops, dg, h1, h3, (s1, s3), (w1_inv, w3_inv), joint_t, record, fast, False)
         return dx.reshape(*dy.shape[:-1], dx.shape[-1]), *([None] * 11)
 
 

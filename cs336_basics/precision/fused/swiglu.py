@@ -36,6 +36,32 @@ def swiglu_ops(device: torch.device) -> ModuleType:
     return swiglu_triton
 
 
+def swiglu_input_gradient(
+    ops: ModuleType,
+    dg: torch.Tensor,
+    h1: torch.Tensor,
+    h3: torch.Tensor,
+    scalings: tuple[SiteScaling, SiteScaling],
+    weight_invs: tuple[torch.Tensor, torch.Tensor],
+    joint_t: torch.Tensor,
+    record: bool,
+    fast: bool,
+    transposed: bool,
+) -> tuple[torch.Tensor, tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
+    """x's gradient from SwiGLU's (dg, h1, h3): dh1 and dh3 written side by side in FP8 by the producer (cast by
+    linear.joint_dgrad_scales), then one GEMM against W1's and W3's W^T side by side (`joint_t`). Returns (dx,
+    (dh1^T, dh3^T) in FP8 by w1's and w3's own scales, empty unless `transposed`, their inverse scales) for the weight
+    gradients. `scalings` are w1's and w3's; `fast`: fast accumulation in the GEMM."""
+    s1, s3 = scalings
+    scales, invs = produce_scales(scalings, GRAD, lambda: ops.swiglu_grad_amax(dg, h1, h3))
+    joint_scales, joint_inv = joint_dgrad_scales(list(invs), list(weight_invs))
+    rows = (*s1.producer_rows(GRAD, record, dg), *s3.producer_rows(GRAD, record, dg))
+    dh13, *transposes = ops.swiglu_grad_cast(
+        dg, h1, h3, scales, joint_scales, s1.dtypes[GRAD], record and s1.delayed, *rows, transposed
+    )
+    return joint_dgrad(dh13, joint_inv, joint_t, fast), tuple(transposes), invs
+
+
 class _Fp8SwiGLU(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, ops: ModuleType, scalings: tuple[SiteScaling, ...], record: bool, w1, w3, w2):
@@ -61,12 +87,10 @@ class _Fp8SwiGLU(torch.autograd.Function):
         fast = s2.fast_accum_backward
         dy_fp8, dy_inv = s2.cast(dy.reshape(-1, dy.shape[-1]), GRAD, record)
         dg, dw2 = backward_gemms(dy_fp8, s2.transposed(dy_fp8), dy_inv, w2_t, w2_inv, g_fp8_t, g_inv, fast)
-        scales, (dh1_inv, dh3_inv) = produce_scales((s1, s3), GRAD, lambda: ops.swiglu_grad_amax(dg, h1, h3))
-        joint_scales, joint_inv = joint_dgrad_scales([dh1_inv, dh3_inv], [w1_inv, w3_inv])
-        rows = (*s1.producer_rows(GRAD, record, dg), *s3.producer_rows(GRAD, record, dg))
-        recording = record and s1.delayed
-        dh13, dh1_t, dh3_t = ops.swiglu_grad_cast(dg, h1, h3, scales, joint_scales, s1.dtypes[GRAD], recording, *rows)
-        dx = joint_dgrad(dh13, joint_inv, joint_columns([w1_t, w3_t]), fast)
+        joint_t = joint_columns([w1_t, w3_t])  # the weights' W^T side by side, for the one input-gradient GEMM
+        dx, (dh1_t, dh3_t), (dh1_inv, dh3_inv) = swiglu_input_gradient(
+            ops, dg, h1, h3, (s1, s3), (w1_inv, w3_inv), joint_t, record, fast, transposed=True
+        )
         dw1 = fp8_matmul(dh1_t, dh1_inv, x_fp8_t.t(), x_inv, fast)
         dw3 = fp8_matmul(dh3_t, dh3_inv, x_fp8_t.t(), x_inv, fast)
         return dx.reshape(*dy.shape[:-1], dx.shape[-1]), None, None, None, dw1, dw3, dw2
