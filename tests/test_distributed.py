@@ -69,6 +69,14 @@ class Finished:
     seconds: float
     ended: float  # wall-clock time the run ended
 
+    def assert_succeeded(self) -> None:
+        """Exit code 0; else the failure message is what the ranks printed last, torchrun's own report (which rank
+        died, and its traceback of the agent) cut to its summary."""
+        lines = self.stderr.splitlines()
+        agent = next((i for i, line in enumerate(lines) if "elastic/multiprocessing/api.py" in line), len(lines))
+        ranks, report = "\n".join(lines[:agent]), "\n".join(lines[agent:])
+        assert self.returncode == 0, f"{ranks[-4000:]}\n--- torchrun ---\n{report[-800:]}"
+
     def seconds_after_failure(self) -> float:
         """From the injected failure (its message has the time, see distributed_driver.py) to the end of torchrun."""
         return self.ended - float(re.search(r"\(t=(\d+\.\d+)\)", self.stderr).group(1))
@@ -108,7 +116,8 @@ def torchrun(args: list, nproc: int = 2, **env: str) -> Launch:
         *map(str, args),
     ]  # fmt: skip
     # One thread per process, as torchrun sets by default: two ranks on two cores.
-    full_env = {**os.environ, "TQDM_DISABLE": "1", "OMP_NUM_THREADS": "1", **env}
+    # A rank killed by a signal (e.g. an abort in C++) prints every thread's Python stack first (faulthandler).
+    full_env = {**os.environ, "TQDM_DISABLE": "1", "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1", **env}
     return Launch(subprocess.Popen(command, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
 
 
@@ -188,7 +197,7 @@ def test_ddp_and_fsdp_give_the_losses_of_one_process_with_the_same_global_batch(
     single = metrics(root / "single")
     assert len(single) == STEPS
     for mode in ("ddp", "fsdp"):
-        assert done[mode].returncode == 0, done[mode].stderr[-3000:]
+        done[mode].assert_succeeded()
         assert_same_losses(metrics(root / mode), single, rel=LOOSE_REL)
         summary = done[mode].stdout
         assert "2 x 16 x 2 accumulation x 2 processes = 128 tokens per step" in summary
@@ -206,7 +215,7 @@ def test_fsdp_with_fp8_trains_like_one_process_with_either_all_gather(runs):
     precomputed after each step; by default they are all-gathered as they are and cast in the blocks."""
     root, done = runs
     for run, gather in (("fsdp_fp8", "in FP8"), ("fsdp_fp8_bf16_gather", "in their dtype")):
-        assert done[run].returncode == 0, done[run].stderr[-3000:]
+        done[run].assert_succeeded()
         assert f"--parallel fsdp; weights all-gathered {gather}" in done[run].stdout
         assert "14 FP8 linears counted" in done[run].stdout
         assert_same_losses(metrics(root / run), metrics(root / "single_fp8"), rel=FP8_REL)
@@ -228,7 +237,7 @@ def test_the_fused_fp8_path_with_its_swiglu_blocks_trains_under_ddp_and_fsdp_lik
     root, done = runs
     for mode in ("ddp", "fsdp"):
         run = done[f"{mode}_fused"]
-        assert run.returncode == 0, run.stderr[-3000:]
+        run.assert_succeeded()
         assert "2 SwiGLU blocks fused" in run.stdout and f"{mode}, world size 2" in run.stdout
         assert_same_losses(metrics(root / f"{mode}_fused"), metrics(root / "single_fused"), rel=FP8_REL)
 
@@ -262,7 +271,7 @@ def test_a_failing_rank_stops_the_whole_run_with_its_message(runs):
 @pytest.mark.slow
 def test_resume_at_two_ranks_reproduces_the_uninterrupted_run(runs):
     root, done = runs
-    assert done["resumed"].returncode == 0, done["resumed"].stderr[-3000:]
+    done["resumed"].assert_succeeded()
     assert_same_losses(metrics(root / "failed"), metrics(root / "fsdp"), rel=None)
 
 
@@ -276,7 +285,7 @@ def test_checkpoints_move_between_one_process_and_two_ranks(runs):
     assert read_checkpoint(root / "two_then_one" / CHECKPOINT_NAME)["format"] == CHECKPOINT_FORMAT
     assert not (root / "two_then_one" / SHARDS_DIR).exists()  # the shards it resumed from are gone with its new file
     # One process's checkpoint of step 3, continued by two ranks that shard it.
-    assert done["one_then_two"].returncode == 0, done["one_then_two"].stderr[-3000:]
+    done["one_then_two"].assert_succeeded()
     assert_same_losses(metrics(root / "one"), single, rel=LOOSE_REL)
     assert read_checkpoint(root / "one" / CHECKPOINT_NAME)["format"] == SHARDED_FORMAT
 
@@ -547,7 +556,7 @@ def test_gpu_ddp_and_fsdp_in_bf16_match_one_gpu(gpu_runs):
     root, done = gpu_runs
     single = metrics(root / "single_bf16")
     for mode in ("ddp_bf16", "fsdp_bf16"):
-        assert done[mode].returncode == 0, done[mode].stderr[-4000:]
+        done[mode].assert_succeeded()
         assert_same_losses(metrics(root / mode), single, rel=BF16_REL)
     assert "ddp, world size 2: auto" in done["ddp_bf16"].stdout
     # Each block's forward compiled with fullgraph, FSDP2's hooks outside: no graph break anywhere.
@@ -561,7 +570,7 @@ def test_gpu_failure_resume_and_a_sharded_checkpoint_on_one_gpu(gpu_runs):
     failed = done["failed"]
     assert failed.returncode != 0 and "injected failure on rank 1 at step 5" in failed.stderr
     assert failed.seconds_after_failure() < TIMEOUT_S / 2  # torchrun stopped the other rank, not the timeout
-    assert done["resumed"].returncode == 0, done["resumed"].stderr[-4000:]
+    done["resumed"].assert_succeeded()
     assert_same_losses(metrics(root / "failed"), metrics(root / "fsdp_bf16"), rel=GPU_RESUME_REL)
     assert_same_losses(
         metrics(root / "two_then_one"), metrics(root / "single_bf16"), rel=BF16_REL, steps=set(range(4, STEPS + 1))
@@ -574,7 +583,7 @@ def test_gpu_fp8_under_ddp_and_fsdp(gpu_runs):
     root, done = gpu_runs
     torchao = ("ddp_fp8", "single_fp8"), ("fsdp_fp8", "single_fp8"), ("fsdp_fp8_bf16_gather", "single_fp8")
     for mode, single in (*torchao, ("ddp_fused", "single_fused"), ("fsdp_fused", "single_fused")):
-        assert done[mode].returncode == 0, done[mode].stderr[-4000:]
+        done[mode].assert_succeeded()
         # FP8 scales each rank's activations by their own amax, but on CPU (emulated) that moved losses by 1e-3 only.
         assert_same_losses(metrics(root / mode), metrics(root / single), rel=BF16_REL)
     assert "weights all-gathered in FP8" in done["fsdp_fp8"].stdout
