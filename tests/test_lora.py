@@ -273,21 +273,28 @@ def test_joint_dgrad_scales_give_every_pair_one_product_and_no_cast_a_larger_sca
     assert torch.isclose(scales[2], 1 / grad_invs[2][0])  # the largest pair keeps its own
 
 
-def test_refreshing_a_frozen_fp8_weight_updates_its_q_k_v_unit_joint_copy():
-    """FrozenFp8QkvRope's joint W^T holds the layers' FP8 W^T as views: a refresh after new base weights are loaded
-    must reach it (in place), or the backward would run on the old weights."""
+@pytest.mark.parametrize("moved", [False, True])
+def test_refreshing_a_frozen_fp8_weight_updates_its_unit_joint_copy(moved):
+    """The q/k/v unit's and the SwiGLU unit's joint W^T hold their layers' FP8 W^T as views: a refresh after new base
+    weights are loaded must reach the joint copy (the one their backward reads), or the backward would run on the old
+    weights; also after a move of the model (Module._apply, as .to(device) does), which gives every buffer its own
+    copy and so ends the views."""
     model, _, _ = fp8_lora("attn", fp8_scaling="dynamic")
-    attn = model.layers[1].attn
-    unit, q = attn.qkv_rope, attn.q_proj
-    assert q.weight_fp8_t.data_ptr() == unit.joint_weight_fp8_t.data_ptr()
-    with torch.no_grad():
-        q.weight.mul_(-3)
-    q.refresh_fp8_weight()
-    assert q.weight_casts == 2
-    torch.testing.assert_close(unit.joint_weight_fp8_t[:, : q.out_features].float(), q.weight_fp8.t().float())
-    torch.testing.assert_close(
-        (q.weight_fp8.float() * q.weight_scale_inv).to(q.weight.dtype), q.weight, rtol=0.07, atol=1e-3
-    )
+    block = model.layers[1]
+    cases = [(block.attn.qkv_rope, block.attn.q_proj, 0), (block.ffn, block.ffn.w3, block.ffn.w1.out_features)]
+    if moved:
+        model._apply(torch.clone)
+        assert all(layer.weight_fp8_t.data_ptr() != unit.joint_weight_fp8_t.data_ptr() for unit, layer, _ in cases)
+    for unit, layer, start in cases:
+        with torch.no_grad():
+            layer.weight.mul_(-3)
+        layer.refresh_fp8_weight()
+        assert layer.weight_casts == 2
+        columns = unit.joint_weight_fp8_t[:, start : start + layer.out_features]
+        assert layer.weight_fp8_t.data_ptr() == columns.data_ptr()  # a view of the joint copy (again)
+        torch.testing.assert_close(columns.float(), layer.weight_fp8.t().float(), rtol=0, atol=0)
+        dequantized = (layer.weight_fp8.float() * layer.weight_scale_inv).to(layer.weight.dtype)
+        torch.testing.assert_close(dequantized, layer.weight, rtol=0.07, atol=1e-3)
 
 
 @pytest.mark.parametrize("scaling", ["dynamic", "delayed"])

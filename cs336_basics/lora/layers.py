@@ -107,6 +107,7 @@ class FrozenLinear(nn.Module):
         self.weight.requires_grad_(False)
         self.scaling = scaling
         self.rank, self.scale = rank, scale
+        self.joint: tuple[nn.Module, int] | None = None  # (unit, first column) once join_fp8_weights_t joins W^T
         if scaling is not None:
             self.weight_casts = 0  # how often the FP8 copy was made: once (tests count it)
             self.refresh_fp8_weight()
@@ -131,15 +132,25 @@ class FrozenLinear(nn.Module):
         to CPU memory)."""
         device = self.weight_fp8.device if self.weight_casts else self.weight.device
         w_fp8, w_scale_inv = dynamic_cast(self.weight.to(device), E4M3)
-        if self.weight_casts:  # in place: W^T may be columns of a group's joint copy (FrozenFp8QkvRope)
+        if self.weight_casts:  # in place: W^T may be columns of a unit's joint copy (join_fp8_weights_t)
             self.weight_fp8.copy_(w_fp8)
-            self.weight_fp8_t.copy_(w_fp8.t())
+            self._weight_fp8_t_target().copy_(w_fp8.t())
             self.weight_scale_inv.copy_(w_scale_inv)
         else:
             self.register_buffer("weight_fp8", w_fp8, persistent=False)
             self.register_buffer("weight_fp8_t", w_fp8.t().contiguous(), persistent=False)
             self.register_buffer("weight_scale_inv", w_scale_inv, persistent=False)
         self.weight_casts += 1
+
+    def _weight_fp8_t_target(self) -> torch.Tensor:
+        """Where W^T's FP8 copy lives: this layer's buffer, or its columns of the unit's joint W^T (the copy the unit's
+        backward reads). A move of the model (Module.to, _apply) replaces each buffer by its own copy, so the columns
+        are taken from the joint buffer anew and made this layer's view again."""
+        if self.joint is None:
+            return self.weight_fp8_t
+        unit, start = self.joint
+        self.weight_fp8_t = unit.joint_weight_fp8_t[:, start : start + self.out_features]
+        return self.weight_fp8_t
 
     @property
     def fp8_operands(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -252,12 +263,12 @@ class FrozenSharedInput(nn.Module):
 def join_fp8_weights_t(owner: nn.Module, linears: tuple[FrozenLinear, ...]) -> None:
     """Registers on `owner` the joint W^T of frozen FP8 `linears` that share an input (their FP8 W^T side by side:
     joint_dgrad's operand), each linear's `weight_fp8_t` becoming a view of its columns, so there is no second copy
-    (FrozenLinear.refresh_fp8_weight writes in place)."""
+    (FrozenLinear.refresh_fp8_weight writes into the joint buffer)."""
     owner.register_buffer("joint_weight_fp8_t", joint_columns([layer.weight_fp8_t for layer in linears]), False)
     start = 0
     for layer in linears:
-        columns = owner.joint_weight_fp8_t[:, start : start + layer.out_features]
-        layer.register_buffer("weight_fp8_t", columns, persistent=False)
+        layer.joint = (owner, start)  # a tuple: the unit is not registered as the layer's submodule
+        layer._weight_fp8_t_target()
         start += layer.out_features
 
 
