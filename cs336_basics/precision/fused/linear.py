@@ -100,8 +100,14 @@ def backward_gemms(
     """(dx, dW) = (dy W, dy^T x) in FP8, from the output gradient cast to FP8 (row-major and transposed) and the
     operands forward saved (W^T and x^T, row-major)."""
     dx = fp8_matmul(g_fp8, g_scale_inv, w_fp8_t.t(), w_scale_inv, fast_accum)
-    dw = fp8_matmul(g_fp8_t, g_scale_inv, x_fp8_t.t(), x_scale_inv, fast_accum)
-    return dx, dw
+    return dx, weight_gradient(g_fp8_t, g_scale_inv, x_fp8_t, x_scale_inv, fast_accum)
+
+
+def weight_gradient(
+    g_fp8_t: torch.Tensor, g_scale_inv: torch.Tensor, x_fp8_t: torch.Tensor, x_scale_inv: torch.Tensor, fast: bool
+) -> torch.Tensor:
+    """dW = dy^T x in FP8, from the output gradient's and the input's FP8 transposes (row-major)."""
+    return fp8_matmul(g_fp8_t, g_scale_inv, x_fp8_t.t(), x_scale_inv, fast)
 
 
 def joint_dgrad_scales(

@@ -22,10 +22,10 @@ from cs336_basics.model.layers import RotaryEmbedding
 from cs336_basics.precision.fused import rope_reference
 from cs336_basics.precision.fused.linear import (
     forward_gemm,
-    fp8_matmul,
     joint_columns,
     joint_dgrad,
     joint_dgrad_scales,
+    weight_gradient,
 )
 from cs336_basics.precision.fused.scaling import GRAD, INPUT, SiteScaling, produce_scales
 
@@ -113,7 +113,7 @@ class _Fp8QkvRope(torch.autograd.Function):
         )  # fmt: skip
         fast = scalings[0].fast_accum_backward
         dx = joint_dgrad(g_fp8, joint_inv, joint_columns(weights_t), fast)
-        dws = [fp8_matmul(g_t, g_inv, x_fp8_t.t(), x_inv, fast) for g_t, g_inv in zip(g_fp8_t, g_invs, strict=True)]
+        dws = [weight_gradient(g_t, g_inv, x_fp8_t, x_inv, fast) for g_t, g_inv in zip(g_fp8_t, g_invs, strict=True)]
         batch, _, seq, _ = grads[0].shape
         return dx.view(batch, seq, -1), None, None, None, None, None, None, *dws
 

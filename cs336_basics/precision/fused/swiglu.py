@@ -19,10 +19,10 @@ from cs336_basics.precision.fused import swiglu_reference
 from cs336_basics.precision.fused.linear import (
     backward_gemms,
     forward_gemm,
-    fp8_matmul,
     joint_columns,
     joint_dgrad,
     joint_dgrad_scales,
+    weight_gradient,
 )
 from cs336_basics.precision.fused.scaling import GRAD, INPUT, SiteScaling, produce_scales
 
@@ -91,8 +91,8 @@ class _Fp8SwiGLU(torch.autograd.Function):
         dx, (dh1_t, dh3_t), (dh1_inv, dh3_inv) = swiglu_input_gradient(
             ops, dg, h1, h3, (s1, s3), (w1_inv, w3_inv), joint_t, record, fast, transposed=True
         )
-        dw1 = fp8_matmul(dh1_t, dh1_inv, x_fp8_t.t(), x_inv, fast)
-        dw3 = fp8_matmul(dh3_t, dh3_inv, x_fp8_t.t(), x_inv, fast)
+        dw1 = weight_gradient(dh1_t, dh1_inv, x_fp8_t, x_inv, fast)
+        dw3 = weight_gradient(dh3_t, dh3_inv, x_fp8_t, x_inv, fast)
         return dx.reshape(*dy.shape[:-1], dx.shape[-1]), None, None, None, dw1, dw3, dw2
 
 
