@@ -24,7 +24,7 @@ from torch.library import triton_op, wrap_triton
 
 from cs336_basics.precision.fused.rope_reference import check_second_outputs
 from cs336_basics.precision.fused.scaling import E5M2, fp8_max
-from cs336_basics.precision.fused.tiles import ROPE_GRAD_TILE, Tile, record_tile, saturating_cast
+from cs336_basics.precision.fused.tiles import ROPE_GRAD_TILE, record_tile, saturating_cast
 
 
 @triton.jit
@@ -79,18 +79,19 @@ def _rope_grad_kernel(
 
 
 def _launch(grad, cos, sin, positions, outputs, scales, dtype: torch.dtype, rotate: bool, recorded=None,
-            tile: Tile = ROPE_GRAD_TILE, keep_bf16: bool = False, out_col: int = 0):  # fmt: skip
-    """Runs the kernel over `grad` (batch, heads, seq, head_dim), tiled by `tile`: casting into `outputs` (a wider
-    row-major FP8 tensor written from column `out_col` on, by the second of `scales` (the site's own scale, the joint
-    GEMM's), and a second tensor: the (F, M) FP8 transpose by the first; with `keep_bf16` the (M, F) rotated gradient
-    in grad's dtype instead; or None) and recording into `recorded` (a site's amax and saturation row buffers, counted
-    against the site's own scale) if given; without `outputs`, returns the amax per tile."""
+            keep_bf16: bool = False, out_col: int = 0):  # fmt: skip
+    """Runs the kernel over `grad` (batch, heads, seq, head_dim), tiled by ROPE_GRAD_TILE: casting into `outputs` (a
+    wider row-major FP8 tensor written from column `out_col` on, by the second of `scales` (the site's own scale, the
+    joint GEMM's), and a second tensor: the (F, M) FP8 transpose by the first; with `keep_bf16` the (M, F) rotated
+    gradient in grad's dtype instead; or None) and recording into `recorded` (a site's amax and saturation row
+    buffers, counted against the site's own scale) if given; without `outputs`, returns the amax per tile."""
     if grad.dim() != 4 or not grad.is_cuda:
         raise ValueError("the RoPE gradient kernel takes a 4-D (batch, heads, seq, head_dim) CUDA tensor")
     if grad.stride(-1) != 1:
         grad = grad.contiguous()
     batch, heads, seq, head_dim = grad.shape
     m, f = batch * seq, heads * head_dim
+    tile = ROPE_GRAD_TILE  # read at each launch, as the other kernels' tiles are (the store guard test sweeps them)
     grid = tile.grid(m, f)
     cast = outputs is not None
     tile_amax = None if cast else torch.empty(grid, device=grad.device, dtype=torch.float32)
