@@ -88,19 +88,17 @@ def _check_fp8_request(config: RunConfig, support: FP8Support) -> None:
     check_fp8_tokens(config.train.batch_size, config.model.context_length, config.fp8)
 
 
-def check_cuda_graphs_request(train: TrainConfig, device: torch.device) -> None:
-    """Refuse CUDA graphs with gradient accumulation. A CUDA-graph replay writes a backward's gradients into the
-    graph's own memory, where autograd keeps them as `.grad`; the next micro-batch's replay overwrites them before
-    they are added to, so torch either fails ("accessing tensor output of CUDAGraphs that has been overwritten",
-    pytorch/pytorch#169545, open) or accumulates the wrong gradients (the measurement in pytorch/pytorch#96693)."""
+def check_cuda_graphs_request(train: TrainConfig, device: torch.device, world: World = SINGLE) -> None:
+    """Refuse CUDA graphs with gradient accumulation across several processes. In one process the Trainer sums the
+    micro-batches' gradients outside the graphs' memory (training/accumulation.py), where a replay would otherwise
+    overwrite them (pytorch/pytorch#169545); DDP's and FSDP2's gradient hooks under CUDA graphs are not measured."""
     graphs = runs_cuda_graphs(train.compile_model, train.compile_mode, device)
-    if graphs and train.gradient_accumulation_steps > 1:
+    if graphs and train.gradient_accumulation_steps > 1 and world.launched:
         raise ConfigError(
-            f"--compile_mode {train.compile_mode} runs the step under CUDA graphs, which overwrite one micro-batch's "
-            f"gradients with the next (pytorch/pytorch#169545), so --gradient_accumulation_steps "
-            f"{train.gradient_accumulation_steps} cannot be honoured. Use --compile_mode default (or "
-            "max-autotune-no-cudagraphs) with gradient accumulation, or --gradient_accumulation_steps 1 with a larger "
-            "--batch_size."
+            f"--compile_mode {train.compile_mode} runs the step under CUDA graphs, whose gradient accumulation is "
+            f"supported in one process only, so --gradient_accumulation_steps {train.gradient_accumulation_steps} "
+            "under torchrun cannot be honoured. Use --compile_mode default (or max-autotune-no-cudagraphs) with "
+            "gradient accumulation on several GPUs, or --gradient_accumulation_steps 1 with a larger --batch_size."
         )
 
 
@@ -158,7 +156,7 @@ def plan(config: RunConfig) -> Plan:
     if use_fp8:
         _check_fp8_request(config, support)
     check_finetune_request(config, world)
-    check_cuda_graphs_request(config.train, device)
+    check_cuda_graphs_request(config.train, device, world)
     m = config.model
     kernel = check_attention_backend(m.attention, device, torch_dtype(dtype), head_dim=m.head_dim)
     check_parallel_request(config, world)

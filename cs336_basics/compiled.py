@@ -123,14 +123,16 @@ def auto_compile_mode(train: TrainConfig, use_fp8: bool, device: torch.device, w
     """--compile_mode auto: (mode, why). CUDA graphs (reduce-overhead) replay a whole compiled step in one launch.
     They pay where the step waits for the host: FP8's, whose casts and scaled GEMMs are more and smaller kernels than
     BF16's (at gpt2-small the FP8 step is host-bound, the BF16 step is not, and CUDA graphs leave BF16's speed as it
-    was: benchmarks/results/2026-11-24-compile-auto-h200/). They are left out where they cannot be used safely:
-    gradient accumulation (build.check_cuda_graphs_request says why) and runs of several processes (not measured)."""
+    was: benchmarks/results/2026-11-24-compile-auto-h200/). With gradient accumulation the Trainer sums the
+    micro-batches' gradients outside the graphs (training/accumulation.py). They are left out across several
+    processes (not measured there)."""
     if not (train.compile_model and device.type == "cuda"):
         return "default", "no compiled CUDA step"
     if not use_fp8:
         return "default", "a BF16 step keeps the GPU busy: CUDA graphs would not speed it up"
-    if train.gradient_accumulation_steps > 1:
-        return "default", "CUDA graphs cannot accumulate gradients over micro-batches"
     if world.launched:
         return "default", "CUDA graphs are not used across several processes"
-    return "reduce-overhead", "CUDA graphs: the FP8 step's many small kernels launched at once, off the host"
+    why = "CUDA graphs: the FP8 step's many small kernels launched at once, off the host"
+    if train.gradient_accumulation_steps > 1:
+        why += "; micro-batch gradients summed outside the graphs"
+    return "reduce-overhead", why

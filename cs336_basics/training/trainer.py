@@ -51,6 +51,7 @@ from cs336_basics.parallel.wrap import (
 )
 from cs336_basics.precision import NO_CONVERSION, Converter
 from cs336_basics.timing import StepTimer
+from cs336_basics.training.accumulation import GraphGradientAccumulator
 from cs336_basics.training.checkpoint import CHECKPOINT_NAME, remove_stale_shards, save_checkpoint
 from cs336_basics.training.metrics import (
     MetricsLog,
@@ -154,6 +155,10 @@ class Trainer:
         # Under CUDA graphs each compiled region replays into memory of its own, which the next step's replay
         # overwrites; with several regions torch cannot tell where a step begins, so each step says so.
         self._marks_steps = runs_cuda_graphs(t.compile_model, mode, device)
+        # Under CUDA graphs a replay overwrites the previous micro-batch's gradients: they are summed outside the
+        # graphs' memory (training/accumulation.py).
+        accumulating = self._marks_steps and t.gradient_accumulation_steps > 1
+        self._graph_gradients = GraphGradientAccumulator(model.parameters()) if accumulating else None
         self.step_model = parallelize(model, compiled, self.parallel, device)
         # BF16 keeps FP32's exponent range and torchao scales FP8 tensors itself, so no loss scaling: no AMP
         # GradScaler here on purpose (only fp16 training would need one). Under FSDP2 it steps each rank's shards.
@@ -277,6 +282,8 @@ class Trainer:
                 loss = self.step_model(x, targets=y)
                 (loss / accum).backward()
             total += loss.detach().float()
+            if self._graph_gradients is not None:
+                self._graph_gradients.take(first=i == 0, last=i == accum - 1)
         grad_norm = self.optimizer.step(max_grad_norm=self.config.optim.max_grad_norm)
         self.optimizer.zero_grad(set_to_none=True)
         self.converter.after_optimizer_step()
