@@ -15,21 +15,28 @@ finite and equal to the torch reference. A triton bump that brings the bug back 
 
 from __future__ import annotations
 
-import itertools
-
 import pytest
 import torch
 from test_fused_swiglu import assert_same_bits
 
 from cs336_basics.precision.fused import cast_reference, rope_reference, swiglu_reference
 from cs336_basics.precision.fused.scaling import E4M3, E5M2, amax_to_scale, fp8_max
-from cs336_basics.precision.fused.tiles import Tile
+from cs336_basics.precision.fused.tiles import (
+    ROPE_GRAD_TILE,
+    SWIGLU_GRAD_TILE,
+    SWIGLU_TILE,
+    TRANSPOSE_TILE,
+    WEIGHT_CAST_TILE,
+    Tile,
+)
 
 pytestmark = pytest.mark.gpu
 
 FORMATS = (E4M3, E5M2)
-# Every tile the fused path's kernels are given (tiles.py) and the neighbours a retuning would pick from.
-TILES = sorted({Tile(m, f, w) for m, f, w in itertools.product((32, 64, 128), (64, 128), (4, 8))})
+# Every tile the fused path's kernels are given (tiles.py) and neighbours a retuning would pick from: the bug's
+# corruption depended on the block size and warp count.
+PROJECT_TILES = {TRANSPOSE_TILE, SWIGLU_TILE, SWIGLU_GRAD_TILE, ROPE_GRAD_TILE, WEIGHT_CAST_TILE}
+TILES = sorted(PROJECT_TILES | {Tile(64, 64, 4), Tile(128, 64, 8), Tile(64, 128, 8)})
 
 
 def assert_finite_fp8(*tensors: torch.Tensor) -> None:
@@ -83,7 +90,7 @@ def test_gpu_swiglu_producers_store_every_tile_right(monkeypatch, tile, dtype):
     gen = torch.Generator("cuda").manual_seed(0)
     m, f = 300, 1024
     dg, h1, h3 = (torch.randn(m, f, device="cuda", generator=gen).to(torch.bfloat16) for _ in range(3))
-    scale = saturating_scale(swiglu_reference.swiglu(h1, h3), dtype)
+    scale = saturating_scale(swiglu_reference.swiglu(h1, h3), dtype).reshape(1)  # the op takes shape (1,)
     tested = swiglu_triton.swiglu_cast(h1, h3, scale, dtype, True, *rows(m), True)
     expected = swiglu_reference.swiglu_cast(h1, h3, scale, dtype, True, *rows(m), True)
     assert_finite_fp8(*tested)
@@ -142,7 +149,10 @@ def test_gpu_inductor_compiled_cast_with_amax_into_a_transposed_output_is_right(
     gen = torch.Generator("cuda").manual_seed(0)
     for shape in ((16, 32), (300, 200), (2048, 896), (896, 3584), (8192, 896)):
         x = (torch.randn(*shape, device="cuda", generator=gen) * 3).to(torch.bfloat16)
-        tested, expected = compiled(x, dtype), _cast_with_amax_both_layouts(x, dtype)
-        assert_finite_fp8(*tested)
-        assert_equal_bytes(tested[:2], expected[:2])
-        assert torch.equal(tested[2], expected[2])
+        (y, y_t, rows), expected = compiled(x, dtype), _cast_with_amax_both_layouts(x, dtype)
+        assert_finite_fp8(y, y_t)
+        # The miscompile corrupts the transposed store only: it must hold the row-major store's bytes exactly.
+        assert torch.equal(y_t.view(torch.uint8), y.view(torch.uint8).t())
+        # Against eager, inductor's scale may round differently in the last bit, moving a rare value by one step.
+        assert_same_bits(y, expected[0])
+        assert torch.equal(rows, expected[2])

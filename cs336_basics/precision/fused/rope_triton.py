@@ -78,13 +78,17 @@ def _rope_grad_kernel(
         tl.store(amax_ptr + tl.program_id(0) * tl.num_programs(1) + tl.program_id(1), tl.max(magnitude))
 
 
-def _launch(grad, cos, sin, positions, outputs, scales, dtype: torch.dtype, rotate: bool, recorded=None,
+def _launch(kernel, grad, cos, sin, positions, outputs, scales, dtype: torch.dtype, rotate: bool, recorded=None,
             keep_bf16: bool = False, out_col: int = 0):  # fmt: skip
     """Runs the kernel over `grad` (batch, heads, seq, head_dim), tiled by ROPE_GRAD_TILE: casting into `outputs` (a
     wider row-major FP8 tensor written from column `out_col` on, by the second of `scales` (the site's own scale, the
     joint GEMM's), and a second tensor: the (F, M) FP8 transpose by the first; with `keep_bf16` the (M, F) rotated
     gradient in grad's dtype instead; or None) and recording into `recorded` (a site's amax and saturation row
-    buffers, counted against the site's own scale) if given; without `outputs`, returns the amax per tile."""
+    buffers, counted against the site's own scale) if given; without `outputs`, returns the amax per tile. `kernel`:
+    _rope_grad_kernel, wrapped by wrap_triton inside a triton_op (which torch.compile traces), launched as it is inside
+    the opaque custom op: there wrap_triton's eager path (a higher-order op dispatched per launch) cost about a
+    millisecond of host time per launch, most of a non-graph FP8 step's host time at 366m
+    (benchmarks/results/2026-11-27-nongraph-host-time/README.md)."""
     if grad.dim() != 4 or not grad.is_cuda:
         raise ValueError("the RoPE gradient kernel takes a 4-D (batch, heads, seq, head_dim) CUDA tensor")
     if grad.stride(-1) != 1:
@@ -102,7 +106,7 @@ def _launch(grad, cos, sin, positions, outputs, scales, dtype: torch.dtype, rota
     stride_b, stride_h, stride_s, _ = grad.stride()
     out, second = outputs if cast else (unused, None)
     out_stride = out.shape[1] if cast else f
-    wrap_triton(_rope_grad_kernel)[grid](
+    kernel[grid](
         grad, cos, sin, pos, out, unused if second is None else second, *(scales if cast else (unused, unused)), amax,
         saturated,
         m, f, seq, stride_b, stride_h, stride_s, pos_stride, amax.numel(), out_stride, out_col, HEAD_DIM=head_dim,
@@ -117,12 +121,14 @@ def _launch(grad, cos, sin, positions, outputs, scales, dtype: torch.dtype, rota
 def rope_grad_amax(
     grad: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor | None, rotate: bool
 ) -> torch.Tensor:
-    return _launch(grad, cos, sin, positions, None, None, E5M2, rotate).amax().reshape(1)
+    return (
+        _launch(wrap_triton(_rope_grad_kernel), grad, cos, sin, positions, None, None, E5M2, rotate).amax().reshape(1)
+    )
 
 
 # An opaque custom op, not a triton_op: traced, its three launches into one matrix became three functional mutations,
 # and inductor copied the matrix between them. It returns a fixed tuple and mutates single tensors: functionalization
-# refused a list returned beside mutated arguments.
+# refused a list returned beside mutated arguments. Nothing traces inside it, so it launches the kernel itself.
 @torch.library.custom_op(
     "cs336_fp8::rope_grad_cast_qkv",
     mutates_args={"amax_q", "saturated_q", "amax_k", "saturated_k", "amax_v", "saturated_v"},
@@ -155,7 +161,7 @@ def rope_grad_cast_qkv(
     for i, grad in enumerate(grads):
         second = seconds[i] if seconds[i].numel() else None
         own_and_joint = (scales[i : i + 1], joint_scales[i : i + 1])
-        _launch(grad, cos, sin, positions, (joint, second), own_and_joint, dtype, i < 2,
+        _launch(_rope_grad_kernel, grad, cos, sin, positions, (joint, second), own_and_joint, dtype, i < 2,
                 recorded[i] if record else None, keep_bf16=keep_bf16[i], out_col=start)  # fmt: skip
         start += _width(grad)
     return joint, *seconds
