@@ -3,6 +3,8 @@ and run under Triton's interpreter on the CPU (test_fused_fp8.py)."""
 
 from __future__ import annotations
 
+from unittest.mock import patch
+
 import torch
 
 from cs336_basics.precision.fused.scaling import E4M3, E5M2, DelayedScalingState, SiteScaling
@@ -53,3 +55,23 @@ def check(device: str) -> None:
                     torch.stack(got.scale_inv_buffers()), torch.stack(want.scale_inv_buffers()), **same
                 )
                 assert all(not b.any() for b in got.amax_buffers())  # the recordings are reset for the next step
+
+
+def check_in_interpreter() -> None:
+    """check('cpu') under Triton's interpreter (TRITON_INTERPRET=1 must be set before triton is imported).
+
+    The interpreter holds a scalar as a one-element array and hands Python's `range` its bound as int(array), which
+    NumPy 2.4 refuses ("only 0-dimensional arrays can be converted to Python scalars"), so the kernel's loop up to the
+    length it loads fails in triton 3.6's interpreter. Triton's fix (triton-lang/triton#9171, #9172: the element taken
+    out first) came after 3.6; until the lock's triton has it, this run mends the conversion the same way. Compiled
+    kernels never run this code: their loop bound is the loaded scalar itself."""
+    from triton.runtime import interpreter
+
+    patch_tensor = interpreter._patch_lang_tensor
+
+    def patch_tensor_with_scalar_index(tensor, scope) -> None:
+        patch_tensor(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.item()))
+
+    with patch.object(interpreter, "_patch_lang_tensor", patch_tensor_with_scalar_index):
+        check("cpu")

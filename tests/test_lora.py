@@ -5,6 +5,7 @@ on the CPU (the same calls as on a GPU)."""
 from __future__ import annotations
 
 import dataclasses
+from statistics import fmean
 
 import pytest
 import torch
@@ -251,10 +252,15 @@ def test_the_fp8_base_shares_input_casts_and_makes_swiglu_in_fp8_with_the_same_n
     # The forward is the same computation. In the backward, w1/w3's input gradient is one GEMM over dh1 and dh3, cast
     # with scales that give both (gradient, weight) pairs one product (joint_dgrad_scales), and q/k/v's are summed in
     # another order: other roundings of the same E5M2 precision, so the adapters' gradients are as close to the BF16
-    # base's as the per-layer base's are.
-    for name, grad in plain_grads.items():
-        reference = bf16_grads[name].float()
-        assert sqnr_db(reference, grads[name].float()) > sqnr_db(reference, grad.float()) - 2, name
+    # base's as the per-layer base's are. Tensor by tensor, two such roundings land apart by chance (each gradient
+    # has 128 values): over 20 batches an adapter's SQNR was -3.5 to +3.9 dB off the per-layer base's, and which one
+    # lands where moves with the last bit of any op upstream (torch versions differ there). Their mean over the 16
+    # tensors (A and B of q/k/v/output in 2 layers) stayed within 0.7 dB (0.3 dB standard deviation); a grouped path
+    # that rounds worse moves it by its whole loss (dh3 added 25% too large in the joint GEMM: -1.8 dB).
+    grouped_db, plain_db = (
+        [sqnr_db(bf16_grads[name].float(), g[name].float()) for name in plain_grads] for g in (grads, plain_grads)
+    )
+    assert len(plain_db) == 8 * n and fmean(grouped_db) > fmean(plain_db) - 1, (grouped_db, plain_db)
     # 7 FP8 linears per block, 2 casts each (input and output gradient) unshared; q/k/v and w1/w3 cast theirs once.
     assert plain_calls["amax"] - calls["amax"] == 3 * n
     # Forward and dx, no weight gradient; no dx at all for the first block's q/k/v, whose input (the frozen
