@@ -94,6 +94,7 @@ def test_compile_scope_model_compiles_the_whole_model_into_a_wrapper(tmp_path):
     assert is_compiled(trainer.step_model) and compiled_submodules(trainer.model) == []
 
 
+@pytest.mark.slow  # an inductor compile for the CPU with its caches off: about 36 s on two cores
 def test_an_fp8_tensor_that_several_scaled_gemms_read_is_written_once():
     """What compile_for_training sets up: the FP8 cast that an RMSNorm writes for q, k and v is stored once, not
     once per GEMM (inductor copied it for each `_scaled_mm`)."""
