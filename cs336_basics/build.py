@@ -1,17 +1,19 @@
 """The build stage every entry point shares: train_h100.py, the FP8 verification, the sweep worker and the Amdahl
 analysis all turn a config into a model here, so each decision is made once, in one place.
 
-    plan:  resolve the "auto" settings (the FP8 path and its settings: precision/choice.py) -> probe FP8 support
-           (once per process and device) -> refuse what this machine cannot run (FP8, its batch shape, the attention
-           kernel, a --parallel mode) -> a Plan
-    build: build the model, seeded -> move it to its device and dtype -> decide auto-FP8 (on where the GPU runs
-           FP8 and at least one layer passes the filter) -> decide the data-parallel mode (under torchrun; auto
-           needs the parameter count) -> convert to FP8 -> count the Float8 modules -> a Built
+    plan:  probe FP8 support (once per process and device) -> resolve every "auto" setting, each with its reason for
+           the summary: dtype, compile on/off, compile scope, the FP8 path and its settings (precision/choice.py),
+           FP8 itself (on where the GPU runs it and a layer of the model, built on "meta" for its shapes, passes the
+           filter), the compile mode (compiled.auto_compile_mode) and the data-parallel mode (parallel/wrap.py) ->
+           refuse what this machine cannot run (FP8, its batch shape, the attention kernel, a --parallel mode) -> a Plan
+    build: build the model, seeded -> move it to its device and dtype -> convert it as planned -> count the FP8
+           modules -> a Built
 
-Compilation and parallelization are deliberately not here: the Trainer wraps the converted model (DDP, FSDP2), then
-compiles. The plan decides the parallel mode all the same, because FP8 conversion depends on it (FSDP2 all-gathers
-FP8 weights, which torchao must be told when it converts). A comparison of BF16 and FP8 builds
-twins from one plan: `build(plan)` and `build(plan.with_fp8(False))` start from the same seeded weights.
+Nothing after plan decides again: the Trainer compiles in the planned mode and scope, and parallelizes by the planned
+mode. Compilation and parallelization themselves are not here: the Trainer wraps the converted model (DDP, FSDP2),
+then compiles. The plan decides the parallel mode all the same, because FP8 conversion depends on it (FSDP2
+all-gathers FP8 weights, which torchao must be told when it converts). A comparison of BF16 and FP8 builds twins from
+one plan: `build(plan)` and `build(plan.with_fp8(False))` start from the same seeded weights.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from cs336_basics.compiled import auto_compile_mode, resolve_compile_mode, resolve_compile_scope, runs_cuda_graphs
+from cs336_basics.compiled import resolve_compile_mode, resolve_compile_scope, runs_cuda_graphs
 from cs336_basics.config import ModelConfig, RunConfig, TrainConfig
 from cs336_basics.errors import ConfigError
 from cs336_basics.lora import LoRAConverter, LoRAReport, check_finetune_request, load_base
@@ -32,7 +34,6 @@ from cs336_basics.parallel.wrap import (
     NONE,
     SINGLE_PROCESS,
     ParallelPlan,
-    check_parallel_request,
     resolve_parallel,
 )
 from cs336_basics.precision import (
@@ -58,8 +59,7 @@ def torch_dtype(name: str) -> torch.dtype:
 
 @dataclass(frozen=True)
 class Plan:
-    """What was decided before any model exists. config.fp8.use_fp8 is None only where FP8 is automatic and the
-    GPU supports it: whether any layer is worth converting is decided when the model is built."""
+    """What was decided before any model exists: every setting of `config` concrete (no "auto" left)."""
 
     config: RunConfig
     device: torch.device
@@ -67,12 +67,13 @@ class Plan:
     attention_kernel: str
     auto_choices: tuple[str, ...] = ()
     world: World = SINGLE  # this process's place in a torchrun launch
+    parallel: ParallelPlan = SINGLE_PROCESS
+    request: RunConfig | None = None  # the config as asked, which with_fp8 plans again
 
     def with_fp8(self, use_fp8: bool) -> Plan:
-        """The same plan with FP8 on or off (the dtype and every other choice stay as resolved)."""
-        if use_fp8:
-            _check_fp8_request(self.config.with_fp8(True), self.fp8_support)
-        return dataclasses.replace(self, config=self.config.with_fp8(use_fp8))
+        """The plan of the same request with FP8 on or off: its twin, from the same seeded weights. Planned again,
+        as the FP8 setting moves the automatic choices that follow from it (the compile mode, the FP8 settings)."""
+        return plan((self.request or self.config).with_fp8(use_fp8))
 
 
 def _check_fp8_request(config: RunConfig, support: FP8Support) -> None:
@@ -103,7 +104,9 @@ def check_cuda_graphs_request(train: TrainConfig, device: torch.device, world: W
 
 
 def plan(config: RunConfig) -> Plan:
-    """Resolve every "auto" setting for this machine and refuse, with the fix, what it cannot run. Builds nothing."""
+    """Resolve every "auto" setting for this machine and refuse, with the fix, what it cannot run. Builds nothing
+    but the model's modules on "meta" (its shapes and parameter count, no memory)."""
+    request = config
     t, o, fp8 = config.train, config.optim, config.fp8
     world = current_world()
     device = process_device(t.device, world)  # under torchrun: this rank's GPU
@@ -135,12 +138,13 @@ def plan(config: RunConfig) -> Plan:
         from cs336_basics.hf.models import check_hf_model_request
 
         check_hf_model_request(config, world.launched)
-    parallel_mode = _parallel_mode(config, world, device)
+    shapes = shape_model(config.model)
+    parallel_mode = _parallel_mode(config, world, device, shapes.num_parameters())
     scope, why = resolve_compile_scope(t.compile_scope, config.model.hf_model is None, parallel_mode == FSDP)
     if compile_model and t.compile_scope == "auto":
         auto.append(f"compile_scope={scope} ({why})")
     config = config.replace(train={"compile_scope": scope})
-    # The compile mode an FP8 step will get (its defaults matter only with FP8 on; build() resolves the mode itself).
+    # The FP8 settings depend on whether an FP8 step will replay under CUDA graphs: the mode an FP8 step would get.
     fp8_mode, _ = resolve_compile_mode(config.train, True, device, world)
     choice = choose_fp8(
         config.fp8,
@@ -153,24 +157,41 @@ def plan(config: RunConfig) -> Plan:
     config = dataclasses.replace(config, fp8=choice.config)
     if use_fp8 is not False:
         auto += choice.notes
+    if use_fp8 is None:  # automatic, on a GPU that runs FP8: on if at least one layer is worth converting
+        use_fp8 = any(skip_reason(module, fqn, config.fp8) is None for fqn, module in shapes.named_modules())
+        auto.append("use_fp8=True" if use_fp8 else "use_fp8=False (no layer passes the FP8 filter)")
+        config = config.with_fp8(use_fp8)
     if use_fp8:
         _check_fp8_request(config, support)
+    if t.compile_mode == "auto":
+        mode, why = resolve_compile_mode(config.train, use_fp8, device, world)
+        auto.append(f"compile_mode={mode} ({why})")
+        config = config.replace(train={"compile_mode": mode})
+    parallel = resolve_parallel(config, world, device, shapes.num_parameters())
     check_finetune_request(config, world)
     check_cuda_graphs_request(config.train, device, world)
     m = config.model
     kernel = check_attention_backend(m.attention, device, torch_dtype(dtype), head_dim=m.head_dim)
-    check_parallel_request(config, world)
-    return Plan(config, device, support, kernel, tuple(auto), world)
+    return Plan(config, device, support, kernel, tuple(auto), world, parallel, request)
 
 
-def _parallel_mode(config: RunConfig, world: World, device: torch.device) -> str:
-    """The data-parallel mode build() will resolve (it changes the FP8 path's default): none in one process, the one
-    asked for, or for auto the one resolve_parallel picks from the parameter count."""
+def shape_model(model: ModelConfig) -> torch.nn.Module:
+    """The model's modules on the "meta" device: their shapes, names and parameter count, with no memory and no
+    initialisation, for the decisions plan() makes before anything is built."""
+    if model.hf_model is not None:
+        return new_model(model, "meta")
+    with torch.device("meta"):
+        return TransformerLM(model)
+
+
+def _parallel_mode(config: RunConfig, world: World, device: torch.device, n_params: int) -> str:
+    """The data-parallel mode (it changes the FP8 path's default): none in one process, the one asked for, or for
+    auto the one resolve_parallel picks from the parameter count."""
     if not world.launched:
         return NONE
     if config.train.parallel != "auto":
         return config.train.parallel
-    return resolve_parallel(config, world, device, config.model.parameter_count()).mode
+    return resolve_parallel(config, world, device, n_params).mode
 
 
 @dataclass
@@ -238,26 +259,19 @@ def seeded_model(config: RunConfig, device: torch.device) -> torch.nn.Module:
 
 
 def build(config_or_plan: RunConfig | Plan) -> Built:
-    """Plan (if given a config), build the model, decide auto-FP8, convert, count. Raises ConfigError with the fix
-    for anything that cannot run; nothing has been trained or written when it does."""
+    """Plan (if given a config), then build the model, convert it as planned and count the FP8 modules. Decides
+    nothing (plan did). Raises ConfigError with the fix for anything that cannot run; nothing has been trained or
+    written when it does."""
     p = plan(config_or_plan) if isinstance(config_or_plan, RunConfig) else config_or_plan
-    config, auto = p.config, list(p.auto_choices)
+    config, use_fp8 = p.config, bool(p.config.fp8.use_fp8)
     model = seeded_model(config, p.device)
-    use_fp8 = config.fp8.use_fp8
-    if use_fp8 is None:  # automatic, on a GPU that runs FP8: on if at least one layer is worth converting
-        use_fp8 = any(skip_reason(module, fqn, config.fp8) is None for fqn, module in model.named_modules())
-        auto.append("use_fp8=True" if use_fp8 else "use_fp8=False (no layer passes the FP8 filter)")
-        config = config.with_fp8(use_fp8)
-        if use_fp8:
-            _check_fp8_request(config, p.fp8_support)
-    parallel = resolve_parallel(config, p.world, p.device, model.num_parameters())
     ft = config.finetune
     if ft.init_from is not None:
         _, sha256 = load_base(model, ft.init_from, ft.base_sha256 if ft.lora else None)
         if ft.lora:  # adapters belong to these weights: saved with the run, checked on resume and merge
             config = config.replace(finetune={"base_sha256": sha256})
     # The frozen LoRA base takes FP8 its own way (weights cast once, no weight-gradient GEMM), on either FP8 path.
-    converter = _converter(config, use_fp8, parallel)
+    converter = _converter(config, use_fp8, p.parallel)
     report = converter.convert(model)
     lora = report if isinstance(report, LoRAReport) else None
     fp8_report = lora.base if lora else report  # None without FP8
@@ -267,18 +281,14 @@ def build(config_or_plan: RunConfig | Plan) -> Built:
         raise ConfigError(
             f"FP8 was requested but {counted} FP8 linears are in the model after conversion ({expected} expected)."
         )
-    if config.train.compile_mode == "auto":
-        mode, why = auto_compile_mode(config.train, use_fp8, p.device, p.world)
-        config = config.replace(train={"compile_mode": mode})
-        auto.append(f"compile_mode={mode} ({why})")
     return Built(
         plan=p,
         config=config,
         model=model,
         conversion=None if lora else report,
         fp8_linears=counted,
-        auto_choices=tuple(auto),
-        parallel=parallel,
+        auto_choices=p.auto_choices,
+        parallel=p.parallel,
         lora=lora,
         converter=converter,
     )

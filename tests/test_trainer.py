@@ -9,6 +9,7 @@ from tiny import TINY_MODEL
 from torch._dynamo.utils import counters
 from torch._inductor.utils import run_and_get_code
 
+from cs336_basics.build import build
 from cs336_basics.compiled import (
     compiled_submodules,
     is_compiled,
@@ -25,7 +26,9 @@ from cs336_basics.training.trainer import Trainer, TrainingDiverged
 
 def tiny_config(tmp_path, model=None, **train):
     defaults = dict(batch_size=4, max_steps=6, log_every=1, eval_every=0, checkpoint_every=2)
+    # Concrete compile settings, as build.plan leaves them (the Trainer refuses "auto").
     defaults |= dict(out_dir=str(tmp_path), device="cpu", dtype="float32", compile_model=False)
+    defaults |= dict(compile_mode="default", compile_scope="blocks")
     return build_config(
         {
             "model": TINY_MODEL | (model or {}),
@@ -87,6 +90,15 @@ def test_a_model_the_trainer_compiled_is_refused_by_the_next_trainer(tmp_path):
     assert compiled_submodules(trainer.model) == ["<the model itself>", "token_embeddings", "layers.0", "layers.1"]
     with pytest.raises(ConfigError, match="pass the uncompiled module"):
         Trainer(trainer.model, trainer.config, tokens(), tokens(seed=1), torch.device("cpu"))
+
+
+def test_the_trainer_compiles_as_planned_and_decides_nothing(tmp_path):
+    unplanned = tiny_config(tmp_path, compile_model=True, compile_mode="auto")
+    with pytest.raises(ConfigError, match="mode and scope build.plan chose"):
+        make_trainer(unplanned)
+    planned = build(unplanned)
+    assert planned.config.train.compile_mode == "default" and planned.config.train.compile_scope == "blocks"
+    make_trainer(planned.config)
 
 
 def test_compile_scope_model_compiles_the_whole_model_into_a_wrapper(tmp_path):

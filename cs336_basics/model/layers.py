@@ -41,9 +41,11 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("sin", sin, persistent=False)
 
     def _tables(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        # Angles reach max_seq_len radians; float64 keeps them exact before rounding to fp32 once.
-        inv_freq = self.theta ** (-torch.arange(0, self.head_dim, 2, dtype=torch.float64) / self.head_dim)
-        angles = torch.outer(torch.arange(self.max_seq_len, dtype=torch.float64), inv_freq)
+        # Angles reach max_seq_len radians; float64 keeps them exact before rounding to fp32 once. Computed on the CPU
+        # whatever the default device (a model built on "meta" for its shapes alone still has its tables).
+        cpu = torch.device("cpu")
+        inv_freq = self.theta ** (-torch.arange(0, self.head_dim, 2, dtype=torch.float64, device=cpu) / self.head_dim)
+        angles = torch.outer(torch.arange(self.max_seq_len, dtype=torch.float64, device=cpu), inv_freq)
         return angles.cos().float().to(device), angles.sin().float().to(device)
 
     def _apply(self, fn, recurse=True):

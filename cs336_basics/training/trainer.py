@@ -28,17 +28,10 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from cs336_basics.compiled import (
-    compiled_submodules,
-    eager,
-    resolve_compile_mode,
-    resolve_compile_scope,
-    runs_cuda_graphs,
-)
+from cs336_basics.compiled import compiled_submodules, eager, runs_cuda_graphs
 from cs336_basics.config import RunConfig
 from cs336_basics.data import BatchSampler, get_rank_batch
 from cs336_basics.errors import ConfigError, WorkFailed, io_error, writing
-from cs336_basics.model import TransformerLM
 from cs336_basics.optim import MasterWeightAdamW, cosine_lr
 from cs336_basics.parallel import world as dist
 from cs336_basics.parallel.wrap import (
@@ -145,12 +138,13 @@ class Trainer:
         # Compile after any precision conversion (done by the build stage), then parallelize (a no-op on one process):
         # DDP wraps the compiled model, FSDP2 shards the model whose blocks were compiled (parallel/wrap.py says why
         # in this order). fullgraph=True: a graph break in the model is a bug we want to hear about, not a silent
-        # slowdown. `step_model` is what the training step calls.
-        # build() resolves the mode and the scope (its summary names the choices); a Trainer made without build()
-        # resolves them here.
-        mode, _ = resolve_compile_mode(t, bool(config.fp8.use_fp8), device, self.world)
-        fsdp = self.parallel.mode == FSDP
-        scope, _ = resolve_compile_scope(t.compile_scope, isinstance(model, TransformerLM), fsdp)
+        # slowdown. `step_model` is what the training step calls. The mode and the scope are build.plan's.
+        mode, scope = t.compile_mode, t.compile_scope
+        if t.compile_model and "auto" in (mode, scope):
+            raise ConfigError(
+                "the Trainer compiles in the mode and scope build.plan chose; pass a planned config "
+                "(build.build(config).config), not one with --compile_mode or --compile_scope auto."
+            )
         compiled = compile_for_training(model, self.parallel, mode, scope) if t.compile_model else model
         # Under CUDA graphs each compiled region replays into memory of its own, which the next step's replay
         # overwrites; with several regions torch cannot tell where a step begins, so each step says so.
