@@ -276,8 +276,8 @@ class FP8Config:
     fp8_path: str = setting(
         "auto", "fused: this package's FP8 linears (one cast per shared input, FP8 tensors saved for backward, "
         "optional delayed scaling); torchao: TorchAO's Float8Linear; accelerate: the conversion Hugging Face "
-        "Accelerate's FP8 (TorchAO backend) makes (the hf extra); auto: the fused path wherever it runs and is "
-        "measured fastest, TorchAO's where only it runs (precision/choice.py)", choices=FP8_PATHS,
+        "Accelerate's FP8 (TorchAO backend) makes (the hf extra); auto: the fused path in one process, TorchAO's "
+        "under DDP and FSDP2 (measured faster there) and where only it runs (precision/choice.py)", choices=FP8_PATHS,
     )  # fmt: skip
     fp8_scaling: str = setting(
         "auto", "dynamic: each tensor's scale from its own amax (two passes); delayed: from the amax history of "
@@ -366,8 +366,8 @@ class TrainConfig:
     compile_model: bool | None = setting(None, "torch.compile the model (default: on for CUDA, off for CPU)")
     compile_mode: str = setting(
         "auto",
-        "torch.compile mode; auto: reduce-overhead (CUDA graphs) for an FP8 step in one process without gradient "
-        "accumulation, default otherwise (compiled.auto_compile_mode says why)",
+        "torch.compile mode; auto: reduce-overhead (CUDA graphs) for an FP8 step in one process (with gradient "
+        "accumulation too), default otherwise (compiled.auto_compile_mode says why)",
         choices=("auto", *COMPILE_MODES),
     )
     compile_scope: str = setting(

@@ -7,6 +7,10 @@ TorchAO's path is chosen where only it runs or where it measured faster:
   - --fp8_emulate (emulation is TorchAO's; the fused path runs real FP8 casts even on the CPU);
   - FSDP2: on one rank of FSDP2 TorchAO's path measured faster (benchmarks/results/2026-11-23-fsdp-overheads-h200,
     item 5): the fused path's step is host-bound there.
+  - DDP: on a first run TorchAO's path was ahead of BF16 (2026-11-23-sweep-1.3b-x2-h200x2) where the fused path
+    fell behind it (issue #55's first runs); the fused path's non-graph step has lost host time since
+    (2026-11-27-nongraph-host-time) but has not been measured under DDP again.
+The modes and what auto gives in each, with their records: defaults_table.py (the README's table).
 A Hugging Face model (--hf_model) takes TorchAO's path: the fused path converts this package's model only.
 `--fp8_path accelerate` is never chosen automatically: it is there to measure what Accelerate's FP8 gives.
 A setting given explicitly is kept; a setting that only one path has picks that path, and the chosen path's converter
@@ -126,4 +130,6 @@ def _auto_path(fp8: FP8Config, parallel_mode: str, own_model: bool) -> tuple[str
         return "torchao", "--fp8_emulate is TorchAO's emulation"
     if parallel_mode == "fsdp":
         return "torchao", "measured faster under FSDP2"
+    if parallel_mode == "ddp":
+        return "torchao", "measured faster under DDP on a first run"
     return "fused", "measured fastest"
