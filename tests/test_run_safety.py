@@ -16,6 +16,7 @@ import torch
 from tiny import TINY_FLAGS
 
 import train_h100
+from cs336_basics.atomic import TEMP_PREFIX, temp_prefix
 from cs336_basics.training import checkpoint as checkpoint_module
 from cs336_basics.training.checkpoint import CHECKPOINT_NAME
 from cs336_basics.training.metrics import read_metrics
@@ -191,7 +192,7 @@ def test_a_second_signal_during_the_save_waits_for_the_save(tmp_path, base, caps
     code, _, err = run([*base, "--checkpoint_every", "100", "--max_steps", "10", "--out_dir", out], capsys)
     assert code == 130 and "a checkpoint is being written" in err
     assert load_checkpoint(out / CHECKPOINT_NAME, restore_rng=False)["step"] == 4
-    assert not [p for p in out.iterdir() if p.name.endswith(".tmp")]
+    assert not [p for p in out.iterdir() if p.name.startswith(TEMP_PREFIX)]
 
 
 def test_a_second_signal_outside_a_save_stops_at_once_without_saving(tmp_path, base, capsys, monkeypatch):
@@ -220,6 +221,7 @@ def test_sigterm_before_training_ends_with_a_message(tmp_path, token_files):
         import os, signal, sys
         sys.path.insert(0, {str(REPO)!r})
         import train_h100
+from cs336_basics.atomic import temp_prefix, write_json_atomic
         from cs336_basics.programs import train as run
         real = run.prepare_data
         def prepare_then_terminated(*a, **k):
@@ -279,15 +281,38 @@ def test_resume_with_another_tokenizer_is_refused(tmp_path, capsys):
 # ---- 6. no debris left by kills ----
 
 
-def test_leftover_temporary_files_are_removed_at_start(tmp_path, base, capsys):
+def test_stale_temporary_files_of_this_program_are_removed_at_start(tmp_path, base, capsys, dead_pid):
     out = tmp_path / "run"
     assert run([*base, "--max_steps", "2", "--out_dir", out], capsys)[0] == 0
-    litter = [out / ".checkpoint.pt.k1ll3d.tmp", out / ".result.json.x.tmp", out / "tokenizer" / ".tmp-tokenizer-x"]
-    litter[0].write_bytes(b"half a checkpoint")
-    litter[1].write_text("{")
+    stale = [out / f"{temp_prefix(name, pid=dead_pid)}k1ll3d" for name in ("checkpoint.pt", "result.json")]
+    stale_dir = out / "tokenizer" / f"{temp_prefix('tokenizer', pid=dead_pid)}x"
+    stale_dir.mkdir(parents=True)
+    (stale_dir / "vocab.json").write_text("{")
+    live = out / f"{temp_prefix('config.json')}x"  # this process's: a writer that is still alive
+    elsewhere = out / "notes" / f"{temp_prefix('checkpoint.pt', pid=dead_pid)}x"  # not where the run writes
+    elsewhere.parent.mkdir()
+    for p in [*stale, live, elsewhere]:
+        p.write_bytes(b"half a file")
     code, _, err = run(["--resume", "--out_dir", out, "--max_steps", "3"], capsys)
     assert code == 0, err
-    assert not any(p.exists() for p in litter[:2])
+    assert not any(p.exists() for p in [*stale, stale_dir])
+    assert live.exists() and elsewhere.exists()
+
+
+def test_the_users_hidden_temporary_files_in_the_run_folder_are_kept(tmp_path, base, capsys):
+    out = tmp_path / "d"
+    mine = {
+        out / "notes" / "deep" / ".draft.tmp": "x",
+        out / ".tmp-photos" / "cat.jpg": "y",
+        out / ".notes.tmp": "z",
+        out / ".config.json.a1b2.tmp": "w",
+    }
+    for path, text in mine.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    assert run([*base, "--max_steps", "2", "--out_dir", out], capsys)[0] == 0
+    assert run(["--resume", "--out_dir", out, "--max_steps", "3"], capsys)[0] == 0
+    assert {path: path.read_text() for path in mine if path.exists()} == mine
 
 
 # ---- settings and folders that cannot work: one line each, nothing written ----
@@ -373,7 +398,7 @@ def test_a_full_disk_at_checkpoint_time_keeps_the_previous_checkpoint(tmp_path, 
     assert code == 1 and len(error_lines(err)) == 1 and "Traceback" not in err
     assert "could not write" in err and "the disk is full" in err and "checkpoint from step 2" in err
     assert load_checkpoint(out / CHECKPOINT_NAME, restore_rng=False)["step"] == 2
-    assert not [p for p in out.iterdir() if p.name.endswith(".tmp")]
+    assert not [p for p in out.iterdir() if p.name.startswith(TEMP_PREFIX)]
 
 
 @pytest.mark.slow

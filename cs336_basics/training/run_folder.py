@@ -4,11 +4,14 @@ A run folder holds config.json, metrics.jsonl, loss_curve.png, checkpoint.pt, re
 an FSDP2 run, checkpoint.shards/, the tensors of its sharded checkpoint). Rules:
 - one process at a time: an exclusive lock (`.lock`, holding the owner's PID) for the whole run; the kernel drops
   it when the process ends, however it ends, so a killed run never leaves a stale lock;
-- a new run starts only in an empty folder, or with --overwrite (which deletes the earlier run's files);
+- a new run starts only in a folder without an earlier run's files (the user's other files are left alone), or with
+  --overwrite (which deletes the earlier run's files);
 - --resume needs the folder and its checkpoint, and everything is checked (the checkpoint reads, its model fits
   the config, there is something left to train) before a single file is written;
-- temporary files of writes that a kill interrupted are removed at start (the lock proves no writer is alive), and
-  so are shard folders that checkpoint.pt does not name (an older checkpoint's, or a write cut short).
+- temporary files of writes that a kill interrupted are removed at start, and so are shard folders that checkpoint.pt
+  does not name (an older checkpoint's, or a write cut short). Only the program's own temporaries (atomic.py's names)
+  whose writer is dead, and only where the run writes them (the folder and its tokenizer/): the folder may hold the
+  user's files too.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from cs336_basics.atomic import is_leftover_temp
+from cs336_basics.atomic import remove_stale_temps
 from cs336_basics.config import MODEL_IDENTITY_FIELDS, RunConfig
 from cs336_basics.errors import ConfigError
 from cs336_basics.output_paths import check_output_path
@@ -96,11 +99,8 @@ class RunFolder:
             os.close(fd)  # closing the descriptor releases the flock
 
     def remove_leftover_temps(self) -> list[Path]:
-        """Delete the temporary files of atomic writes that a killed process never finished."""
-        leftovers = [p for p in self.path.rglob(".*") if is_leftover_temp(p)]
-        leftovers += [p for p in self.path.rglob(".tmp-*") if p.is_dir()]  # tokenizer saves
-        for p in leftovers:
-            shutil.rmtree(p) if p.is_dir() else p.unlink()
+        """Delete the temporaries of writes that a killed process never finished, where the run writes them."""
+        leftovers = remove_stale_temps(self.path) + remove_stale_temps(self.tokenizer_path)
         return leftovers + remove_stale_shards(self.path)
 
     def existing_run_files(self) -> list[str]:
