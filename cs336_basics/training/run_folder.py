@@ -11,7 +11,9 @@ an FSDP2 run, checkpoint.shards/, the tensors of its sharded checkpoint). Rules:
 - temporary files of writes that a kill interrupted are removed at start, and so are shard folders that checkpoint.pt
   does not name (an older checkpoint's, or a write cut short). Only the program's own temporaries (atomic.py's names)
   whose writer is dead, and only where the run writes them (the folder and its tokenizer/): the folder may hold the
-  user's files too.
+  user's files too;
+- its files are its own: a .lock or run file that is a symbolic link is refused, since the run would write (or
+  delete) through it into whatever it points to. The folder itself may be a link (a run kept on another disk).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import errno
 import fcntl
 import os
 import shutil
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -33,6 +36,19 @@ from cs336_basics.training.checkpoint import CHECKPOINT_NAME, SHARDS_DIR, read_c
 
 LOCK_NAME = ".lock"
 RUN_FILES = ("config.json", "metrics.jsonl", "loss_curve.png", CHECKPOINT_NAME, SHARDS_DIR, "result.json", "tokenizer")
+
+
+_REPLACE_LINK = (
+    "Put the file itself in its place, or remove the link, and run again; to keep a run on another disk, make "
+    "--out_dir itself the link."
+)
+
+
+def _not_own(path: Path, fix: str) -> str:
+    """Why a lock or run file that is not a plain file of the folder's own is refused."""
+    if path.is_symlink():
+        return f"{path} is a symbolic link (to {os.readlink(path)}): the run would write or delete through it. {fix}"
+    return f"{path} is not a regular file, so it cannot be the run's lock. {fix}"
 
 
 class RunFolder:
@@ -65,12 +81,20 @@ class RunFolder:
     @contextlib.contextmanager
     def locked(self) -> Iterator[RunFolder]:
         """Hold the folder's lock (creating the folder if needed) for the duration; refuse if another run holds
-        it. Leftover temporary files are removed once the lock is ours."""
+        it, or if the lock or a run file is not the folder's own. Stale temporary files are removed once the lock
+        is ours."""
+        lock = self.path / LOCK_NAME
+        remove_lock = f"Remove it (rm {lock}) and run again."
         try:
             self.path.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
         except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.EISDIR):
+                raise ConfigError(_not_own(lock, remove_lock)) from None
             raise ConfigError(f"cannot use {self.path} as a run folder ({exc}); choose a writable --out_dir.") from exc
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise ConfigError(_not_own(lock, remove_lock))
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
@@ -92,6 +116,9 @@ class RunFolder:
             ) from exc
         self._lock_fd = fd
         try:
+            links = [self.path / name for name in RUN_FILES if (self.path / name).is_symlink()]
+            if links:
+                raise ConfigError(_not_own(links[0], _REPLACE_LINK))
             self.remove_leftover_temps()
             yield self
         finally:
