@@ -1,3 +1,4 @@
+import subprocess
 import sys
 
 import numpy as np
@@ -47,3 +48,11 @@ def token_files(tmp_path):
     np.save(train, tokens[:10000])
     np.save(val, tokens[10000:])
     return ["--train_data", str(train), "--val_data", str(val)]
+
+
+@pytest.fixture
+def dead_pid():
+    """The PID of a process that has ended, as a killed writer leaves in the names of its temporary files."""
+    proc = subprocess.Popen([sys.executable, "-c", ""])
+    proc.wait()
+    return proc.pid

@@ -1,4 +1,7 @@
 import os
+import signal
+import subprocess
+import sys
 import sysconfig
 from pathlib import Path
 
@@ -6,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from cs336_basics.atomic import HOST_TAG, TEMP_PREFIX, temp_prefix
 from cs336_basics.config import DataConfig
 from cs336_basics.data import (
     END_OF_TEXT,
@@ -213,12 +217,60 @@ def test_prepare_text_and_cache_hit(tmp_path, monkeypatch):
 
     cached = sorted(p for p in (tmp_path / "cache").rglob("*") if p.is_file())
     mtimes = [p.stat().st_mtime_ns for p in cached]
-    assert not [p for p in cached if p.name.startswith(".tmp")]
+    assert not [p for p in cached if p.name.startswith(TEMP_PREFIX)]
     _forbid_work(monkeypatch)
     second = prepare_data(cfg, 400)
     assert np.array_equal(first.train, second.train) and np.array_equal(first.val, second.val)
     assert second.description == first.description
     assert [p.stat().st_mtime_ns for p in cached] == mtimes
+
+
+def test_stale_temporary_files_in_the_data_cache_are_removed_live_ones_kept(tmp_path, dead_pid):
+    train_txt = _corpus(tmp_path / "train.txt", 500, 0)
+    cfg = DataConfig(train_data=str(train_txt), cache_dir=str(tmp_path / "cache"))
+    prepare_data(cfg, 300)
+    (entry,) = (tmp_path / "cache").iterdir()
+    dead = temp_prefix("train", pid=dead_pid)
+    stale = [entry / f"{dead}k1ll3d.bin", entry / f"{dead}x.npy"]
+    stale_dir = entry / f"{temp_prefix('tokenizer', pid=dead_pid)}x"
+    live = entry / f"{temp_prefix('val')}x.bin"  # this process's: an encoding still under way
+    # Another machine's (a cache on a shared disk): its PID means nothing here.
+    other = "0" * 8 if HOST_TAG != "0" * 8 else "1" * 8
+    other_host = entry / f"{dead.replace(HOST_TAG, other)}x.bin"
+    users = [entry / ".tmp-train-x.bin", tmp_path / "cache" / f"{dead}x.bin"]
+    stale_dir.mkdir()
+    for p in [*stale, stale_dir / "vocab.json", live, other_host, *users]:
+        p.write_bytes(b"half a file")
+    prepare_data(cfg, 300)
+    assert not any(p.exists() for p in [*stale, stale_dir])
+    assert all(p.exists() for p in [live, other_host, *users])
+
+
+@pytest.mark.slow
+def test_a_kill_during_encoding_leaves_a_temporary_file_the_next_run_removes(tmp_path):
+    train_txt = _corpus(tmp_path / "train.txt", 2000, 0)
+    cache = tmp_path / "cache"
+    killed_mid_encoding = f"""
+import os, signal
+from cs336_basics.config import DataConfig
+from cs336_basics.data import prepare_data, tokenizer
+
+def write_then_die(self, batch, raw, *args):
+    raw.write(b"half")
+    raw.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+tokenizer.BPETokenizer._write_batch = write_then_die
+prepare_data(DataConfig(train_data={str(train_txt)!r}, cache_dir={str(cache)!r}), 300)
+"""
+    proc = subprocess.Popen([sys.executable, "-c", killed_mid_encoding], stderr=subprocess.PIPE, text=True)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == -signal.SIGKILL, err
+    (left,) = [p for p in cache.rglob(".*") if p.name.endswith(".bin")]
+    assert left.name.startswith(temp_prefix("train", pid=proc.pid))
+    data = prepare_data(DataConfig(train_data=str(train_txt), cache_dir=str(cache)), 300)
+    assert len(data.train) > 0 and not left.exists()
+    assert not [p for p in cache.rglob(".*") if p.name.startswith(TEMP_PREFIX)]
 
 
 def test_prepare_text_held_out(tmp_path):

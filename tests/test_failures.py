@@ -19,6 +19,7 @@ from tiny import TINY_FLAGS, tiny_model
 
 import train_h100
 import verify_fp8_compilation
+from cs336_basics.atomic import TEMP_PREFIX
 from cs336_basics.benchmark import sweep
 from cs336_basics.config import DataConfig
 from cs336_basics.data import prepare_data
@@ -151,7 +152,7 @@ def test_a_full_disk_at_the_loss_curve_is_one_line_and_keeps_the_checkpoint(tmp_
     line = one_error_line(err)
     assert code == 1 and "loss_curve.png" in line and "the disk is full" in line and "is intact" in line
     assert read_checkpoint(out / CHECKPOINT_NAME)["step"] == 4
-    assert not [p for p in out.iterdir() if p.name.endswith(".tmp")]
+    assert not [p for p in out.iterdir() if p.name.startswith(TEMP_PREFIX)]
 
 
 def test_a_full_disk_at_the_result_file_is_one_line(tmp_path, base, capsys, monkeypatch):

@@ -17,6 +17,7 @@ import pytest
 import torch
 from tiny import TINY_FLAGS
 
+from cs336_basics.atomic import TEMP_PREFIX
 from cs336_basics.training.checkpoint import CHECKPOINT_NAME, read_checkpoint
 from cs336_basics.training.metrics import read_metrics
 
@@ -114,7 +115,7 @@ def test_kills_at_random_points_never_change_the_result(tmp_path, token_files):
         assert metrics == expected_metrics, f"trial {trial}: {signal.Signals(signum).name}, mid-save {mid_save}"
         assert tensors.keys() == expected_tensors.keys()
         assert all(torch.equal(tensors[k], expected_tensors[k]) for k in tensors), f"trial {trial}"
-        assert not [p for p in out.rglob(".*") if p.name.endswith(".tmp")], f"trial {trial}: temporary files left"
+        assert not [p for p in out.rglob(f"{TEMP_PREFIX}*")], f"trial {trial}: temporary files left"
 
     stopped = [o for o in outcomes if o[2] != 0]
     assert len(stopped) >= TRIALS - 2, outcomes  # the kills landed (a run may rarely finish before its signal)

@@ -16,11 +16,12 @@ import torch
 from tiny import TINY_FLAGS
 
 import train_h100
+from cs336_basics.atomic import TEMP_PREFIX, temp_prefix, write_json_atomic
 from cs336_basics.training import checkpoint as checkpoint_module
 from cs336_basics.training.checkpoint import CHECKPOINT_NAME
-from cs336_basics.training.metrics import read_metrics
+from cs336_basics.training.metrics import MetricsLog, read_metrics
 from cs336_basics.training.restore import load_checkpoint
-from cs336_basics.training.run_folder import RunFolder
+from cs336_basics.training.run_folder import RUN_FILES, RunFolder
 from cs336_basics.training.trainer import Trainer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -191,7 +192,7 @@ def test_a_second_signal_during_the_save_waits_for_the_save(tmp_path, base, caps
     code, _, err = run([*base, "--checkpoint_every", "100", "--max_steps", "10", "--out_dir", out], capsys)
     assert code == 130 and "a checkpoint is being written" in err
     assert load_checkpoint(out / CHECKPOINT_NAME, restore_rng=False)["step"] == 4
-    assert not [p for p in out.iterdir() if p.name.endswith(".tmp")]
+    assert not [p for p in out.iterdir() if p.name.startswith(TEMP_PREFIX)]
 
 
 def test_a_second_signal_outside_a_save_stops_at_once_without_saving(tmp_path, base, capsys, monkeypatch):
@@ -220,6 +221,7 @@ def test_sigterm_before_training_ends_with_a_message(tmp_path, token_files):
         import os, signal, sys
         sys.path.insert(0, {str(REPO)!r})
         import train_h100
+from cs336_basics.atomic import temp_prefix, write_json_atomic
         from cs336_basics.programs import train as run
         real = run.prepare_data
         def prepare_then_terminated(*a, **k):
@@ -279,15 +281,115 @@ def test_resume_with_another_tokenizer_is_refused(tmp_path, capsys):
 # ---- 6. no debris left by kills ----
 
 
-def test_leftover_temporary_files_are_removed_at_start(tmp_path, base, capsys):
+def test_stale_temporary_files_of_this_program_are_removed_at_start(tmp_path, base, capsys, dead_pid):
     out = tmp_path / "run"
     assert run([*base, "--max_steps", "2", "--out_dir", out], capsys)[0] == 0
-    litter = [out / ".checkpoint.pt.k1ll3d.tmp", out / ".result.json.x.tmp", out / "tokenizer" / ".tmp-tokenizer-x"]
-    litter[0].write_bytes(b"half a checkpoint")
-    litter[1].write_text("{")
+    stale = [out / f"{temp_prefix(name, pid=dead_pid)}k1ll3d" for name in ("checkpoint.pt", "result.json")]
+    stale_dir = out / "tokenizer" / f"{temp_prefix('tokenizer', pid=dead_pid)}x"
+    stale_dir.mkdir(parents=True)
+    (stale_dir / "vocab.json").write_text("{")
+    live = out / f"{temp_prefix('config.json')}x"  # this process's: a writer that is still alive
+    elsewhere = out / "notes" / f"{temp_prefix('checkpoint.pt', pid=dead_pid)}x"  # not where the run writes
+    elsewhere.parent.mkdir()
+    for p in [*stale, live, elsewhere]:
+        p.write_bytes(b"half a file")
     code, _, err = run(["--resume", "--out_dir", out, "--max_steps", "3"], capsys)
     assert code == 0, err
-    assert not any(p.exists() for p in litter[:2])
+    assert not any(p.exists() for p in [*stale, stale_dir])
+    assert live.exists() and elsewhere.exists()
+
+
+def test_the_users_hidden_temporary_files_in_the_run_folder_are_kept(tmp_path, base, capsys):
+    out = tmp_path / "d"
+    mine = {
+        out / "notes" / "deep" / ".draft.tmp": "x",
+        out / ".tmp-photos" / "cat.jpg": "y",
+        out / ".notes.tmp": "z",
+        out / ".config.json.a1b2.tmp": "w",
+    }
+    for path, text in mine.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    assert run([*base, "--max_steps", "2", "--out_dir", out], capsys)[0] == 0
+    assert run(["--resume", "--out_dir", out, "--max_steps", "3"], capsys)[0] == 0
+    assert {path: path.read_text() for path in mine if path.exists()} == mine
+
+
+# ---- 7. symbolic links: the run never writes, nor deletes, through a link inside its folder ----
+
+
+def test_a_lock_or_run_file_that_is_not_a_plain_file_is_refused_and_nothing_is_written_through_it(
+    tmp_path, base, capsys
+):
+    out = tmp_path / "run"
+    assert run([*base, "--max_steps", "2", "--checkpoint_every", "2", "--out_dir", out], capsys)[0] == 0
+    victim, victim_dir, nowhere = tmp_path / "victim.txt", tmp_path / "victim", tmp_path / "nowhere.txt"
+    victim.write_text("data")
+    (victim_dir / "step-1").mkdir(parents=True)
+    (victim_dir / "step-1" / "keep.txt").write_text("data")
+    moved = tmp_path / "moved"  # where a user moved the run's own file, leaving a link in its place
+    moved.mkdir()
+    resume = ["--resume", "--out_dir", out, "--max_steps", "4"]
+    overwrite = [*base, "--overwrite", "--max_steps", "4", "--out_dir", out]
+    cases = [(".lock", victim, resume), (".lock", nowhere, resume), (".lock", None, resume)]
+    for name in RUN_FILES:
+        other = victim_dir if name in ("tokenizer", "checkpoint.shards") else victim
+        cases.append((name, moved / name if (out / name).exists() else other, resume))
+    cases += [("metrics.jsonl", nowhere, resume), ("metrics.jsonl", nowhere, overwrite)]
+    cases += [("tokenizer", nowhere, overwrite)]
+
+    def outside() -> dict[Path, bytes]:
+        return {p: p.read_bytes() for root in (victim_dir, moved) for p in root.rglob("*") if p.is_file()}
+
+    for name, target, argv in cases:
+        path, aside = out / name, tmp_path / "aside"
+        if os.path.lexists(path):
+            path.rename(target if target == moved / name else aside)
+        os.mkfifo(path) if target is None else path.symlink_to(target)
+        before = outside()
+        code, stdout, err = run(argv, capsys)
+        assert code == 2 and error_lines(err) == err.strip().splitlines(), (name, target, err)
+        assert str(path) in err and ("symbolic link" in err if target else "not a regular file" in err), err
+        assert "FINAL CONFIGURATION SUMMARY" not in stdout
+        assert outside() == before and victim.read_text() == "data" and not nowhere.exists()
+        path.unlink()
+        for was in (aside, moved / name):
+            if was.exists():
+                was.rename(path)
+    code, _, err = run(resume, capsys)  # the folder, its links removed, resumes
+    assert code == 0, err
+
+
+def test_a_run_folder_that_is_a_link_to_a_folder_works(tmp_path, base, capsys):
+    # --out_dir may be a link (a run kept on another disk); only links inside the folder are refused.
+    real, link = tmp_path / "disk" / "run", tmp_path / "run"
+    real.mkdir(parents=True)
+    link.symlink_to(real)
+    assert run([*base, "--max_steps", "2", "--checkpoint_every", "2", "--out_dir", link], capsys)[0] == 0
+    code, _, err = run(["--resume", "--out_dir", link, "--max_steps", "3"], capsys)
+    assert code == 0, err
+    assert link.is_symlink() and not any(p.is_symlink() for p in real.iterdir())
+    assert (real / CHECKPOINT_NAME).is_file() and (real / ".lock").is_file()
+    assert read_metrics(real / "metrics.jsonl")[-1]["step"] == 3
+
+
+def test_atomic_writes_replace_a_link_and_never_write_through_it(tmp_path):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("data")
+    link = tmp_path / "config.json"
+    link.symlink_to(victim)
+    write_json_atomic(link, {"step": 1})
+    assert not link.is_symlink() and json.loads(link.read_text()) == {"step": 1}
+    assert victim.read_text() == "data"
+
+
+@pytest.mark.parametrize("resume_from_step", [None, 3])
+def test_the_metrics_log_never_appends_through_a_link(tmp_path, resume_from_step):
+    nowhere, link = tmp_path / "nowhere.txt", tmp_path / "metrics.jsonl"
+    link.symlink_to(nowhere)
+    with pytest.raises(OSError):
+        MetricsLog(link, resume_from_step=resume_from_step).close()
+    assert not nowhere.exists()
 
 
 # ---- settings and folders that cannot work: one line each, nothing written ----
@@ -373,7 +475,7 @@ def test_a_full_disk_at_checkpoint_time_keeps_the_previous_checkpoint(tmp_path, 
     assert code == 1 and len(error_lines(err)) == 1 and "Traceback" not in err
     assert "could not write" in err and "the disk is full" in err and "checkpoint from step 2" in err
     assert load_checkpoint(out / CHECKPOINT_NAME, restore_rng=False)["step"] == 2
-    assert not [p for p in out.iterdir() if p.name.endswith(".tmp")]
+    assert not [p for p in out.iterdir() if p.name.startswith(TEMP_PREFIX)]
 
 
 @pytest.mark.slow

@@ -5,6 +5,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from cs336_basics.atomic import TEMP_PREFIX
 from cs336_basics.data import tokenizer as tokmod
 from cs336_basics.data.tokenizer import END_OF_TEXT, BPETokenizer
 from cs336_basics.errors import ConfigError
@@ -78,7 +79,7 @@ def test_save_load_identical(tok, tmp_path):
     tok.save(tmp_path / "tok")
     for name in ("tokenizer.json", "vocab.json", "merges.txt"):
         assert (tmp_path / "tok" / name).is_file()
-    assert not [p for p in (tmp_path / "tok").iterdir() if p.name.startswith(".tmp")]
+    assert not [p for p in (tmp_path / "tok").iterdir() if p.name.startswith(TEMP_PREFIX)]
     vocab = json.loads((tmp_path / "tok" / "vocab.json").read_text())
     assert len(vocab) == tok.vocab_size and vocab[END_OF_TEXT] == tok.eot_id
     merges = (tmp_path / "tok" / "merges.txt").read_text().splitlines()

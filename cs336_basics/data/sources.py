@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from cs336_basics.atomic import remove_stale_temps, temp_prefix
 from cs336_basics.config import DataConfig
 from cs336_basics.data.batching import load_token_array
 from cs336_basics.data.tokenizer import BPETokenizer
@@ -117,6 +118,11 @@ def _ensure_cache(cache: Path) -> None:
             f"Cannot write to the data cache {cache} ({exc}); point it somewhere writable with "
             "--cache_dir or $CS336_CACHE_DIR."
         ) from exc
+    # A run killed while building an entry (training its tokenizer, encoding) left its temporaries there, and only
+    # there: the cache's top level may be a folder of the user's (--cache_dir).
+    for entry in [*cache.glob("stdlib-*"), *cache.glob("text-*")]:
+        if entry.is_dir():
+            remove_stale_temps(entry)
 
 
 def _discard(path: Path, problem: str) -> None:
@@ -149,7 +155,7 @@ def _cached_tokenizer(directory: Path, files: list[Path], vocab_size: int, what:
     _log(f"trained BPE (vocab {tok.vocab_size:,}) in {time.perf_counter() - start:.1f} s")
     # Save to a private folder and rename it into place, so concurrent runs never see half a tokenizer.
     directory.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=directory.parent, prefix=f".tmp-{directory.name}-"))
+    tmp = Path(tempfile.mkdtemp(dir=directory.parent, prefix=temp_prefix(directory.name)))
     try:
         tok.save(tmp)
         if directory.is_dir() and not (directory / "tokenizer.json").is_file():

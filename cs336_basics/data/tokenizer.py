@@ -18,6 +18,7 @@ import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from tqdm.auto import tqdm
 
+from cs336_basics.atomic import temp_prefix
 from cs336_basics.data.batching import token_dtype_for_vocab
 from cs336_basics.data.bpe import usable_cores
 from cs336_basics.data.pretokenize import SAFE_CUT_BYTES
@@ -169,7 +170,7 @@ class BPETokenizer:
         """
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=directory, prefix=".tmp-tokenizer-"))
+        tmp = Path(tempfile.mkdtemp(dir=directory, prefix=temp_prefix("tokenizer")))
         try:
             self._tok.save(str(tmp / "tokenizer.json"))
             self._tok.model.save(str(tmp))  # writes vocab.json and merges.txt
@@ -235,7 +236,7 @@ class BPETokenizer:
 
         batch_bytes = max(_MIN_BATCH_BYTES, _CHUNKS_PER_CORE * usable_cores() * _CHUNK_BYTES)
 
-        raw_fd, raw_name = tempfile.mkstemp(dir=out_path.parent, prefix=f".tmp-{out_path.stem}-", suffix=".bin")
+        raw_fd, raw_name = tempfile.mkstemp(dir=out_path.parent, prefix=temp_prefix(out_path.stem), suffix=".bin")
         npy_name = raw_name[: -len(".bin")] + ".npy"
         try:
             with (

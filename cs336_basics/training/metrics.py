@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +56,11 @@ def mfu(tokens_per_sec: float, flops_per_tok: float, peak: float | None) -> floa
     return None if peak is None else tokens_per_sec * flops_per_tok / peak
 
 
+def _no_follow(path: str, flags: int) -> int:
+    # A metrics.jsonl that is a symbolic link fails to open (ELOOP) rather than truncating or creating its target.
+    return os.open(path, flags | os.O_NOFOLLOW, 0o666)
+
+
 class MetricsLog:
     """Appends one JSON object per log step and flushes it, so a crash loses nothing already logged."""
 
@@ -67,9 +73,9 @@ class MetricsLog:
         if resume_from_step is not None and self.path.exists():
             kept = [r for r in read_metrics(self.path) if r["step"] <= resume_from_step]
             write_text_atomic(self.path, "".join(json.dumps(r) + "\n" for r in kept))
-            self._file = self.path.open("a")
+            self._file = open(self.path, "a", opener=_no_follow)  # noqa: SIM115 - open until close()
         else:
-            self._file = self.path.open("w")
+            self._file = open(self.path, "w", opener=_no_follow)  # noqa: SIM115 - open until close()
 
     def write(self, record: dict[str, Any]) -> None:
         self._file.write(json.dumps(record) + "\n")

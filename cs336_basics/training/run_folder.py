@@ -4,11 +4,16 @@ A run folder holds config.json, metrics.jsonl, loss_curve.png, checkpoint.pt, re
 an FSDP2 run, checkpoint.shards/, the tensors of its sharded checkpoint). Rules:
 - one process at a time: an exclusive lock (`.lock`, holding the owner's PID) for the whole run; the kernel drops
   it when the process ends, however it ends, so a killed run never leaves a stale lock;
-- a new run starts only in an empty folder, or with --overwrite (which deletes the earlier run's files);
+- a new run starts only in a folder without an earlier run's files (the user's other files are left alone), or with
+  --overwrite (which deletes the earlier run's files);
 - --resume needs the folder and its checkpoint, and everything is checked (the checkpoint reads, its model fits
   the config, there is something left to train) before a single file is written;
-- temporary files of writes that a kill interrupted are removed at start (the lock proves no writer is alive), and
-  so are shard folders that checkpoint.pt does not name (an older checkpoint's, or a write cut short).
+- temporary files of writes that a kill interrupted are removed at start, and so are shard folders that checkpoint.pt
+  does not name (an older checkpoint's, or a write cut short). Only the program's own temporaries (atomic.py's names)
+  whose writer is dead, and only where the run writes them (the folder and its tokenizer/): the folder may hold the
+  user's files too;
+- its files are its own: a .lock or run file that is a symbolic link is refused, since the run would write (or
+  delete) through it into whatever it points to. The folder itself may be a link (a run kept on another disk).
 """
 
 from __future__ import annotations
@@ -18,11 +23,12 @@ import errno
 import fcntl
 import os
 import shutil
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from cs336_basics.atomic import is_leftover_temp
+from cs336_basics.atomic import remove_stale_temps
 from cs336_basics.config import MODEL_IDENTITY_FIELDS, RunConfig
 from cs336_basics.errors import ConfigError
 from cs336_basics.output_paths import check_output_path
@@ -30,6 +36,19 @@ from cs336_basics.training.checkpoint import CHECKPOINT_NAME, SHARDS_DIR, read_c
 
 LOCK_NAME = ".lock"
 RUN_FILES = ("config.json", "metrics.jsonl", "loss_curve.png", CHECKPOINT_NAME, SHARDS_DIR, "result.json", "tokenizer")
+
+
+_REPLACE_LINK = (
+    "Put the file itself in its place, or remove the link, and run again; to keep a run on another disk, make "
+    "--out_dir itself the link."
+)
+
+
+def _not_own(path: Path, fix: str) -> str:
+    """Why a lock or run file that is not a plain file of the folder's own is refused."""
+    if path.is_symlink():
+        return f"{path} is a symbolic link (to {os.readlink(path)}): the run would write or delete through it. {fix}"
+    return f"{path} is not a regular file, so it cannot be the run's lock. {fix}"
 
 
 class RunFolder:
@@ -62,12 +81,20 @@ class RunFolder:
     @contextlib.contextmanager
     def locked(self) -> Iterator[RunFolder]:
         """Hold the folder's lock (creating the folder if needed) for the duration; refuse if another run holds
-        it. Leftover temporary files are removed once the lock is ours."""
+        it, or if the lock or a run file is not the folder's own. Stale temporary files are removed once the lock
+        is ours."""
+        lock = self.path / LOCK_NAME
+        remove_lock = f"Remove it (rm {lock}) and run again."
         try:
             self.path.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
         except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.EISDIR):
+                raise ConfigError(_not_own(lock, remove_lock)) from None
             raise ConfigError(f"cannot use {self.path} as a run folder ({exc}); choose a writable --out_dir.") from exc
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise ConfigError(_not_own(lock, remove_lock))
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
@@ -89,6 +116,9 @@ class RunFolder:
             ) from exc
         self._lock_fd = fd
         try:
+            links = [self.path / name for name in RUN_FILES if (self.path / name).is_symlink()]
+            if links:
+                raise ConfigError(_not_own(links[0], _REPLACE_LINK))
             self.remove_leftover_temps()
             yield self
         finally:
@@ -96,11 +126,8 @@ class RunFolder:
             os.close(fd)  # closing the descriptor releases the flock
 
     def remove_leftover_temps(self) -> list[Path]:
-        """Delete the temporary files of atomic writes that a killed process never finished."""
-        leftovers = [p for p in self.path.rglob(".*") if is_leftover_temp(p)]
-        leftovers += [p for p in self.path.rglob(".tmp-*") if p.is_dir()]  # tokenizer saves
-        for p in leftovers:
-            shutil.rmtree(p) if p.is_dir() else p.unlink()
+        """Delete the temporaries of writes that a killed process never finished, where the run writes them."""
+        leftovers = remove_stale_temps(self.path) + remove_stale_temps(self.tokenizer_path)
         return leftovers + remove_stale_shards(self.path)
 
     def existing_run_files(self) -> list[str]:
