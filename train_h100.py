@@ -16,8 +16,8 @@ from pathlib import Path
 
 from cs336_basics.cli import config_from_args, config_parser
 from cs336_basics.errors import rank_prefix, run_program
-from cs336_basics.output_paths import check_output_path
 from cs336_basics.programs.train import run_training
+from cs336_basics.results import check_results_file
 from cs336_basics.training.checkpoint import CHECKPOINT_NAME
 from cs336_basics.training.signals import Interrupted, terminate_raises
 
@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
         nonlocal config
         with terminate_raises():
             if args.results_json is not None:
-                check_output_path(args.results_json, "--results_json", folder=False)
+                check_results_file(args.results_json, "--results_json")
             config = config_from_args(args)
             run_training(config, results_json=args.results_json)
         return 0

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from cs336_basics.config import PRESETS, SECTIONS, RunConfig
+from cs336_basics.config import PRESETS, SECTIONS, RunConfig, check_layer
 from cs336_basics.config_layers import build_config, lookup
 from cs336_basics.errors import ConfigError
 
@@ -44,9 +44,9 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"cannot read config file {path}: {exc}") from exc
     except json.JSONDecodeError as exc:
         raise ConfigError(f"config file {path} is not valid JSON: {exc}") from exc
-    if not isinstance(values, dict):
-        raise ConfigError(f"config file {path} must hold a JSON object of sections, got {type(values).__name__}.")
-    return values
+    except RecursionError as exc:  # json's parser recurses once per level
+        raise ConfigError(f"config file {path} is nested too deeply to read; a config has two levels.") from exc
+    return check_layer(values, f"the config file {path}")
 
 
 def machine_device_type() -> str:

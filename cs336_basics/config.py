@@ -543,17 +543,38 @@ SECTIONS = {
 }  # fmt: skip
 
 
-def _build(values: dict[str, Any]) -> RunConfig:
+_JSON_TYPES = {type(None): "null", bool: "true or false", int: "a number", float: "a number", str: "a string",
+               list: "an array", dict: "an object"}  # fmt: skip
+
+
+def _json_type(value: Any) -> str:
+    return _JSON_TYPES.get(type(value), type(value).__name__)
+
+
+def check_layer(values: Any, source: str = "the config") -> dict[str, Any]:
+    """`values` if it is a layer of settings (a config file's, the command line's): an object of sections, each an
+    object of settings (or absent), the preset a name; else a ConfigError naming the section and `source`. Checked
+    before the layers merge, where a section that is not an object would stand in for the preset's whole section."""
     if not isinstance(values, dict):
-        raise ConfigError(f"a config must be a JSON object of sections, got {type(values).__name__}.")
+        raise ConfigError(f"{source} must hold a JSON object of sections, got {_json_type(values)}.")
     unknown = set(values) - set(SECTIONS) - {"preset"}
     if unknown:
-        raise ConfigError(f"unknown config sections {sorted(unknown)}; expected preset, {', '.join(SECTIONS)}.")
+        raise ConfigError(
+            f"{source}: unknown config sections {sorted(unknown)}; expected preset, {', '.join(SECTIONS)}."
+        )
+    for name, value in values.items():
+        kind = str if name == "preset" else dict
+        if not isinstance(value, kind):
+            what = "a preset name" if kind is str else "an object of settings (or absent)"
+            raise ConfigError(f"{source}: section {name!r} must be {what}, got {_json_type(value)}.")
+    return values
+
+
+def _build(values: dict[str, Any]) -> RunConfig:
+    check_layer(values)
     sections = {}
     for name, cls in SECTIONS.items():
         given = values.get(name, {})
-        if not isinstance(given, dict):
-            raise ConfigError(f"config section {name!r} must be an object of settings, got {given!r}.")
         known = {f.name for f in dataclasses.fields(cls)}
         bad = set(given) - known
         if bad:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from cs336_basics.config import PRESETS, SECTIONS, ModelConfig, RunConfig
+from cs336_basics.config import PRESETS, SECTIONS, ModelConfig, RunConfig, check_layer
 from cs336_basics.errors import ConfigError
 from cs336_basics.lora.base import model_settings_from_base, read_base
 
@@ -35,7 +35,8 @@ def build_config(
 
     `device_type` ("cpu" or "cuda") only chooses the preset when the preset is "auto".
     """
-    overrides, from_file = overrides or {}, from_file or {}
+    overrides = check_layer(overrides or {}, "the overrides")
+    from_file = check_layer(from_file or {}, "the config file")
     preset = overrides.get("preset") or from_file.get("preset") or "auto"
     resolved_preset = auto_preset(device_type) if preset == "auto" else preset
     if resolved_preset not in PRESETS:

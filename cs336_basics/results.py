@@ -16,6 +16,8 @@ import torch
 
 from cs336_basics.atomic import write_json_atomic
 from cs336_basics.config import LORA_FP8_PATH, RunConfig
+from cs336_basics.errors import ConfigError, WorkFailed, os_reason
+from cs336_basics.output_paths import check_output_path
 
 
 def _command_line() -> str:
@@ -152,11 +154,43 @@ def write_results_from_raw(
                                             runs=records))  # fmt: skip
 
 
+def _read_results(path: Path) -> dict[str, Any]:
+    """The results file at `path`; a ValueError saying why it is not one."""
+    try:
+        data = json.loads(path.read_bytes())
+    except RecursionError as exc:  # json's parser recurses once per level
+        raise ValueError("it is not JSON (nested too deeply to read)") from exc
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
+        raise ValueError(f"it is not JSON ({exc})") from exc
+    if not isinstance(data, dict) or "runs" not in data:
+        raise ValueError('it has no "runs" list (a results file is a JSON object with one)')
+    if not isinstance(data["runs"], list):
+        raise ValueError('its "runs" is not a list')
+    return data
+
+
+def check_results_file(path: str | Path, flag: str) -> Path:
+    """`path` as a results file to add records to (append_runs), checked before the work: a file this program can
+    write, and where it exists already, a results file; else a ConfigError naming `flag`."""
+    path = check_output_path(path, flag, folder=False)
+    if path.exists():
+        try:
+            _read_results(path)
+        except ValueError as exc:
+            raise ConfigError(f"{flag} {path} cannot be used: {exc}. Name a new file or a results file.") from exc
+        except OSError as exc:
+            raise ConfigError(f"{flag} {path} cannot be read: {os_reason(exc)}. Choose another {flag}.") from exc
+    return path
+
+
 def append_runs(path: str | Path, records: list[dict[str, Any]]) -> Path:
     """Add records to a results file (created with this machine's header if new); written atomically."""
     path = Path(path)
     env = environment()
-    data = json.loads(path.read_text()) if path.exists() else {**env, "runs": []}
+    try:
+        data = _read_results(path) if path.exists() else {**env, "runs": []}
+    except ValueError as exc:  # the file was checked before the work (check_results_file): it changed since
+        raise WorkFailed(f"could not add to {path}: {exc}.") from exc
     # Several commands may add to one file: each record keeps the command that produced it.
     data["runs"].extend({**record, "command": record.get("command", env["command"])} for record in records)
     return write_json_atomic(path, data)

@@ -1,10 +1,12 @@
 import argparse
 import dataclasses
 import json
+import re
 
 import pytest
 import torch
 
+import train_h100
 from cs336_basics import build as build_module
 from cs336_basics.build import build, check_cuda_graphs_request, plan
 from cs336_basics.cli import add_config_arguments, config_from_args, config_parser
@@ -98,6 +100,30 @@ def test_unknown_settings_in_file_are_rejected(tmp_path):
 def test_config_file_types_are_checked(file_values, message):
     with pytest.raises(ConfigError, match=message):
         build_config(from_file=file_values)
+
+
+@pytest.mark.parametrize(
+    "text, section",
+    [('{"train": [1, 2]}', "train"), ('{"model": null}', "model"), ('{"optim": "fast"}', "optim"),
+     ('{"preset": ["cpu-small"]}', "preset")],
+)  # fmt: skip
+def test_a_config_file_section_that_is_not_an_object_names_the_section_and_the_file(tmp_path, text, section):
+    """A section given as anything but an object would replace the preset's settings for it with the flags' alone."""
+    path = tmp_path / "c.json"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=re.escape(f"the config file {path}: section {section!r} must be")):
+        config_from_args(parse("--config", str(path), "--max_steps", "3", "--device", "cpu"))
+    with pytest.raises(ConfigError, match=rf"{section!r}"):  # the same check for a file layer given in code
+        build_config({"train": {"max_steps": 3}}, from_file=json.loads(text))
+
+
+def test_a_config_file_nested_too_deep_is_one_error_line(tmp_path, capsys):
+    path = tmp_path / "deep.json"
+    path.write_text('{"model": ' * 100_000 + "{}" + "}" * 100_000)
+    code = train_h100.main(["--config", str(path), "--out_dir", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("error: ") and err.count("\n") == 1 and str(path) in err, err
+    assert "nested too deeply" in err and not (tmp_path / "run").exists()
 
 
 def test_an_integer_is_accepted_where_a_number_is_expected():

@@ -54,6 +54,77 @@ def test_configs_come_from_a_named_shape_or_a_local_directory(tmp_path):
         hf_config(str(tmp_path / "empty"))
 
 
+# Small configs of each kind, saved as a --hf_model directory is: causal decoders, and what transformers builds as an
+# AutoModelForCausalLM that is not one (an encoder's LM head attends both ways) or builds none of.
+SMALL = dict(vocab_size=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+             max_position_embeddings=64)  # fmt: skip
+CAUSAL = {
+    "llama": lambda: transformers.LlamaConfig(**SMALL),
+    "gpt2": lambda: transformers.GPT2Config(vocab_size=128, n_embd=64, n_layer=2, n_head=4, n_positions=64),
+    "bert-as-decoder": lambda: transformers.BertConfig(**SMALL, is_decoder=True),  # BERT's own causal mode
+}
+NOT_CAUSAL = {
+    "bert": (lambda: transformers.BertConfig(**SMALL), r"model type 'bert' is an encoder.*attends to later tokens"),
+    "roberta": (lambda: transformers.RobertaConfig(**SMALL), r"model type 'roberta' .*attends to later tokens"),
+    "bert-generation": (lambda: transformers.BertGenerationConfig(**SMALL),
+                        r"model type 'bert-generation' .*attends to later tokens"),
+    "llama-bidirectional": (lambda: transformers.LlamaConfig(**SMALL, is_causal=False),
+                            r"model type 'llama' with is_causal false .*attends to later tokens"),
+    "vit": (lambda: transformers.ViTConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4),
+            r"model type 'vit' has no causal language model"),
+    "bloom": (lambda: transformers.BloomConfig(vocab_size=128, hidden_size=64, n_layer=2, n_head=4),
+              r"model type 'bloom': .*without SDPA attention"),  # causal, but build_causal_lm could not build it
+}  # fmt: skip
+
+
+def saved(tmp_path, name: str, config) -> str:
+    config.save_pretrained(tmp_path / name)
+    return str(tmp_path / name)
+
+
+def sees_later_tokens(model: nn.Module) -> bool:
+    """Whether changing the token at position 10 changes the logits at positions 0..9 (a causal LM's never do)."""
+    ids = torch.randint(0, 100, (1, 12), generator=torch.Generator().manual_seed(0))
+    changed = ids.clone()
+    changed[0, 10] += 1
+    with torch.no_grad():
+        return not torch.equal(model(ids)[0, :10], model(changed)[0, :10])
+
+
+@pytest.mark.parametrize("name", CAUSAL)
+def test_a_causal_decoder_config_is_accepted_and_its_model_never_sees_later_tokens(tmp_path, name):
+    spec = saved(tmp_path, name, CAUSAL[name]())
+    assert hf_run(spec, model={"context_length": 16}).model.hf_model == spec
+    assert not sees_later_tokens(build_causal_lm(hf_config(spec), dtype=torch.float32).eval())
+
+
+@pytest.mark.parametrize("name", NOT_CAUSAL)
+def test_a_config_that_is_no_causal_decoder_is_refused_with_its_model_type(tmp_path, name):
+    make, refusal = NOT_CAUSAL[name]
+    spec = saved(tmp_path, name, make())
+    with pytest.raises(ConfigError, match=refusal):
+        hf_run(spec, model={"context_length": 16})
+    if "later tokens" in refusal:  # and rightly: what transformers builds for it does
+        model = transformers.AutoModelForCausalLM.from_config(make(), attn_implementation="sdpa").eval()
+        assert sees_later_tokens(CausalLM(model))
+
+
+def test_an_unknown_model_type_is_refused_with_its_name(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "nosuchmodel", "hidden_size": 64}))
+    with pytest.raises(ConfigError, match=r"--hf_model .*model type .nosuchmodel."):
+        hf_run(str(tmp_path))
+
+
+def test_train_h100_refuses_a_bert_config_in_one_line_before_any_work(tmp_path, token_files, capsys):
+    spec = saved(tmp_path, "bert", NOT_CAUSAL["bert"][0]())
+    argv = ["--hf_model", spec, "--context_length", "16", "--batch_size", "2", "--max_steps", "1", "--device", "cpu",
+            *token_files, "--out_dir", str(tmp_path / "run")]  # fmt: skip
+    code = train_h100.main(argv)
+    out, err = capsys.readouterr()
+    assert code == 2 and err.startswith("error: --hf_model ") and err.count("\n") == 1, err
+    assert "model type 'bert'" in err and "FINAL CONFIGURATION SUMMARY" not in out and not (tmp_path / "run").exists()
+
+
 def test_the_wrapped_model_is_called_like_ours():
     model = tiny()
     ids = torch.randint(0, model.vocab_size, (2, 16))

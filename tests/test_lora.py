@@ -36,6 +36,7 @@ from cs336_basics.precision.fused import head as head_module
 from cs336_basics.precision.fused.convert import fused_dtypes
 from cs336_basics.precision.fused.linear import joint_dgrad_scales
 from cs336_basics.precision.fused.scaling import GRAD, INPUT, SiteScaling
+from cs336_basics.programs import export
 from cs336_basics.training.checkpoint import read_checkpoint
 from cs336_basics.training.metrics import read_metrics
 
@@ -639,6 +640,17 @@ def test_a_lora_checkpoint_is_not_a_base(base_run, tmp_path, token_files, capsys
     assert run([*argv, "--out_dir", out], capsys)[0] == 0
     code, _, err = run([*COMMON, *token_files, "--init_from", out, "--out_dir", tmp_path / "again"], capsys)
     assert code == 2 and "Merge them into their base first" in err
+
+
+def test_export_of_a_lora_run_is_refused_and_points_to_merge_lora(base_run, tmp_path, token_files, capsys):
+    """The export's file would hold the adapters alone, which the course's load_checkpoint refuses without a hint."""
+    out, exported = tmp_path / "lora", tmp_path / "single.pt"
+    argv = [*COMMON, *token_files, "--init_from", base_run, "--lora_rank", "2", "--max_steps", "2"]
+    assert run([*argv, "--out_dir", out], capsys)[0] == 0
+    code = export.main([str(out), "--output", str(exported)])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("error: ") and err.count("\n") == 1, err
+    assert f"python -m cs336_basics.programs.merge_lora {out} --output FILE" in err and not exported.exists()
 
 
 # ---- on the GPU: compiled, real FP8 kernels (the Triton SwiGLU producers included) ----

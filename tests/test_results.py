@@ -6,8 +6,11 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 import cs336_basics.benchmark.amdahl.__main__ as amdahl_main
-from cs336_basics.results import environment, write_results, write_results_from_raw
+from cs336_basics.errors import WorkFailed
+from cs336_basics.results import append_runs, environment, write_results, write_results_from_raw
 
 
 def test_a_module_run_with_dash_m_is_recorded_as_such(monkeypatch):
@@ -43,3 +46,11 @@ def test_results_from_raw_files_name_each_gpu_and_file(tmp_path):
         ("NVIDIA H200", raws[0], 1.0), ("NVIDIA H200", raws[0], 2.0),
         ("NVIDIA H100", raws[1], 1.0), ("NVIDIA H100", raws[1], 2.0),
     ]  # fmt: skip
+
+
+def test_adding_to_a_file_that_stopped_being_a_results_file_during_the_work_is_one_error(tmp_path):
+    path = tmp_path / "results.json"
+    path.write_text("{}")
+    with pytest.raises(WorkFailed, match='could not add to .*: it has no "runs" list'):
+        append_runs(path, [{"preset": "x"}])
+    assert path.read_text() == "{}"

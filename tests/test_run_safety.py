@@ -432,6 +432,31 @@ def test_bad_types_in_a_config_file_fail_in_one_line(tmp_path, capsys):
         assert not (tmp_path / "r").exists()
 
 
+@pytest.mark.parametrize(
+    "text, problem",
+    [("{}", 'it has no "runs" list'), ('{"runs": {}}', 'its "runs" is not a list'), ("[]", 'it has no "runs" list'),
+     ("not json", "it is not JSON"), ("\xff", "it is not JSON"), ("[" * 100_000, "it is not JSON")],
+)  # fmt: skip
+def test_a_results_json_that_is_not_a_results_file_is_refused_before_training(tmp_path, base, capsys, text, problem):
+    results = tmp_path / "results.json"
+    results.write_bytes(text.encode("latin-1"))
+    argv = [*base, "--max_steps", "2", "--out_dir", tmp_path / "r", "--results_json", results]
+    code, stdout, err = run(argv, capsys)
+    assert code == 2 and error_lines(err) == err.strip().splitlines() and len(error_lines(err)) == 1, err
+    assert f"--results_json {results} cannot be used: {problem}" in err
+    assert "FINAL CONFIGURATION SUMMARY" not in stdout and not (tmp_path / "r").exists()
+    assert results.read_bytes() == text.encode("latin-1")
+
+
+def test_a_results_json_gets_the_run_appended(tmp_path, base, capsys):
+    results = tmp_path / "results.json"
+    results.write_text(json.dumps({"gpu": None, "runs": [{"preset": "earlier"}]}))
+    code, _, err = run([*base, "--max_steps", "2", "--out_dir", tmp_path / "r", "--results_json", results], capsys)
+    assert code == 0, err
+    runs = json.loads(results.read_text())["runs"]
+    assert [r["preset"] for r in runs] == ["earlier", "cpu-small"] and runs[1]["steps"] == 2
+
+
 def test_an_out_dir_that_is_a_file_is_refused(tmp_path, base, capsys):
     (tmp_path / "file").write_text("not a folder")
     code, _, err = run([*base, "--out_dir", tmp_path / "file"], capsys)

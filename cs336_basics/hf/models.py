@@ -1,8 +1,9 @@
 """A Hugging Face causal LM built from its config (random weights), behind the forward our training code calls.
 
 `hf_config(spec)` reads the config: a named shape of this module (`NAMED_SHAPES`: Llama-style configs that need no
-file), a local directory holding a config.json, or a hub model id (only its config.json is fetched). `CausalLM`
-wraps the transformers model so that it is called as TransformerLM is: `model(input_ids)` gives logits and
+file), a local directory holding a config.json, or a hub model id (only its config.json is fetched), and refuses a
+config transformers builds no causal decoder of (causal_decoder_config). `CausalLM` wraps the transformers model so
+that it is called as TransformerLM is: `model(input_ids)` gives logits and
 `model(input_ids, targets=...)` the mean next-token loss, with the targets already shifted (as get_batch makes them),
 so one batch means the same thing to both models.
 """
@@ -46,22 +47,75 @@ def require_transformers() -> Any:
 
 
 def hf_config(spec: str, **overrides: Any) -> Any:
-    """The transformers config `spec` names (see the module docstring), with `overrides` set on it."""
+    """The transformers config `spec` names (see the module docstring), with `overrides` set on it; a ConfigError
+    where it cannot be read or is not a causal decoder's (causal_decoder_config)."""
     transformers = require_transformers()
     if spec in NAMED_SHAPES:
-        return transformers.LlamaConfig(**{**NAMED_SHAPES[spec], **overrides})
+        return causal_decoder_config(transformers.LlamaConfig(**{**NAMED_SHAPES[spec], **overrides}), spec)
     if Path(spec).is_dir():
         if not (Path(spec) / "config.json").is_file():
             raise ConfigError(f"--hf_model {spec}: the directory has no config.json.")
-        return transformers.AutoConfig.from_pretrained(spec, local_files_only=True, **overrides)
+        try:
+            config = transformers.AutoConfig.from_pretrained(spec, local_files_only=True, **overrides)
+        except (OSError, ValueError, KeyError) as exc:  # not JSON, an unknown model_type
+            raise ConfigError(
+                f"--hf_model {spec}: transformers {transformers.__version__} cannot read its config.json "
+                f"({_first_line(exc)})."
+            ) from exc
+        return causal_decoder_config(config, spec)
     try:
-        return transformers.AutoConfig.from_pretrained(spec, **overrides)
-    except (OSError, ValueError) as exc:
+        config = transformers.AutoConfig.from_pretrained(spec, **overrides)
+    except (OSError, ValueError, KeyError) as exc:
         raise ConfigError(
             f"--hf_model {spec}: not a named shape ({', '.join(NAMED_SHAPES)}), not a local directory with a "
-            f"config.json, and its config could not be fetched from the hub ({type(exc).__name__}: {exc}). Offline, "
+            f"config.json, and its config could not be fetched from the hub ({_first_line(exc)}). Offline, "
             "save the config with AutoConfig.from_pretrained(...).save_pretrained(DIR) and pass DIR."
         ) from exc
+    return causal_decoder_config(config, spec)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
+
+
+# BERT's encoder packaged for encoder-decoder models: causal only with is_decoder, as the masked-LM encoders are, but
+# without a masked-LM head to recognise it by.
+_ENCODERS_WITHOUT_MLM_HEAD = ("bert-generation",)
+
+
+def causal_decoder_config(config: Any, spec: str) -> Any:
+    """`config` if transformers builds a causal decoder of it, run by SDPA as build_causal_lm runs it; else a
+    ConfigError naming its model type. A model whose positions see later tokens, trained on next-token targets,
+    reads each answer: its loss falls and it learns nothing it could generate with."""
+    transformers = require_transformers()
+    kind = f"--hf_model {spec}: model type {config.model_type!r}"
+    if type(config) not in transformers.MODEL_FOR_CAUSAL_LM_MAPPING:
+        raise ConfigError(
+            f"{kind} has no causal language model in transformers {transformers.__version__} (AutoModelForCausalLM "
+            "builds none); --hf_model takes a decoder-only text model's config (llama, gpt2, mistral, ...)."
+        )
+    encoder = (
+        type(config) in transformers.MODEL_FOR_MASKED_LM_MAPPING or config.model_type in _ENCODERS_WITHOUT_MLM_HEAD
+    )
+    if encoder and not config.is_decoder and not config.is_encoder_decoder:  # a seq2seq's causal LM is its decoder
+        raise ConfigError(
+            f"{kind} is an encoder: the causal-LM head transformers builds for it attends to later tokens, so "
+            "next-token training would read each answer. Use a decoder-only model (or set is_decoder true in its "
+            "config, which makes this one causal)."
+        )
+    if getattr(config, "is_causal", True) is False:
+        raise ConfigError(
+            f"{kind} with is_causal false in its config attends to later tokens, so next-token training would read "
+            "each answer. Drop is_causal from the config (or set it true)."
+        )
+    model_class = transformers.MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
+    if not model_class._supports_sdpa:
+        raise ConfigError(
+            f"{kind}: transformers {transformers.__version__} runs {model_class.__name__} without SDPA attention, "
+            "which the Hugging Face path builds every model with. Choose a model it runs with SDPA."
+        )
+    return config
 
 
 class CausalLM(nn.Module):

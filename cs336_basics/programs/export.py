@@ -5,7 +5,8 @@ state dict, optimizer with fp32 masters, step, config, sampler and RNG), loadabl
 
 The file loads with cs336_basics.training.restore.load_checkpoint and the course's load_checkpoint; put it in a run
 folder as checkpoint.pt (with that run's config.json) to resume there. A one-process `--resume` and
-cs336_basics.programs.generate read sharded checkpoints directly, without exporting.
+cs336_basics.programs.generate read sharded checkpoints directly, without exporting. A LoRA run's checkpoint (the
+adapters alone) is refused: cs336_basics.programs.merge_lora folds them into their base.
 """
 
 from __future__ import annotations

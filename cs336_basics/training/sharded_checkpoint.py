@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from cs336_basics.config import RunConfig
 from cs336_basics.errors import ConfigError, RunFolderError
 from cs336_basics.integrity import files_crc32, save_torch_file
 from cs336_basics.parallel.shards import is_sharded, local_tensor, sharded_like
@@ -195,6 +196,14 @@ def export_checkpoint(source: str | Path, output: str | Path) -> Path:
     a GPU or the CPU. Written atomically."""
     source = Path(source)
     ckpt = read_checkpoint(source / CHECKPOINT_NAME if source.is_dir() else source)
+    if RunConfig.from_dict(ckpt["config"]).finetune.lora:
+        # Its model is the adapters alone (their base is another file) and its optimizer trains them alone: no
+        # one-process checkpoint of a whole model can be made of it; the merged weights are a plain state dict.
+        raise ConfigError(
+            f"{source} is a LoRA run's checkpoint: it holds the adapters alone, which neither the course's "
+            "load_checkpoint nor a plain model can load. Fold them into their base with: python -m "
+            f"cs336_basics.programs.merge_lora {source} --output FILE (a course-layout state dict)."
+        )
     if is_sharded_checkpoint(ckpt):
         ckpt = assemble_sharded(ckpt)
     payload = checkpoint_payload(
