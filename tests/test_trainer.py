@@ -19,6 +19,8 @@ from cs336_basics.config_layers import build_config
 from cs336_basics.errors import ConfigError
 from cs336_basics.model import TransformerLM
 from cs336_basics.precision.fused.linear import fp8_matmul
+from cs336_basics.training.checkpoint import read_checkpoint
+from cs336_basics.training.metrics import read_metrics
 from cs336_basics.training.restore import load_checkpoint
 from cs336_basics.training.trainer import Trainer, TrainingDiverged
 
@@ -80,6 +82,24 @@ def test_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path):
     state = load_checkpoint(tmp_path / "checkpoint.pt", restore_rng=False)
     assert state["step"] == 2
     assert all(torch.isfinite(v).all() for v in state["model"].values())
+
+
+@pytest.mark.parametrize("written_before_the_count", [False, True], ids=["counted", "older-checkpoint"])
+def test_tokens_are_counted_as_trained_across_a_resume_that_changes_the_batch(tmp_path, written_before_the_count):
+    make_trainer(tiny_config(tmp_path, max_steps=4, checkpoint_every=4)).train()  # 4 steps of 4 sequences
+    state = read_checkpoint(tmp_path / "checkpoint.pt")
+    if written_before_the_count:
+        state["extra"].pop("tokens", None)
+    bigger = tiny_config(tmp_path, max_steps=6, batch_size=8, gradient_accumulation_steps=2)  # then 2 of 16
+    torch.manual_seed(0)
+    resumed = Trainer(TransformerLM(bigger.model), bigger, tokens(), tokens(seed=1), torch.device("cpu"),
+                      resume_state=state)  # fmt: skip
+    result = resumed.train()
+    context = bigger.model.context_length
+    trained = (4 * 4 + 2 * 16) * context
+    assert result.tokens == trained
+    assert [r["tokens"] for r in read_metrics(tmp_path / "metrics.jsonl")][3:] == [16 * context, 32 * context, trained]
+    assert read_checkpoint(tmp_path / "checkpoint.pt")["extra"]["tokens"] == trained
 
 
 def test_a_model_the_trainer_compiled_is_refused_by_the_next_trainer(tmp_path):
