@@ -154,6 +154,24 @@ def test_a_full_disk_at_the_loss_curve_is_one_line_and_keeps_the_checkpoint(tmp_
     assert not [p for p in out.iterdir() if p.name.endswith(".tmp")]
 
 
+def test_a_full_disk_at_the_tokenizer_is_one_line(tmp_path, capsys, monkeypatch):
+    import tokenizers
+
+    out, real_save = tmp_path / "run", tokenizers.Tokenizer.save
+
+    def full_in_the_run_folder(self, path, *args, **kwargs):
+        if Path(path).is_relative_to(out):  # the data cache's copy, written first, fits
+            raise Exception("No space left on device (os error 28)")  # what the library raises for any I/O error
+        return real_save(self, path, *args, **kwargs)
+
+    monkeypatch.setattr(tokenizers.Tokenizer, "save", full_in_the_run_folder)
+    (tmp_path / "train.txt").write_text(TEXT)
+    data = ["--vocab_size", "300", "--train_data", tmp_path / "train.txt", "--cache_dir", tmp_path / "cache"]
+    code, err = run_main(train_h100.main, [*TINY_FLAGS, *data, "--max_steps", "2", "--out_dir", out], capsys)
+    line = one_error_line(err)
+    assert code == 1 and f"could not write {out / 'tokenizer'}: the disk is full. Nothing was trained." in line
+
+
 def test_a_full_disk_at_the_result_file_is_one_line(tmp_path, base, capsys, monkeypatch):
     import cs336_basics.programs.train as run_module
 
