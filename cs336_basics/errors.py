@@ -44,13 +44,22 @@ _OS_REASONS = {
 }
 
 
+# What torch.save's zip writer raises when the file's write fails: "[enforce fail at inline_container.cc:672] .
+# unexpected pos 1497792 vs 1497684" (a write to a Python file that raised), "... PytorchStreamWriter failed writing
+# file data/3: file write failed" (or "... central directory ...", or with no reason: "... data/3."). It keeps no errno.
+_TORCH_WRITER_FAILED = ("PytorchStreamWriter failed", "unexpected pos", "file write failed")
+
+
 def os_reason(exc: BaseException) -> str:
-    """An OSError (or torch's opaque stream-writer error, which a full disk also causes) in a few plain words."""
+    """An OSError (or torch's opaque stream-writer error, which a full disk causes) in a few plain words."""
     text = str(exc).strip()
     if isinstance(exc, OSError) and exc.errno in _OS_REASONS:
         return _OS_REASONS[exc.errno]
-    if "PytorchStreamWriter failed writing" in text:
-        return f"the disk is full or the file could not be written ({text.splitlines()[-1]})"
+    if any(marker in text for marker in _TORCH_WRITER_FAILED):
+        if isinstance(exc.__context__, OSError):  # the Python file's error, which torch's writer raised over
+            return os_reason(exc.__context__)
+        # Without it, the cause that fills a disk: a full disk (another writer, or this run's own checkpoints).
+        return f"the disk is full (torch's writer: {text.splitlines()[-1].split('] . ')[-1]})"
     return text.splitlines()[-1] if text else type(exc).__name__
 
 
