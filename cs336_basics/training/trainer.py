@@ -220,7 +220,7 @@ class Trainer:
         if not dist.agree_all(self.optimizer.state_is_finite()):  # under FSDP2 each rank sees its shards only
             raise TrainingDiverged(
                 f"the weights or optimizer moments became NaN/inf by step {self.step}, so no checkpoint was written. "
-                f"{self._kept()} {self._advice()}"
+                f"{self.kept()} {self._advice()}"
             )
         # The running loss of the interval so far, over all ranks (a copy: the ranks keep summing their own).
         loss_sum = dist.all_reduce_(self._loss_sum.detach().clone(), "avg")
@@ -250,11 +250,12 @@ class Trainer:
 
                     dist.main_writes(self.world, write, str(self.checkpoint_path))
             except (OSError, RuntimeError) as exc:
-                raise io_error(exc, self.checkpoint_path, self._kept()) from exc
+                raise io_error(exc, self.checkpoint_path, self.kept()) from exc
             self.saved_step = self.step
         return self.checkpoint_path
 
-    def _kept(self) -> str:
+    def kept(self) -> str:
+        """What of the run is intact on disk, as the sentence that ends an error."""
         if self.saved_step is None:
             return "No checkpoint of this run had been written."
         return f"The checkpoint from step {self.saved_step}, {self.checkpoint_path}, is intact."
@@ -274,7 +275,7 @@ class Trainer:
         bad_step = int(self._first_bad_step.item())
         if bad_step >= 0:
             raise TrainingDiverged(
-                f"the loss or gradient norm became NaN/inf at step {bad_step + 1}. {self._kept()} {self._advice()}"
+                f"the loss or gradient norm became NaN/inf at step {bad_step + 1}. {self.kept()} {self._advice()}"
             )
 
     # ---- one optimizer step ----
@@ -355,7 +356,7 @@ class Trainer:
                         continue
                     record = self._log_point(timer, progress, lr, grad_norm, do_eval)
                     if metrics is not None:
-                        with writing(metrics_path, self._kept()):
+                        with writing(metrics_path, self.kept()):
                             metrics.write(record)
                     bar.set_postfix(self._postfix(record), refresh=False)
                     bar.update(1)
@@ -365,7 +366,7 @@ class Trainer:
                 if stopping and self.step < t.max_steps:
                     self._stop(stop)
         except StopNow as exc:  # a second Ctrl-C: stopped at once, nothing new saved
-            raise StopNow(exc.signum, f"{exc} at step {self.step}. {self._kept()}") from None
+            raise StopNow(exc.signum, f"{exc} at step {self.step}. {self.kept()}") from None
         finally:
             bar.close()
             if metrics is not None:
@@ -373,7 +374,7 @@ class Trainer:
 
         plot_path = self.out_dir / "loss_curve.png"
         if main:
-            with writing(plot_path, f"{self._kept()} {metrics_path} is complete."):
+            with writing(plot_path, f"{self.kept()} {metrics_path} is complete."):
                 plot_loss_curve(metrics_path, plot_path, title=str(self.out_dir.name))
         return self._result(progress, metrics_path, plot_path)
 
