@@ -7,12 +7,15 @@ what is intact); 2 a setting or input that cannot be used (found before the work
 import errno
 import os
 import sys
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 
 class ConfigError(ValueError):
     """A configuration, input file or environment that cannot be honoured; the message says what to do."""
+
+    every_rank = False  # refused alike by every rank of a torchrun launch (alike_on_every_rank): rank 0 reports it
 
 
 class NotSupportedHere(ConfigError):
@@ -77,6 +80,23 @@ def writing(path: os.PathLike | str, intact: str) -> Iterator[None]:
         raise io_error(exc, path, intact) from exc
 
 
+@contextmanager
+def alike_on_every_rank() -> Iterator[None]:
+    """Checks that every rank of a torchrun launch makes alike (of the flags, of the files the ranks share): a refusal
+    in the block is reported by rank 0 alone (run_program), not once per rank."""
+    try:
+        yield
+    except ConfigError as exc:
+        exc.every_rank = True
+        raise
+
+
+# How long a rank but 0 waits, on a refusal every rank makes alike, for torchrun to stop it (SIGTERM) once rank 0 has
+# reported the refusal and exited: exiting first would have torchrun stop rank 0, perhaps before it printed. A rank
+# still running after it (rank 0 did not refuse: another GPU, say) reports the refusal itself.
+RANK_0_REPORTS_S = 30.0
+
+
 def rank_prefix() -> str:
     """ "[rankN]: " in a process that torchrun started among several (torch prefixes uncaught tracebacks the same way),
     so that an error says which rank it came from; "" otherwise."""
@@ -97,6 +117,8 @@ def run_program(body: Callable[[], int]) -> int:
     try:
         return body()
     except ConfigError as exc:
+        if exc.every_rank and rank_prefix() and os.environ["RANK"] != "0":
+            time.sleep(RANK_0_REPORTS_S)
         return report_error(exc)
     except WorkFailed as exc:
         return report_error(exc, exit_code=1)

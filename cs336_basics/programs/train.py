@@ -21,7 +21,7 @@ from cs336_basics.build import Built, build, plan
 from cs336_basics.compiled import eager
 from cs336_basics.config import RunConfig
 from cs336_basics.data import BPETokenizer, check_data_sources, prepare_data, require_windows
-from cs336_basics.errors import ConfigError, WorkFailed, writing
+from cs336_basics.errors import ConfigError, WorkFailed, alike_on_every_rank, writing
 from cs336_basics.parallel.world import main_first, process_group
 from cs336_basics.parallel.wrap import FSDP
 from cs336_basics.precision.choice import AUTO_SETTINGS
@@ -65,8 +65,9 @@ def run_training(config: RunConfig, results_json: str | Path | None = None, log=
     """Train `config` in its run folder. Returns the result, or None when a resumed run had nothing left to do."""
     t = config.train
     folder = RunFolder(t.out_dir)
-    folder.check_usable(t.resume)
-    check_data_sources(config.data)  # before any heavy work: a wrong path fails in a second
+    with alike_on_every_rank():  # the ranks share the flags and the files
+        folder.check_usable(t.resume)
+        check_data_sources(config.data)  # before any heavy work: a wrong path fails in a second
     with process_group(t.device, t.dist_timeout_s) as world:
         if not world.is_main:
             log = _silent
@@ -82,7 +83,8 @@ def _run_locked(config: RunConfig, folder: RunFolder, world, results_json, log) 
     t = config.train
     requested_fp8 = config.fp8
     # Every rank reads the checkpoint: mapped, so that a machine's ranks share one copy of a whole checkpoint.
-    resume_state = folder.read_resume_state(config, mmap=world.launched) if t.resume else None
+    with alike_on_every_rank():
+        resume_state = folder.read_resume_state(config, mmap=world.launched) if t.resume else None
     notes: list[str] = []
     if resume_state is not None:
         step = resume_state["step"]
@@ -92,7 +94,8 @@ def _run_locked(config: RunConfig, folder: RunFolder, world, results_json, log) 
                 "pass a larger --max_steps to train further. The run folder was left as it was."
             )
             return None
-    p = plan(config)
+    with alike_on_every_rank():  # process_group refused a GPU this rank cannot use already: plan's checks are alike
+        p = plan(config)
     if resume_state is not None:
         notes = _resume_notes(RunConfig.from_dict(resume_state["config"]), p.config, resume_state["step"])
     with main_first(world):  # rank 0 tokenizes and caches; the others read its cache
