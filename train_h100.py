@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from cs336_basics.cli import config_from_args, config_parser
-from cs336_basics.errors import rank_prefix, run_program
+from cs336_basics.errors import alike_on_every_rank, rank_prefix, run_program
 from cs336_basics.programs.train import run_training
 from cs336_basics.results import check_results_file
 from cs336_basics.training.checkpoint import CHECKPOINT_NAME
@@ -37,9 +37,10 @@ def main(argv: list[str] | None = None) -> int:
     def train() -> int:
         nonlocal config
         with terminate_raises():
-            if args.results_json is not None:
-                check_results_file(args.results_json, "--results_json")
-            config = config_from_args(args)
+            with alike_on_every_rank():  # every rank has the same flags
+                if args.results_json is not None:
+                    check_results_file(args.results_json, "--results_json")
+                config = config_from_args(args)
             run_training(config, results_json=args.results_json)
         return 0
 

@@ -7,12 +7,15 @@ what is intact); 2 a setting or input that cannot be used (found before the work
 import errno
 import os
 import sys
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 
 class ConfigError(ValueError):
     """A configuration, input file or environment that cannot be honoured; the message says what to do."""
+
+    every_rank = False  # refused alike by every rank of a torchrun launch (alike_on_every_rank): rank 0 reports it
 
 
 class NotSupportedHere(ConfigError):
@@ -44,13 +47,22 @@ _OS_REASONS = {
 }
 
 
+# What torch.save's zip writer raises when the file's write fails: "[enforce fail at inline_container.cc:672] .
+# unexpected pos 1497792 vs 1497684" (a write to a Python file that raised), "... PytorchStreamWriter failed writing
+# file data/3: file write failed" (or "... central directory ...", or with no reason: "... data/3."). It keeps no errno.
+_TORCH_WRITER_FAILED = ("PytorchStreamWriter failed", "unexpected pos", "file write failed")
+
+
 def os_reason(exc: BaseException) -> str:
-    """An OSError (or torch's opaque stream-writer error, which a full disk also causes) in a few plain words."""
+    """An OSError (or torch's opaque stream-writer error, which a full disk causes) in a few plain words."""
     text = str(exc).strip()
     if isinstance(exc, OSError) and exc.errno in _OS_REASONS:
         return _OS_REASONS[exc.errno]
-    if "PytorchStreamWriter failed writing" in text:
-        return f"the disk is full or the file could not be written ({text.splitlines()[-1]})"
+    if any(marker in text for marker in _TORCH_WRITER_FAILED):
+        if isinstance(exc.__context__, OSError):  # the Python file's error, which torch's writer raised over
+            return os_reason(exc.__context__)
+        # Without it, the cause that fills a disk: a full disk (another writer, or this run's own checkpoints).
+        return f"the disk is full (torch's writer: {text.splitlines()[-1].split('] . ')[-1]})"
     return text.splitlines()[-1] if text else type(exc).__name__
 
 
@@ -66,6 +78,23 @@ def writing(path: os.PathLike | str, intact: str) -> Iterator[None]:
         yield
     except OSError as exc:
         raise io_error(exc, path, intact) from exc
+
+
+@contextmanager
+def alike_on_every_rank() -> Iterator[None]:
+    """Checks that every rank of a torchrun launch makes alike (of the flags, of the files the ranks share): a refusal
+    in the block is reported by rank 0 alone (run_program), not once per rank."""
+    try:
+        yield
+    except ConfigError as exc:
+        exc.every_rank = True
+        raise
+
+
+# How long a rank but 0 waits, on a refusal every rank makes alike, for torchrun to stop it (SIGTERM) once rank 0 has
+# reported the refusal and exited: exiting first would have torchrun stop rank 0, perhaps before it printed. A rank
+# still running after it (rank 0 did not refuse: another GPU, say) reports the refusal itself.
+RANK_0_REPORTS_S = 30.0
 
 
 def rank_prefix() -> str:
@@ -88,6 +117,8 @@ def run_program(body: Callable[[], int]) -> int:
     try:
         return body()
     except ConfigError as exc:
+        if exc.every_rank and rank_prefix() and os.environ["RANK"] != "0":
+            time.sleep(RANK_0_REPORTS_S)
         return report_error(exc)
     except WorkFailed as exc:
         return report_error(exc, exit_code=1)

@@ -1,11 +1,13 @@
 """train_h100.py as torchrun runs it, with two test hooks read from the environment (nothing else changes):
 
 FAIL_RANK, FAIL_STEP   that rank raises at the start of that optimizer step (0-based), as a crash would (the message
-                       ends with the wall-clock time of the failure, "(t=<seconds since the epoch>)");
+                       ends with the wall-clock time of the failure, "(t=<seconds since the epoch>)"); with
+                       FAIL_HOW=kill it is killed there instead (SIGKILL: no message, as the OOM killer does it);
 REPORT_GRAPH_BREAKS=1  rank 0 prints "graph_breaks=<n>" (torch.compile's count) when training ends.
 """
 
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -19,6 +21,8 @@ _real_step = Trainer.train_step
 
 def failing_step(self):
     if self.world.rank == int(os.environ["FAIL_RANK"]) and self.step == int(os.environ["FAIL_STEP"]):
+        if os.environ.get("FAIL_HOW") == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
         raise RuntimeError(f"injected failure on rank {self.world.rank} at step {self.step + 1} (t={time.time():.3f})")
     return _real_step(self)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import io
 import os
 import random
 from pathlib import Path
@@ -11,7 +13,7 @@ import pytest
 import torch
 from torch import nn
 
-from cs336_basics.errors import ConfigError
+from cs336_basics.errors import ConfigError, os_reason
 from cs336_basics.optim import MasterWeightAdamW
 from cs336_basics.training.checkpoint import CHECKPOINT_NAME, latest_checkpoint, save_checkpoint
 from cs336_basics.training.restore import load_checkpoint
@@ -158,6 +160,24 @@ def test_failed_write_leaves_old_checkpoint_and_no_temp_files(tmp_path, monkeypa
     assert sorted(os.listdir(tmp_path)) == [CHECKPOINT_NAME]
     monkeypatch.undo()
     assert load_checkpoint(path)["step"] == 1
+
+
+def test_a_write_torch_save_hides_still_gives_its_reason():
+    class Full(io.RawIOBase):
+        def writable(self):
+            return True
+
+        def write(self, data):  # the first write fits, the next finds the disk full
+            if self.tell_ > 0:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            self.tell_ = len(data)
+            return len(data)
+
+        tell_ = 0
+
+    with pytest.raises(RuntimeError) as failed:  # torch's own error ("unexpected pos ..."), raised over the OSError
+        torch.save({"w": torch.zeros(1000)}, Full())
+    assert os_reason(failed.value) == "the disk is full"
 
 
 def test_unserialisable_config_fails_at_save_time(tmp_path):

@@ -10,6 +10,7 @@ mean of 4 sequences and an average over 2 ranks instead of a mean of 8), which i
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -268,6 +269,31 @@ def test_a_failing_rank_stops_the_whole_run_with_its_message(runs):
     assert done["failed_checkpoint_step"] == 3  # the last checkpoint before the failure is intact
 
 
+def _rank_lines(stderr: str, rank: int) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith(f"[rank{rank}]")]
+
+
+@pytest.mark.slow
+def test_a_survivor_of_a_killed_rank_says_so_in_one_line(tmp_path, token_files):
+    args = [*tiny_flags(), *token_files, *TWO_RANKS, "--max_steps", "3", "--eval_every", "0", "--checkpoint_every", "1"]
+    failed = torchrun([*args, "--out_dir", tmp_path / "run"], FAIL_RANK="1", FAIL_STEP="2", FAIL_HOW="kill").wait()
+    assert failed.returncode != 0
+    (line,) = _rank_lines(failed.stderr, 0)  # no traceback of gloo's lost connection
+    assert line.startswith("[rank0]: error: rank 0 stopped: another rank failed") and "torchrun" in line
+    assert not _rank_lines(failed.stderr, 1)  # killed: it says nothing
+
+
+@pytest.mark.slow
+def test_a_refusal_every_rank_reaches_is_printed_once_by_rank_0(tmp_path, token_files):
+    one_process([*tiny_flags(), *token_files, "--max_steps", "1", "--eval_every", "0", "--out_dir", tmp_path / "base"])
+    lora = ["--init_from", tmp_path / "base", "--lora_rank", "4", "--out_dir", tmp_path / "lora"]
+    refused = torchrun([*tiny_flags(), *token_files, *lora]).wait()
+    assert refused.returncode != 0
+    assert [line for line in refused.stderr.splitlines() if "error:" in line] == _rank_lines(refused.stderr, 0)
+    (line,) = _rank_lines(refused.stderr, 0)
+    assert line.startswith("[rank0]: error: LoRA runs on one GPU only so far")
+
+
 @pytest.mark.slow
 def test_resume_at_two_ranks_reproduces_the_uninterrupted_run(runs):
     root, done = runs
@@ -479,6 +505,36 @@ def test_errors_name_the_rank_under_torchrun(monkeypatch, capsys):
     monkeypatch.setenv("WORLD_SIZE", "4")
     report_error(ConfigError("bad value"))
     assert capsys.readouterr().err.splitlines() == ["error: one process", "[rank3]: error: bad value"]
+
+
+def test_a_refusal_every_rank_makes_is_left_to_rank_0_unless_it_stays_silent(monkeypatch, capsys):
+    from cs336_basics import errors
+
+    waited = []
+    monkeypatch.setattr(errors.time, "sleep", waited.append)  # torchrun would stop this rank while it waits
+    monkeypatch.setenv("WORLD_SIZE", "2")
+
+    def refuse(alike: bool):
+        with errors.alike_on_every_rank() if alike else contextlib.nullcontext():
+            raise ConfigError("bad flag")
+
+    for rank, alike in (("0", True), ("1", False), ("1", True)):
+        monkeypatch.setenv("RANK", rank)
+        assert errors.run_program(lambda alike=alike: refuse(alike)) == 2
+    assert waited == [errors.RANK_0_REPORTS_S]  # rank 1, on the alike refusal only
+    assert capsys.readouterr().err.splitlines() == [f"[rank{r}]: error: bad flag" for r in (0, 1, 1)]
+
+
+def test_a_collective_that_lost_its_peer_is_told_apart_from_other_errors():
+    from cs336_basics.errors import RunFolderError
+    from cs336_basics.parallel.world import _lost_peer
+
+    gloo = RuntimeError("[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:547] Connection closed by peer [::1]:5")
+    try:  # a checkpoint whose collective found the peer gone: the run-folder error says the write failed
+        raise RunFolderError("could not write checkpoint.pt") from gloo
+    except RunFolderError as exc:
+        assert _lost_peer(exc) == "gloo: Connection closed by peer [::1]:5"
+    assert _lost_peer(RuntimeError("injected failure")) is None
 
 
 def test_stale_shard_folders_are_removed_and_the_named_one_kept(tmp_path):

@@ -155,6 +155,59 @@ def test_a_full_disk_at_the_loss_curve_is_one_line_and_keeps_the_checkpoint(tmp_
     assert not [p for p in out.iterdir() if p.name.startswith(TEMP_PREFIX)]
 
 
+def test_a_full_disk_at_the_tokenizer_is_one_line(tmp_path, capsys, monkeypatch):
+    import tokenizers
+
+    out, real_save = tmp_path / "run", tokenizers.Tokenizer.save
+
+    def full_in_the_run_folder(self, path, *args, **kwargs):
+        if Path(path).is_relative_to(out):  # the data cache's copy, written first, fits
+            raise Exception("No space left on device (os error 28)")  # what the library raises for any I/O error
+        return real_save(self, path, *args, **kwargs)
+
+    monkeypatch.setattr(tokenizers.Tokenizer, "save", full_in_the_run_folder)
+    (tmp_path / "train.txt").write_text(TEXT)
+    data = ["--vocab_size", "300", "--train_data", tmp_path / "train.txt", "--cache_dir", tmp_path / "cache"]
+    code, err = run_main(train_h100.main, [*TINY_FLAGS, *data, "--max_steps", "2", "--out_dir", out], capsys)
+    line = one_error_line(err)
+    assert code == 1 and f"could not write {out / 'tokenizer'}: the disk is full. Nothing was trained." in line
+
+
+OUT_OF_MEMORY = {  # what the CUDA allocator, the CPU allocator and Python raise when an allocation fails
+    "cuda": lambda: torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has ..."),
+    "cpu": lambda: RuntimeError(
+        "[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate memory: you tried to allocate "
+        "17179869184 bytes. Error code 12 (Cannot allocate memory)"
+    ),
+    "python": MemoryError,
+}
+
+
+@pytest.mark.parametrize("error", OUT_OF_MEMORY.values(), ids=OUT_OF_MEMORY.keys())
+def test_out_of_memory_is_one_line_naming_the_batch_and_the_flags_that_lower_it(
+    tmp_path, base, capsys, monkeypatch, error
+):
+    from cs336_basics.training.trainer import Trainer
+
+    real_step = Trainer.train_step
+
+    def third_step_runs_out(self):
+        if self.step == 2:
+            raise error()
+        return real_step(self)
+
+    monkeypatch.setattr(Trainer, "train_step", third_step_runs_out)
+    out = tmp_path / "run"
+    argv = [*base, "--max_steps", "4", "--checkpoint_every", "2", "--out_dir", out]
+    code, err = run_main(train_h100.main, argv, capsys)
+    line = one_error_line(err)
+    assert code == 1 and line.startswith("error: out of memory") and "at step 3" in line
+    assert "4 x 16 tokens" in line  # --batch_size x --context_length
+    for flag in ("--batch_size", "--gradient_accumulation_steps", "--gradient_checkpointing"):
+        assert flag in line
+    assert line.endswith(f"The checkpoint from step 2, {out / CHECKPOINT_NAME}, is intact.")
+
+
 def test_a_full_disk_at_the_result_file_is_one_line(tmp_path, base, capsys, monkeypatch):
     import cs336_basics.programs.train as run_module
 

@@ -520,6 +520,16 @@ def test_a_data_path_error_comes_before_heavy_imports(tmp_path):
 # ---- extending a run keeps its learning-rate schedule continuous ----
 
 
+def test_a_resume_with_a_larger_global_batch_reports_the_tokens_trained(tmp_path, base, capsys):
+    out = tmp_path / "run"
+    assert run([*base, "--max_steps", "4", "--checkpoint_every", "2", "--out_dir", out], capsys)[0] == 0
+    bigger = ["--batch_size", "8", "--gradient_accumulation_steps", "2"]
+    code, stdout, _ = run(["--resume", "--out_dir", out, "--max_steps", "6", *bigger], capsys)
+    trained = (4 * 4 + 2 * 16) * 16  # steps x sequences x context_length
+    assert code == 0 and f"done: 6 steps, {trained:,} tokens" in stdout
+    assert json.loads((out / "result.json").read_text())["tokens"] == trained
+
+
 def test_extending_a_run_keeps_the_schedule_continuous(tmp_path, base, capsys):
     out = tmp_path / "run"
     argv = [*base, "--log_every", "1", "--warmup_steps", "2", "--lr", "1e-3", "--min_lr", "1e-4"]

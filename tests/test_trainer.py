@@ -1,6 +1,7 @@
 """Trainer behaviour that the CLI tests cannot reach directly: accumulation, divergence, compilation."""
 
 import dataclasses
+import errno
 
 import numpy as np
 import pytest
@@ -17,9 +18,12 @@ from cs336_basics.compiled import (
     write_shared_fp8_gemm_inputs_once,
 )
 from cs336_basics.config_layers import build_config
-from cs336_basics.errors import ConfigError
+from cs336_basics.errors import ConfigError, RunFolderError
 from cs336_basics.model import TransformerLM
 from cs336_basics.precision.fused.linear import fp8_matmul
+from cs336_basics.training import trainer as trainer_module
+from cs336_basics.training.checkpoint import read_checkpoint
+from cs336_basics.training.metrics import read_metrics
 from cs336_basics.training.restore import load_checkpoint
 from cs336_basics.training.trainer import Trainer, TrainingDiverged
 
@@ -83,6 +87,107 @@ def test_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path):
     state = load_checkpoint(tmp_path / "checkpoint.pt", restore_rng=False)
     assert state["step"] == 2
     assert all(torch.isfinite(v).all() for v in state["model"].values())
+
+
+@pytest.mark.parametrize("written_before_the_count", [False, True], ids=["counted", "older-checkpoint"])
+def test_tokens_are_counted_as_trained_across_a_resume_that_changes_the_batch(tmp_path, written_before_the_count):
+    make_trainer(tiny_config(tmp_path, max_steps=4, checkpoint_every=4)).train()  # 4 steps of 4 sequences
+    state = read_checkpoint(tmp_path / "checkpoint.pt")
+    if written_before_the_count:
+        state["extra"].pop("tokens", None)
+    bigger = tiny_config(tmp_path, max_steps=6, batch_size=8, gradient_accumulation_steps=2)  # then 2 of 16
+    torch.manual_seed(0)
+    resumed = Trainer(TransformerLM(bigger.model), bigger, tokens(), tokens(seed=1), torch.device("cpu"),
+                      resume_state=state)  # fmt: skip
+    result = resumed.train()
+    context = bigger.model.context_length
+    trained = (4 * 4 + 2 * 16) * context
+    assert result.tokens == trained
+    assert [r["tokens"] for r in read_metrics(tmp_path / "metrics.jsonl")][3:] == [16 * context, 32 * context, trained]
+    assert read_checkpoint(tmp_path / "checkpoint.pt")["extra"]["tokens"] == trained
+
+
+# What torch.save raises when the file's write fails: its zip writer keeps no errno, and its message names neither.
+TORCH_WRITER_FAILURES = [
+    "[enforce fail at inline_container.cc:672] . unexpected pos 1497792 vs 1497684",
+    "[enforce fail at inline_container.cc:778] . PytorchStreamWriter failed writing file data/3: file write failed",
+    "[enforce fail at inline_container.cc:810] . PytorchStreamWriter failed writing central directory for archive "
+    "archive: file write failed",
+    "[enforce fail at inline_container.cc:790] . PytorchStreamWriter failed writing file data/0.",
+]
+
+
+def _second_checkpoint_fails(monkeypatch, fail):
+    real_save, saves = torch.save, []
+
+    def save(obj, f, *args, **kwargs):
+        saves.append(1)
+        if len(saves) == 2:
+            fail()
+        return real_save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", save)
+
+
+@pytest.mark.parametrize("message", TORCH_WRITER_FAILURES, ids=["unexpected-pos", "file", "directory", "short"])
+def test_a_full_disk_at_a_checkpoint_says_so_names_the_file_and_what_is_intact(tmp_path, monkeypatch, message):
+    def fail():
+        raise RuntimeError(message)
+
+    _second_checkpoint_fails(monkeypatch, fail)
+    with pytest.raises(RunFolderError) as failed:
+        make_trainer(tiny_config(tmp_path, max_steps=4, checkpoint_every=2)).train()
+    checkpoint = tmp_path / "checkpoint.pt"
+    assert str(failed.value).startswith(f"could not write {checkpoint}: the disk is full")
+    assert str(failed.value).endswith(f"The checkpoint from step 2, {checkpoint}, is intact.")
+    assert "enforce fail" not in str(failed.value)
+
+
+def test_a_torch_writer_failure_gives_the_reason_of_the_write_it_replaced(tmp_path, monkeypatch):
+    def quota_then_torch_error():
+        try:  # torch's writer raises its own error while handling the file's: that one is its context
+            raise OSError(errno.EDQUOT, "Disk quota exceeded")
+        except OSError:
+            raise RuntimeError(TORCH_WRITER_FAILURES[0])  # noqa: B904 - as torch raises it
+
+    _second_checkpoint_fails(monkeypatch, quota_then_torch_error)
+    with pytest.raises(RunFolderError, match="checkpoint.pt: the disk quota is used up. The checkpoint from step 2"):
+        make_trainer(tiny_config(tmp_path, max_steps=4, checkpoint_every=2)).train()
+
+
+def test_a_disk_another_writer_filled_fails_at_the_metrics_line_naming_it(tmp_path, monkeypatch):
+    class FillsUp:
+        """metrics.jsonl on a disk that fills after its second line: each flush fails from then on, and so does
+        close, which flushes the same line again (Python's buffered files keep what they could not write)."""
+
+        def __init__(self, f):
+            self.f, self.lines = f, 0
+
+        def write(self, text):
+            self.lines += 1
+            return self.f.write(text)
+
+        def flush(self):
+            if self.lines > 2:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            self.f.flush()
+
+        def close(self):
+            self.flush()
+
+    class Log(trainer_module.MetricsLog):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self._file = FillsUp(self._file)
+
+    monkeypatch.setattr(trainer_module, "MetricsLog", Log)
+    with pytest.raises(RunFolderError) as failed:
+        make_trainer(tiny_config(tmp_path, max_steps=4, checkpoint_every=2)).train()
+    metrics = tmp_path / "metrics.jsonl"
+    assert str(failed.value) == (
+        f"could not write {metrics}: the disk is full. The checkpoint from step 2, {tmp_path / 'checkpoint.pt'}, "
+        "is intact."
+    )
 
 
 def test_a_model_the_trainer_compiled_is_refused_by_the_next_trainer(tmp_path):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterable, Iterator
@@ -103,6 +104,16 @@ def _check_files(files: Iterable[str | Path]) -> list[Path]:
     return paths
 
 
+def _os_error(exc: Exception, path: Path) -> OSError | None:
+    """The library's I/O failure as the OSError it was (None for any other failure): it raises a plain Exception
+    reading "... (os error 28)", which no OSError handler (the run folder's write guard) would catch."""
+    code = re.search(r"\(os error (\d+)\)$", str(exc))
+    if code is None:
+        return None
+    number = int(code.group(1))
+    return OSError(number, os.strerror(number), str(path))
+
+
 class BPETokenizer:
     """GPT-2 style byte-level BPE with ``<|endoftext|>`` as its single special token."""
 
@@ -172,8 +183,14 @@ class BPETokenizer:
         directory.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(dir=directory, prefix=temp_prefix("tokenizer")))
         try:
-            self._tok.save(str(tmp / "tokenizer.json"))
-            self._tok.model.save(str(tmp))  # writes vocab.json and merges.txt
+            try:
+                self._tok.save(str(tmp / "tokenizer.json"))
+                self._tok.model.save(str(tmp))  # writes vocab.json and merges.txt
+            except Exception as exc:
+                error = _os_error(exc, directory)
+                if error is None:
+                    raise
+                raise error from exc
             # tokenizer.json last: its presence is what load() and the data cache take as "complete".
             for name in ("vocab.json", "merges.txt", "tokenizer.json"):
                 os.replace(tmp / name, directory / name)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TypeVar
@@ -22,7 +23,7 @@ from typing import TypeVar
 import torch
 
 from cs336_basics.devices import resolve_device
-from cs336_basics.errors import ConfigError, RunFolderError
+from cs336_basics.errors import ConfigError, RunFolderError, WorkFailed
 
 T = TypeVar("T")
 
@@ -117,12 +118,35 @@ def process_group(device_name: str, timeout_s: int) -> Iterator[World]:
     )
     try:
         yield current_world()
-    except BaseException:
+        # Leave together: a rank that tears its connections down while another still talks to it can make gloo abort.
+        dist.barrier()
+    except BaseException as exc:
         _leave_after_error()  # torchrun stops the other ranks when this one exits with the error
+        lost = _lost_peer(exc)
+        if lost is not None:  # the failed rank says why, if it could: not this rank's traceback of the collective
+            raise WorkFailed(
+                f"rank {world.rank} stopped: another rank failed, was killed or stopped answering ({lost}); its "
+                "message above, or torchrun's report below, says which"
+            ) from exc
         raise
-    # Leave together: a rank that tears its connections down while another still talks to it can make gloo abort.
-    dist.barrier()
     dist.destroy_process_group()
+
+
+def _lost_peer(exc: BaseException | None) -> str | None:
+    """What a collective said when it failed for want of another rank (gone, or silent past the timeout), anywhere in
+    the error's chain: torch's distributed errors (NCCL's, the store's) or gloo's RuntimeError, which names its source
+    file. None for any other error."""
+    seen = []
+    while exc is not None and exc not in seen:
+        seen.append(exc)
+        text = str(exc).strip()
+        line = text.splitlines()[-1] if text else type(exc).__name__
+        if isinstance(exc, torch.distributed.DistError):
+            return line
+        if isinstance(exc, RuntimeError) and "gloo" in text:
+            return "gloo: " + re.sub(r"^\[[^\]]*\]\s*", "", line)  # without its source file and line
+        exc = exc.__cause__ or exc.__context__
+    return None
 
 
 def _leave_after_error() -> None:

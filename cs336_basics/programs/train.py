@@ -14,12 +14,14 @@ import contextlib
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from cs336_basics.atomic import write_json_atomic
 from cs336_basics.build import Built, build, plan
 from cs336_basics.compiled import eager
 from cs336_basics.config import RunConfig
 from cs336_basics.data import BPETokenizer, check_data_sources, prepare_data, require_windows
-from cs336_basics.errors import ConfigError, writing
+from cs336_basics.errors import ConfigError, WorkFailed, alike_on_every_rank, writing
 from cs336_basics.parallel.world import main_first, process_group
 from cs336_basics.parallel.wrap import FSDP
 from cs336_basics.precision.choice import AUTO_SETTINGS
@@ -63,8 +65,9 @@ def run_training(config: RunConfig, results_json: str | Path | None = None, log=
     """Train `config` in its run folder. Returns the result, or None when a resumed run had nothing left to do."""
     t = config.train
     folder = RunFolder(t.out_dir)
-    folder.check_usable(t.resume)
-    check_data_sources(config.data)  # before any heavy work: a wrong path fails in a second
+    with alike_on_every_rank():  # the ranks share the flags and the files
+        folder.check_usable(t.resume)
+        check_data_sources(config.data)  # before any heavy work: a wrong path fails in a second
     with process_group(t.device, t.dist_timeout_s) as world:
         if not world.is_main:
             log = _silent
@@ -80,7 +83,8 @@ def _run_locked(config: RunConfig, folder: RunFolder, world, results_json, log) 
     t = config.train
     requested_fp8 = config.fp8
     # Every rank reads the checkpoint: mapped, so that a machine's ranks share one copy of a whole checkpoint.
-    resume_state = folder.read_resume_state(config, mmap=world.launched) if t.resume else None
+    with alike_on_every_rank():
+        resume_state = folder.read_resume_state(config, mmap=world.launched) if t.resume else None
     notes: list[str] = []
     if resume_state is not None:
         step = resume_state["step"]
@@ -90,7 +94,8 @@ def _run_locked(config: RunConfig, folder: RunFolder, world, results_json, log) 
                 "pass a larger --max_steps to train further. The run folder was left as it was."
             )
             return None
-    p = plan(config)
+    with alike_on_every_rank():  # process_group refused a GPU this rank cannot use already: plan's checks are alike
+        p = plan(config)
     if resume_state is not None:
         notes = _resume_notes(RunConfig.from_dict(resume_state["config"]), p.config, resume_state["step"])
     with main_first(world):  # rank 0 tokenizes and caches; the others read its cache
@@ -113,22 +118,49 @@ def _run_locked(config: RunConfig, folder: RunFolder, world, results_json, log) 
         train={"resume": False, "overwrite": False, "compile_mode": t.compile_mode},
         fp8={name: getattr(requested_fp8, name) for name in AUTO_SETTINGS},
     )
+    before = "Nothing was trained." + (f" {folder.checkpoint_path} is intact." if resume_state is not None else "")
     if world.is_main:
-        before = "Nothing was trained." + (f" {folder.checkpoint_path} is intact." if resume_state is not None else "")
         with writing(folder.config_path, before):
             write_json_atomic(folder.config_path, saved.to_dict())
         if data.tokenizer is not None and resume_state is None:
             with writing(folder.tokenizer_path, before):
                 data.tokenizer.save(folder.tokenizer_path)
 
-    trainer = Trainer(
-        built.model, config, data.train, data.val, built.device, log=log, resume_state=resume_state,
-        parallel=built.parallel, converter=built.converter,
-    )  # fmt: skip
-    result = trainer.train()
+    trainer = None
+    try:
+        trainer = Trainer(
+            built.model, config, data.train, data.val, built.device, log=log, resume_state=resume_state,
+            parallel=built.parallel, converter=built.converter,
+        )  # fmt: skip
+        result = trainer.train()
+    except (RuntimeError, MemoryError) as exc:
+        if not _out_of_memory(exc):
+            raise
+        where = f"at step {trainer.step + 1}" if trainer is not None else "before the first step"
+        raise _memory_advice(config, built.device, where, trainer.kept() if trainer is not None else before) from exc
     if world.is_main:
         _report(result, built, folder, data, results_json, log)
     return result
+
+
+def _out_of_memory(exc: BaseException) -> bool:
+    """An allocation that failed: the CUDA allocator's, the CPU allocator's (a plain RuntimeError) or Python's."""
+    return isinstance(exc, torch.OutOfMemoryError | MemoryError) or "DefaultCPUAllocator: can't allocate" in str(exc)
+
+
+def _memory_advice(config: RunConfig, device: torch.device, where: str, intact: str) -> WorkFailed:
+    t, m = config.train, config.model
+    recompute = (
+        "; --gradient_checkpointing is on already"
+        if m.gradient_checkpointing
+        else ", or pass --gradient_checkpointing (backward recomputes the activations instead of keeping them)"
+    )
+    return WorkFailed(
+        f"out of memory on {device} {where}: a micro-batch of {t.batch_size} x {m.context_length} tokens "
+        f"(--batch_size x --context_length) through the {m.n_layers}-layer, dim {m.dim} model does not fit. Lower "
+        f"--batch_size and raise --gradient_accumulation_steps (now {t.gradient_accumulation_steps}) to keep the "
+        f"global batch{recompute}. {intact}"
+    )
 
 
 def _report(result: TrainResult, built: Built, folder: RunFolder, data, results_json, log) -> None:

@@ -76,13 +76,24 @@ class MetricsLog:
             self._file = open(self.path, "a", opener=_no_follow)  # noqa: SIM115 - open until close()
         else:
             self._file = open(self.path, "w", opener=_no_follow)  # noqa: SIM115 - open until close()
+        self._failed = False
 
     def write(self, record: dict[str, Any]) -> None:
         self._file.write(json.dumps(record) + "\n")
-        self._file.flush()
+        try:
+            self._file.flush()
+        except OSError:
+            self._failed = True
+            raise
 
     def close(self) -> None:
-        self._file.close()
+        try:
+            self._file.close()
+        except OSError:
+            # A failed write keeps its line buffered and close writes it again: the first error already says so
+            # (and naming the file); this one would replace it with one that names nothing.
+            if not self._failed:
+                raise
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:

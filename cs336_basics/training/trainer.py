@@ -68,6 +68,12 @@ def scheduled_lr(config: RunConfig, step: int) -> float:
     return cosine_lr(step, o.lr, o.min_lr, o.warmup_steps, o.lr_decay_steps or config.train.max_steps)
 
 
+def global_batch_tokens(config: RunConfig, world_size: int) -> int:
+    """Tokens of one optimizer step: every rank trains on its own batch_size sequences per micro-batch."""
+    t = config.train
+    return t.batch_size * config.model.context_length * t.gradient_accumulation_steps * world_size
+
+
 class TrainingDiverged(WorkFailed):
     """The loss or the gradient norm became NaN or infinite. No checkpoint is written from such a state."""
 
@@ -132,8 +138,7 @@ class Trainer:
         self.checkpoint_path = self.out_dir / CHECKPOINT_NAME
         self.val_data = val_data
         t, o, m = config.train, config.optim, config.model
-        # The global batch: every rank trains on its own batch_size sequences per micro-batch.
-        self.tokens_per_step = t.batch_size * m.context_length * t.gradient_accumulation_steps * self.world.world_size
+        self.tokens_per_step = global_batch_tokens(config, self.world.world_size)
 
         # Compile after any precision conversion (done by the build stage), then parallelize (a no-op on one process):
         # DDP wraps the compiled model, FSDP2 shards the model whose blocks were compiled (parallel/wrap.py says why
@@ -166,6 +171,8 @@ class Trainer:
         self.converter = converter
         self.converter.prepare(t.batch_size * m.context_length)  # before the first compiled step
         self.step = 0
+        # Counted as trained, and kept in checkpoints: a resumed run may train another global batch.
+        self.tokens = 0
         self.saved_step: int | None = None  # the step of the checkpoint on disk that this run knows is good
         self.flops_per_token = flops_per_token(
             m, model.num_parameters(exclude_embeddings=True), frozen_matmul_parameters(model)
@@ -188,6 +195,13 @@ class Trainer:
         self.step = self.saved_step = state["step"]
         self.sampler.load_state_dict(state["sampler_state"])
         extra = state.get("extra") or {}
+        self.tokens = extra.get("tokens")
+        if self.tokens is None:
+            # A checkpoint written before the count was kept: its steps are taken as all of its saved config's global
+            # batch (a change on an earlier resume went unrecorded then). A whole checkpoint does not record its
+            # ranks (a sharded one does): this launch's stand in.
+            ranks = state.get("world_size", self.world.world_size)
+            self.tokens = state["step"] * global_batch_tokens(RunConfig.from_dict(state["config"]), ranks)
         interval = extra.get("log_interval")
         if interval:
             self._loss_sum = interval["loss_sum"].to(self.device)
@@ -200,11 +214,11 @@ class Trainer:
         if not dist.agree_all(self.optimizer.state_is_finite()):  # under FSDP2 each rank sees its shards only
             raise TrainingDiverged(
                 f"the weights or optimizer moments became NaN/inf by step {self.step}, so no checkpoint was written. "
-                f"{self._kept()} {self._advice()}"
+                f"{self.kept()} {self._advice()}"
             )
         # The running loss of the interval so far, over all ranks (a copy: the ranks keep summing their own).
         loss_sum = dist.all_reduce_(self._loss_sum.detach().clone(), "avg")
-        extra = {"log_interval": {"loss_sum": loss_sum.cpu(), "count": self._loss_count}}
+        extra = {"log_interval": {"loss_sum": loss_sum.cpu(), "count": self._loss_count}, "tokens": self.tokens}
         precision_state = self.converter.state_dict()
         if precision_state is not None:  # the key of checkpoints written before converters: they still resume
             extra["fp8_scaling"] = precision_state
@@ -230,11 +244,12 @@ class Trainer:
 
                     dist.main_writes(self.world, write, str(self.checkpoint_path))
             except (OSError, RuntimeError) as exc:
-                raise io_error(exc, self.checkpoint_path, self._kept()) from exc
+                raise io_error(exc, self.checkpoint_path, self.kept()) from exc
             self.saved_step = self.step
         return self.checkpoint_path
 
-    def _kept(self) -> str:
+    def kept(self) -> str:
+        """What of the run is intact on disk, as the sentence that ends an error."""
         if self.saved_step is None:
             return "No checkpoint of this run had been written."
         return f"The checkpoint from step {self.saved_step}, {self.checkpoint_path}, is intact."
@@ -254,7 +269,7 @@ class Trainer:
         bad_step = int(self._first_bad_step.item())
         if bad_step >= 0:
             raise TrainingDiverged(
-                f"the loss or gradient norm became NaN/inf at step {bad_step + 1}. {self._kept()} {self._advice()}"
+                f"the loss or gradient norm became NaN/inf at step {bad_step + 1}. {self.kept()} {self._advice()}"
             )
 
     # ---- one optimizer step ----
@@ -335,7 +350,7 @@ class Trainer:
                         continue
                     record = self._log_point(timer, progress, lr, grad_norm, do_eval)
                     if metrics is not None:
-                        with writing(metrics_path, self._kept()):
+                        with writing(metrics_path, self.kept()):
                             metrics.write(record)
                     bar.set_postfix(self._postfix(record), refresh=False)
                     bar.update(1)
@@ -345,7 +360,7 @@ class Trainer:
                 if stopping and self.step < t.max_steps:
                     self._stop(stop)
         except StopNow as exc:  # a second Ctrl-C: stopped at once, nothing new saved
-            raise StopNow(exc.signum, f"{exc} at step {self.step}. {self._kept()}") from None
+            raise StopNow(exc.signum, f"{exc} at step {self.step}. {self.kept()}") from None
         finally:
             bar.close()
             if metrics is not None:
@@ -353,7 +368,7 @@ class Trainer:
 
         plot_path = self.out_dir / "loss_curve.png"
         if main:
-            with writing(plot_path, f"{self._kept()} {metrics_path} is complete."):
+            with writing(plot_path, f"{self.kept()} {metrics_path} is complete."):
                 plot_loss_curve(metrics_path, plot_path, title=str(self.out_dir.name))
         return self._result(progress, metrics_path, plot_path)
 
@@ -372,6 +387,7 @@ class Trainer:
         self._loss_sum += loss
         self._loss_count += 1
         self.step += 1
+        self.tokens += self.tokens_per_step
         return grad_norm
 
     def _log_point(
@@ -396,7 +412,7 @@ class Trainer:
             progress.peak_bytes = max(progress.peak_bytes, int(peak_here))
         record = {
             "step": self.step,
-            "tokens": self.step * self.tokens_per_step,
+            "tokens": self.tokens,
             "loss": progress.loss,
             "val_loss": None,
             "lr": lr,
@@ -421,7 +437,7 @@ class Trainer:
         tok_s = self.tokens_per_step / statistics.median(times) if times else None
         return TrainResult(
             steps=self.step,
-            tokens=self.step * self.tokens_per_step,
+            tokens=self.tokens,
             loss=progress.loss,
             val_loss=progress.val_loss,
             tokens_per_sec=tok_s,
