@@ -104,7 +104,9 @@ def run_record(config: RunConfig, status: str = "ok", **measured: Any) -> dict[s
         "fsdp_reshard_after_forward": t.fsdp_reshard_after_forward,  # used by --parallel fsdp only
         "fp8_all_gather": bool(fp8.use_fp8 and fp8.fp8_all_gather),  # used by --parallel fsdp only
         "fp8_lm_head": bool(fp8.use_fp8 and fp8.fp8_lm_head),
-        "fp8_shape_filter": fp8.fp8_shape_filter,  # as configured (a preset may set it for its BF16 rows too)
+        # None without FP8: the FP8 settings resolved for a BF16 run depend on where it runs (TorchAO's path under
+        # DDP), which would set two BF16 rows of one configuration apart.
+        "fp8_shape_filter": fp8.fp8_shape_filter if fp8.use_fp8 else None,
         # A LoRA run's frozen base runs its own FP8 linears (lora/layers.py), whichever path was named.
         "fp8_path": (LORA_FP8_PATH if config.finetune.lora else fp8.fp8_path) if fp8.use_fp8 else None,
         "fp8_scaling": fp8.fp8_scaling if fp8.use_fp8 else None,
