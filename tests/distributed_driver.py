@@ -14,6 +14,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import train_h100  # noqa: E402
+from cs336_basics.parallel.world import exit_process  # noqa: E402
 from cs336_basics.training.trainer import Trainer  # noqa: E402
 
 _real_step = Trainer.train_step
@@ -35,4 +36,4 @@ if __name__ == "__main__":
         from torch._dynamo.utils import counters
 
         print(f"graph_breaks={sum(counters['graph_break'].values())}", flush=True)
-    sys.exit(code)
+    exit_process(code)

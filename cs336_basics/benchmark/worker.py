@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import json
 import signal
-import sys
 import tempfile
 import time
 import traceback
@@ -44,7 +43,7 @@ import torch
 from cs336_basics.atomic import write_json_atomic
 from cs336_basics.config_layers import build_config
 from cs336_basics.errors import ConfigError, NotSupportedHere, rank_prefix, report_error
-from cs336_basics.parallel.world import SINGLE, torchrun_world
+from cs336_basics.parallel.world import SINGLE, exit_process, torchrun_world
 from cs336_basics.programs.train import run_training
 from cs336_basics.results import run_record
 
@@ -167,4 +166,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

@@ -16,6 +16,7 @@ import contextlib
 import datetime
 import os
 import re
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TypeVar
@@ -64,6 +65,19 @@ def torchrun_world() -> World | None:
     except ValueError as exc:
         raise ConfigError(f"torchrun's {'/'.join(TORCHRUN_VARIABLES)} must be integers ({exc}).") from exc
     return World(rank=rank, world_size=world_size, local_rank=local_rank, launched=True)
+
+
+def exit_process(code: int) -> None:
+    """End the program with `code`. A process torchrun started ends without the interpreter's finalization, once its
+    output is flushed (the process group is gone by then: process_group destroys it): gloo's C++ threads can abort the
+    finalization of a process that finished its work (pytorch/pytorch#179291), which made a rank of a finished
+    2-rank CPU test run die of SIGABRT ("terminate called without an active exception", its main thread with no
+    Python frame left), failing the run after its work was done and saved."""
+    if torchrun_world() is None:
+        sys.exit(code)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def current_world() -> World:
