@@ -139,7 +139,8 @@ def plan(config: RunConfig) -> Plan:
 
         check_hf_model_request(config, world.launched)
     shapes = shape_model(config.model)
-    parallel_mode = _parallel_mode(config, world, device, shapes.num_parameters())
+    n_params = shapes.num_parameters()
+    parallel_mode = _parallel_mode(config, world, device, n_params)
     scope, why = resolve_compile_scope(t.compile_scope, config.model.hf_model is None, parallel_mode == FSDP)
     if compile_model and t.compile_scope == "auto":
         auto.append(f"compile_scope={scope} ({why})")
@@ -167,7 +168,7 @@ def plan(config: RunConfig) -> Plan:
         mode, why = resolve_compile_mode(config.train, use_fp8, device, world)
         auto.append(f"compile_mode={mode} ({why})")
         config = config.replace(train={"compile_mode": mode})
-    parallel = resolve_parallel(config, world, device, shapes.num_parameters())
+    parallel = resolve_parallel(config, world, device, n_params)
     check_finetune_request(config, world)
     check_cuda_graphs_request(config.train, device, world)
     m = config.model
