@@ -180,6 +180,14 @@ def test_gpu_mode_sees_real_fp8_gemms(tmp_path, token_files, capsys):
     assert [line.split(":")[0] for line in payload["paths"]] == ["fused", "torchao"]
     assert all("x BF16" in line for line in payload["paths"]) and len(payload["runs"]) == 3
     assert payload["amdahl"]["n_converted"] == checks["fp8_linears"]["evidence"]["counted"]
+    # Timed as the run would be (auto: CUDA graphs for FP8, BF16 without them); check 2 and the profiles came from
+    # steps without CUDA graphs, whose ops the profiler sees (the counts above).
+    assert [(r["precision"] != "bf16", r["compile"]) for r in payload["runs"]] == [
+        (False, "default"),
+        (True, "reduce-overhead"),
+        (True, "reduce-overhead"),
+    ]
+    assert payload["amdahl"]["compile"] == "default"
 
 
 @pytest.mark.gpu

@@ -9,7 +9,10 @@ Five checks, each PASS / FAIL / SKIP with the evidence:
                          counts the FP8 casts instead, since emulated matmuls run in high precision.
   3. no_graph_breaks     dynamo traces the FP8 model's forward (and loss) as one graph.
   4. loss_matches_bf16   after the same steps from the same seed and data, FP8 loss is within a tolerance of BF16.
-  5. fp8_speedup         FP8 + compile tokens/s over BF16 + compile tokens/s, measured in this process (GPU only).
+  5. fp8_speedup         FP8 + compile tokens/s over BF16 + compile tokens/s, measured in this process (GPU only), each
+                         in the compile mode its run would use (auto: CUDA graphs for FP8 where they apply). Under CUDA
+                         graphs the profiler sees a graph's replay, not its ops: check 2 and the Amdahl profile then
+                         run on a twin of the FP8 model, same settings, compiled without CUDA graphs.
 
 Then why, the doctor's part (benchmark/doctor.py): before anything is built, what each conversion policy
 (Accelerate's default filter, TorchAO's shape rule, every linear) would convert and the FLOP share and bound it gives,
@@ -49,8 +52,8 @@ from cs336_basics.benchmark.amdahl.law import GemmShape, linear_gemm_shapes
 from cs336_basics.benchmark.amdahl.measure import amdahl_row, profile_step_breakdown, time_matmuls
 from cs336_basics.benchmark.amdahl.report import AmdahlRow
 from cs336_basics.benchmark.doctor import Diagnosis, diagnose_config, measured_findings
-from cs336_basics.build import Built, Plan, build, plan
-from cs336_basics.compiled import eager
+from cs336_basics.build import Built, build, plan
+from cs336_basics.compiled import eager, runs_cuda_graphs
 from cs336_basics.config import RunConfig
 from cs336_basics.data import PreparedData, get_batch, prepare_data, require_windows
 from cs336_basics.devices import resolve_device
@@ -318,17 +321,32 @@ def _lora_step_checks(built: Built, trainer: Trainer, batch, on_gpu: bool) -> li
 
 
 def _for_this_machine(config: RunConfig, on_gpu: bool) -> RunConfig:
-    """On a GPU the config as asked, but for --compile_mode auto, which becomes default: under CUDA graphs the profiler
-    sees a graph's replay, not the aten::_scaled_mm calls check 2 counts (both sides of check 5 use it too). On the
-    CPU, without compile and with the FP8 that runs there."""
-    if on_gpu and config.train.compile_mode == "auto":
-        config = config.replace(train={"compile_mode": "default"})
+    """On a GPU the config as asked: the runs are timed as train_h100.py would run them. On the CPU, without compile
+    and with the FP8 that runs there."""
     if not on_gpu:
         # Compile would only add minutes here. Pretraining FP8 needs torchao's emulation (FP8 numerics without FP8
         # hardware); a LoRA base runs real FP8 GEMMs on the CPU, so its settings stay as asked.
         emulate = {} if config.finetune.lora else {"fp8_emulate": True}
         config = config.replace(fp8=emulate, train={"compile_model": False, "dtype": "bfloat16"})
     return config
+
+
+PROFILED_TWIN_STEPS = 3  # compile, then warm steps: the profiled steps come after these
+
+
+def _profiled_twin(timed: RunConfig, data: PreparedData, log, then: Callable[[Built, Trainer], Any]) -> Any:
+    """`then` of the timed run's model built again with its settings (every FP8 default as resolved for the timed run)
+    but compiled without CUDA graphs, and trained a few steps: its profiled steps show the ops a graph's replay hides.
+    Its memory is handed back before returning."""
+    log(f"profiling without CUDA graphs ({timed.train.compile_mode}'s replays hide the step's ops from the profiler)")
+    steps = PROFILED_TWIN_STEPS
+    twin_config = timed.replace(train={"compile_mode": "default", "max_steps": steps, "log_every": steps})
+    twin = build(plan(twin_config))
+    trainer, _ = train_for_measurement(twin, data.train, data.val, log=lambda message: None)
+    after = then(twin, trainer)
+    del trainer, twin
+    release_memory()
+    return after
 
 
 def _linears_check(built: Built, log) -> Check:
@@ -357,19 +375,29 @@ def _step_checks(built: Built, trainer: Trainer, batch, on_gpu: bool) -> list[Ch
     return [_converted_gemms_check(built, trainer, on_gpu)]
 
 
-def _train_bf16_twin(
-    fp8_plan: Plan, data: PreparedData, log, then: Callable[[Trainer], Any]
-) -> tuple[RunConfig, TrainResult, Any]:
-    """The FP8 run's twin in BF16: same seed, same initial weights (a LoRA base: in BF16), same steps and data; and
-    `then` of its warm trainer. Its memory is handed back before returning."""
-    log("training BF16 ...")
-    bf16 = build(fp8_plan.with_fp8(False))
-    bf16_config = bf16.config
-    bf16_trainer, bf16_result = train_for_measurement(bf16, data.train, data.val, log)
-    after = then(bf16_trainer)
-    del bf16_trainer, bf16
+def _measure(
+    built: Built,
+    data: PreparedData,
+    log,
+    label: str,
+    before: Callable[[Built], Any] = lambda built: None,
+    evidence: Callable[[Built, Trainer], Any] | None = None,
+) -> tuple[RunConfig, TrainResult, Any, Any]:
+    """Train `built` as a measurement in its own compile mode: (its config, its result, `before(built)` taken before
+    training, `evidence(built, trainer)` from more steps the profiler can see into). Those steps are the timed
+    trainer's own, or where it replays CUDA graphs (whose replays hide the ops from the profiler) a twin's
+    (_profiled_twin). The memory is handed back before returning: pass `built` without keeping it."""
+    seen = before(built)
+    log(f"training {label} ...")
+    config = built.config
+    trainer, result = train_for_measurement(built, data.train, data.val, log)
+    graphs = runs_cuda_graphs(config.train.compile_model, config.train.compile_mode, built.device)
+    after = evidence(built, trainer) if evidence is not None and not graphs else None
+    del trainer, built
     release_memory()
-    return bf16_config, bf16_result, after
+    if evidence is not None and graphs:
+        after = _profiled_twin(config, data, log, evidence)
+    return config, result, seen, after
 
 
 def _loss_check(fp8: TrainResult, bf16: TrainResult, loss_tolerance: float) -> Check:
@@ -448,8 +476,9 @@ def verify_fp8(
 ) -> Verification:
     """Run the checks for `config`'s model and batch (a LoRA fine-tune's for one), and the doctor's findings. On CPU
     checks 1-4 run: pretraining FP8 emulated, a LoRA fine-tune's frozen FP8 base on torch._scaled_mm's CPU kernels.
-    On a GPU the Amdahl row too: X from a profiled BF16 step, s from the GEMMs timed alone, set beside the measured
-    ratio. `compare_paths`: for this package's model, train the FP8 path not chosen too and show both side by side."""
+    On a GPU each precision is timed in the compile mode its run would use, and the Amdahl row is added: X from a
+    profiled BF16 step, s from the GEMMs timed alone, set beside the measured ratio. `compare_paths`: for this
+    package's model, train the FP8 path not chosen too and show both side by side."""
     on_gpu = resolve_device(config.train.device).type == "cuda"
     requested = _for_this_machine(config, on_gpu)
     diagnosis = _diagnosis(requested, on_gpu, log)
@@ -457,42 +486,50 @@ def verify_fp8(
     fp8_plan = plan(requested.with_fp8(True))
     config, device = fp8_plan.config, fp8_plan.device
     log(fp8_plan.fp8_support.format())
-    if on_gpu and config.train.compile_mode == "auto":
-        log("compile mode: default, not auto's CUDA graphs, which would hide the FP8 GEMMs from check 2's profiler")
     data = prepare_data(config.data, config.model.vocab_size)
     require_windows(len(data.train), config.model.context_length, "the training data")
-
-    built = build(fp8_plan)
-    linears = _linears_check(built, log)
-    # Check 3 before training, so that a break is reported even if compile would then fail.
     rng = np.random.default_rng(config.train.seed)
     batch = get_batch(data.train, config.train.batch_size, config.model.context_length, device, rng)
-    graph_breaks = _graph_breaks_check(built.model, batch)
-
-    # Checks 4 + 5 compare the same steps, seed and data in both precisions; FP8 first is as fair as BF16 first (both
-    # warm up).
-    log("training FP8 ...")
-    fp8_trainer, fp8_result = train_for_measurement(built, data.train, data.val, log)
-    # Check 2 in a (now warm) training step, after the training (a LoRA base's weight casts counted across it).
-    step_checks = _step_checks(built, fp8_trainer, batch, on_gpu)
     # The Amdahl row's profiles of warm steps, on a GPU (a LoRA base has no weight-gradient GEMMs: not this model).
     amdahl = on_gpu and not config.finetune.lora
-    shapes = _gemm_shapes(built) if amdahl else []
-    conversion, fp8_line = built.conversion, built.fp8_line
-    profile = (lambda trainer: profile_step_breakdown(trainer, shapes)) if amdahl else (lambda trainer: None)
-    fp8_profile = profile(fp8_trainer)
-    # Free the FP8 run before the next one so that each peak memory is its own.
-    del fp8_trainer, built
-    release_memory()
+
+    def before_training(built: Built):
+        # Check 3 before training, so that a break is reported even if compile would then fail.
+        shapes = _gemm_shapes(built) if amdahl else []
+        return (
+            _linears_check(built, log),
+            _graph_breaks_check(built.model, batch),
+            built.conversion,
+            built.fp8_line,
+            shapes,
+        )
+
+    def fp8_evidence(built: Built, trainer: Trainer):
+        # Check 2 in a warm training step, after the training (a LoRA base's weight casts counted across it).
+        profile = profile_step_breakdown(trainer, _gemm_shapes(built)) if amdahl else None
+        return _step_checks(built, trainer, batch, on_gpu), profile
+
+    # Checks 4 + 5 compare the same steps, seed and data in both precisions; FP8 first is as fair as BF16 first (both
+    # warm up). Each run is built, measured and freed before the next, so that each peak memory is its own.
+    _, fp8_result, checked, (step_checks, fp8_profile) = _measure(
+        build(fp8_plan), data, log, "FP8", before_training, fp8_evidence
+    )
+    linears, graph_breaks, conversion, fp8_line, shapes = checked
     other = _other_path(requested, config) if compare_paths else None
     other_run = None
     if isinstance(other, Built):
-        log(f"training FP8 on the other path, --fp8_path {other.config.fp8.fp8_path} ...")
-        other_line = other.fp8_line
-        other_run = (other.config, train_for_measurement(other, data.train, data.val, log)[1])
+        label = f"FP8 on the other path, --fp8_path {other.config.fp8.fp8_path}"
+        other_config, other_result, other_line, _ = _measure(other, data, log, label, lambda built: built.fp8_line)
+        other_run = (other_config, other_result)
         del other
         release_memory()
-    bf16_config, bf16_result, bf16_profile = _train_bf16_twin(fp8_plan, data, log, then=profile)
+
+    def bf16_evidence(built: Built, trainer: Trainer):
+        return profile_step_breakdown(trainer, shapes), built.config.train.compile_mode  # the profiled step's mode
+
+    bf16_config, bf16_result, _, bf16_profiled = _measure(
+        build(fp8_plan.with_fp8(False)), data, log, "BF16", evidence=bf16_evidence if amdahl else None
+    )
     paths = [_path_line(config, fp8_result, fp8_line, bf16_result, on_gpu)]
     if other_run is not None:
         paths.append(_path_line(*other_run, other_line, bf16_result, on_gpu))
@@ -502,7 +539,9 @@ def verify_fp8(
     if amdahl:
         log(f"timing the {len(shapes)} distinct GEMMs alone, BF16 and FP8 ...")
         timings = time_matmuls(shapes, device, config.fp8.fp8_recipe)
-        row = amdahl_row(config, device, bf16_profile, fp8_profile, conversion, timings, notes=[])
+        bf16_profile, profiled_mode = bf16_profiled  # both profiles were taken without CUDA graphs, in this mode
+        profiled = config.replace(train={"compile_mode": profiled_mode})
+        row = amdahl_row(profiled, device, bf16_profile, fp8_profile, conversion, timings, notes=[])
     if diagnosis is not None and on_gpu:  # speed and memory on the CPU say nothing about a GPU's
         diagnosis.findings += measured_findings(
             fp8_result, bf16_result, row, config.train.compile_model, bool(config.fp8.fp8_shape_filter)
