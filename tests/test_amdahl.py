@@ -371,7 +371,9 @@ def test_analyse_a_tiny_model_end_to_end():
         "bf16_step_ms",
     ):
         assert math.isfinite(getattr(result, name)), name
-    assert result.fp8_breakdown["n_scaled_mm_calls"] >= 3 * 14
+    # Three GEMMs per FP8 linear, less the input gradients the default fused path runs as one GEMM: q/k/v's (two
+    # fewer per layer) and w1/w3's (one).
+    assert result.fp8_breakdown["n_scaled_mm_calls"] >= 3 * 14 - 2 * (2 + 1)
     assert result.bf16_breakdown["n_scaled_mm_calls"] == 0
     assert result.attribution == "shape" and result.method == "cpu-op"
     for breakdown in (result.bf16_breakdown, result.fp8_breakdown):  # annotations are not kernels

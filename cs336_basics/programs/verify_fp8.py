@@ -49,7 +49,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from cs336_basics.benchmark.amdahl.law import GemmShape, linear_gemm_shapes
-from cs336_basics.benchmark.amdahl.measure import amdahl_row, profile_step_breakdown, time_matmuls
+from cs336_basics.benchmark.amdahl.measure import StepBreakdown, amdahl_row, profile_step_breakdown, time_matmuls
 from cs336_basics.benchmark.amdahl.report import AmdahlRow
 from cs336_basics.benchmark.doctor import Diagnosis, diagnose_config, measured_findings
 from cs336_basics.build import Built, build, plan
@@ -463,6 +463,13 @@ def _other_path(requested: RunConfig, chosen: RunConfig) -> Built | str:
         return f"--fp8_path {other} cannot run here: {exc}"
 
 
+def _timed_step(profile: StepBreakdown, result: TrainResult) -> StepBreakdown:
+    """`profile` with the step time of the timed run it belongs to: the Amdahl row's measured ratio is then check 5's,
+    in the runs' own compile modes (a twin's profiled steps ran without CUDA graphs)."""
+    step_tokens = result.tokens / result.steps
+    return dataclasses.replace(profile, step_ms=1e3 * step_tokens / result.tokens_per_sec, step_ms_samples=[])
+
+
 def _path_line(config: RunConfig, result: TrainResult, summary: str, bf16: TrainResult, on_gpu: bool) -> str:
     """One FP8 path's line: what it converted, its loss, and on a GPU its tokens/s over BF16's."""
     speed = ""
@@ -541,6 +548,7 @@ def verify_fp8(
         timings = time_matmuls(shapes, device, config.fp8.fp8_recipe)
         bf16_profile, profiled_mode = bf16_profiled  # both profiles were taken without CUDA graphs, in this mode
         profiled = config.replace(train={"compile_mode": profiled_mode})
+        bf16_profile, fp8_profile = _timed_step(bf16_profile, bf16_result), _timed_step(fp8_profile, fp8_result)
         row = amdahl_row(profiled, device, bf16_profile, fp8_profile, conversion, timings, notes=[])
     if diagnosis is not None and on_gpu:  # speed and memory on the CPU say nothing about a GPU's
         diagnosis.findings += measured_findings(
