@@ -1,0 +1,91 @@
+"""Several hosts, on one machine: two torchrun agents, each started as one node of a two-node run is on a cluster
+(the same command on both: `--nnodes 2 --rdzv_backend c10d --rdzv_endpoint HOST:PORT --rdzv_id ID`, here on a free
+local port), one process each on gloo. What is not tested here: a real network between hosts, NCCL, GPUs.
+
+The program's promise on several nodes is one run folder that every node sees (README, "Several hosts").
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+import uuid
+
+import pytest
+from test_distributed import (
+    COMMON,
+    LOOSE_REL,
+    ONE_PROCESS,
+    STEPS,
+    TWO_RANKS,
+    Finished,
+    assert_same_losses,
+    metrics,
+    one_process,
+    torchrun,
+)
+from tiny import tiny_flags
+
+from cs336_basics.training.checkpoint import CHECKPOINT_FORMAT, CHECKPOINT_NAME, SHARDED_FORMAT, read_checkpoint
+
+WAIT_S = 240  # the longest a two-node launch may take (about 25 s on two cores)
+# When one agent has failed, the other's ranks stop on their own once they learn it (within RANK_0_REPORTS_S, 30 s,
+# for a rank that leaves the report of a refusal to rank 0): past this it is killed, since an agent alone would wait
+# for its peer at the rendezvous or in a collective for minutes.
+PEER_FAILED_S = 60
+
+
+def free_port() -> int:
+    """A port nothing listens on now, for the rendezvous (its host's agent binds it a moment later)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def two_nodes(args: list, cwds=(None, None)) -> list[Finished]:
+    """Run `args` as a two-node run: two agents, one process each, in the working directories `cwds`. Returns both
+    agents' results once both have ended (one that fails leaves the other PEER_FAILED_S to end; none runs past
+    WAIT_S): a failure never hangs the test."""
+    endpoint, run_id = f"127.0.0.1:{free_port()}", uuid.uuid4().hex
+    rendezvous = ("--nnodes=2", "--rdzv_backend=c10d", f"--rdzv_endpoint={endpoint}", f"--rdzv_id={run_id}")
+    agents = [torchrun(args, nproc=1, rendezvous=rendezvous, cwd=cwd) for cwd in cwds]
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline and any(a.proc.poll() is None for a in agents):
+        if any(a.proc.poll() not in (None, 0) for a in agents):
+            deadline = min(deadline, time.monotonic() + PEER_FAILED_S)
+        time.sleep(0.5)
+    for agent in agents:
+        if agent.proc.poll() is None:
+            agent.kill()
+    return [agent.wait() for agent in agents]
+
+
+def both_logs(agents: list[Finished]) -> str:
+    """Every agent's exit code and output (their ranks' and torchrun's), for a failure message."""
+    return "\n".join(
+        f"--- node {i}: exit {a.returncode} after {a.seconds:.0f} s ---\n{a.stdout[-2000:]}\n{a.stderr[-4000:]}"
+        for i, a in enumerate(agents)
+    )
+
+
+@pytest.mark.slow
+def test_two_nodes_train_and_one_process_continues_their_checkpoint(tmp_path, token_files):
+    """Two nodes train 3 steps under FSDP2, each rank writing its shards into the shared run folder; one process
+    resumes the sharded checkpoint (world size 2 -> 1) to step 6. The 6 steps give the losses of one uninterrupted
+    process with the same global batch (within float32 summation order, as test_distributed's runs)."""
+    base = [*tiny_flags(), *token_files, *COMMON]
+    one_process([*base, *ONE_PROCESS, "--out_dir", tmp_path / "single"])
+    run = tmp_path / "run"
+    first = [*base, *TWO_RANKS, "--max_steps", "3", "--lr_decay_steps", STEPS, "--parallel", "fsdp", "--out_dir", run]
+    agents = two_nodes(first)
+    assert all(a.returncode == 0 for a in agents), both_logs(agents)
+    printed = "".join(a.stdout for a in agents)
+    assert printed.count("FINAL CONFIGURATION SUMMARY") == 1, both_logs(agents)  # one run: its rank 0 alone prints
+    assert "fsdp, world size 2" in printed and "x 2 processes = 128 tokens per step" in printed
+    sharded = read_checkpoint(run / CHECKPOINT_NAME)
+    assert (sharded["format"], sharded["world_size"], sharded["step"]) == (SHARDED_FORMAT, 2, 3)
+
+    one_process(["--resume", "--max_steps", STEPS, "--parallel", "auto", *ONE_PROCESS, "--out_dir", run])
+    assert_same_losses(metrics(run), metrics(tmp_path / "single"), rel=LOOSE_REL)  # steps 1-3 two nodes, 4-6 one
+    whole = read_checkpoint(run / CHECKPOINT_NAME)
+    assert (whole["format"], whole["step"]) == (CHECKPOINT_FORMAT, STEPS)
