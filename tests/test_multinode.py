@@ -2,7 +2,8 @@
 (the same command on both: `--nnodes 2 --rdzv_backend c10d --rdzv_endpoint HOST:PORT --rdzv_id ID`, here on a free
 local port), one process each on gloo. What is not tested here: a real network between hosts, NCCL, GPUs.
 
-The program's promise on several nodes is one run folder that every node sees (README, "Several hosts").
+The program's promise on several nodes is one run folder that every node sees (README, "Several hosts"): the agents
+of the test that trains share it; another gives each node a folder of its own, as node-local disks would.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from test_distributed import (
     LOOSE_REL,
     ONE_PROCESS,
     STEPS,
+    TIMEOUT_S,
+    TWO,
     TWO_RANKS,
     Finished,
     assert_same_losses,
@@ -26,6 +29,8 @@ from test_distributed import (
 )
 from tiny import tiny_flags
 
+from cs336_basics.errors import ConfigError
+from cs336_basics.parallel import world
 from cs336_basics.training.checkpoint import CHECKPOINT_FORMAT, CHECKPOINT_NAME, SHARDED_FORMAT, read_checkpoint
 
 WAIT_S = 240  # the longest a two-node launch may take (about 25 s on two cores)
@@ -89,3 +94,55 @@ def test_two_nodes_train_and_one_process_continues_their_checkpoint(tmp_path, to
     assert_same_losses(metrics(run), metrics(tmp_path / "single"), rel=LOOSE_REL)  # steps 1-3 two nodes, 4-6 one
     whole = read_checkpoint(run / CHECKPOINT_NAME)
     assert (whole["format"], whole["step"]) == (CHECKPOINT_FORMAT, STEPS)
+
+
+@pytest.mark.slow
+def test_a_resume_that_one_node_cannot_make_stops_both_at_once(tmp_path, token_files):
+    """Each agent in a folder of its own and a relative --out_dir: each node sees its own run folder, as with
+    node-local disks, and the checkpoint is on one node's alone. That node's rank may not wait for the other's, which
+    refuses before the process group exists, until the group's timeout: both stop, each saying why."""
+    nodes = [tmp_path / "node0", tmp_path / "node1"]
+    for node in nodes:
+        node.mkdir()
+    (nodes[0] / "resume").mkdir()
+    (nodes[0] / "resume" / CHECKPOINT_NAME).write_bytes(b"")  # enough for the check made before the process group
+    args = [*tiny_flags(), *token_files, *TWO_RANKS, "--max_steps", "1", "--dist_timeout_s", TIMEOUT_S]
+    resumed = two_nodes([*args, "--resume", "--out_dir", "resume"], cwds=nodes)
+    assert all(a.returncode != 0 for a in resumed), both_logs(resumed)  # torchrun's 1: its ranks' refusal is 2
+    assert all("exitcode: 2" in a.stderr for a in resumed), both_logs(resumed)
+    assert all(a.seconds < TIMEOUT_S / 2 for a in resumed), both_logs(resumed)
+    said = "".join(a.stderr for a in resumed)
+    assert "--resume was given but resume does not exist" in said, both_logs(resumed)
+    assert "another rank refused to start (its message says why)" in said, both_logs(resumed)
+
+
+# ---- fast: how a refusal some ranks make reaches the others (the collectives simulated) ----
+
+
+@pytest.mark.parametrize(
+    "here, others, raised, every_rank",
+    [
+        (False, [False], None, None),  # nobody refused: go on
+        (True, [True], "own", True),  # alike everywhere: rank 0 reports it
+        (True, [False], "own", False),  # this rank alone: it says so itself
+        (False, [True], "stopped", True),  # another rank alone: this one stops, pointing at it
+    ],
+)
+def test_a_refusal_of_some_ranks_stops_every_rank(monkeypatch, here, others, raised, every_rank):
+    monkeypatch.setattr(world, "agree_any", lambda flag: flag or any(others))
+    monkeypatch.setattr(world, "agree_all", lambda flag: flag and all(others))
+    refusal = ConfigError("the checkpoint is missing") if here else None
+    if raised is None:
+        world.refuse_together(refusal, TWO, "elsewhere")
+        return
+    with pytest.raises(ConfigError) as caught:
+        world.refuse_together(refusal, TWO, "another rank refused")
+    assert caught.value.every_rank is every_rank
+    expected = "the checkpoint is missing" if raised == "own" else "rank 0 stopped: another rank refused"
+    assert str(caught.value) == expected
+
+
+def test_one_process_raises_its_refusal_without_collectives():
+    world.refuse_together(None, world.SINGLE, "unused")
+    with pytest.raises(ConfigError, match="missing"):
+        world.refuse_together(ConfigError("missing"), world.SINGLE, "unused")
