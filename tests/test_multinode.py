@@ -35,8 +35,8 @@ from cs336_basics.training.checkpoint import CHECKPOINT_FORMAT, CHECKPOINT_NAME,
 
 WAIT_S = 240  # the longest a two-node launch may take (about 25 s on two cores)
 # When one agent has failed, the other's ranks stop on their own once they learn it (within RANK_0_REPORTS_S, 30 s,
-# for a rank that leaves the report of a refusal to rank 0): past this it is killed, since an agent alone would wait
-# for its peer at the rendezvous or in a collective for minutes.
+# for a rank that leaves the report of a refusal to rank 0): past this the agent is stopped (Launch.kill), since an
+# agent alone would wait for its peer at the rendezvous or in a collective for minutes.
 PEER_FAILED_S = 60
 
 
@@ -114,6 +114,24 @@ def test_a_resume_that_one_node_cannot_make_stops_both_at_once(tmp_path, token_f
     said = "".join(a.stderr for a in resumed)
     assert "--resume was given but resume does not exist" in said, both_logs(resumed)
     assert "another rank refused to start (its message says why)" in said, both_logs(resumed)
+
+
+@pytest.mark.slow
+def test_nodes_without_a_shared_run_folder_stop_before_writing_to_it(tmp_path, token_files):
+    """Each node its own folder (as in the test above) for a new run: every folder passes the first checks, and
+    without this stop the ranks of an FSDP2 run would scatter their checkpoint's shards over the nodes' disks."""
+    nodes = [tmp_path / "node0", tmp_path / "node1"]
+    for node in nodes:
+        node.mkdir()
+    args = [*tiny_flags(), *token_files, *TWO_RANKS, "--max_steps", "1", "--parallel", "fsdp", "--out_dir", "run"]
+    agents = two_nodes(args, cwds=nodes)
+    assert all(a.returncode != 0 for a in agents), both_logs(agents)
+    assert all("exitcode: 2" in a.stderr for a in agents), both_logs(agents)
+    said = "".join(a.stderr for a in agents)
+    assert "is not the run folder rank 0 holds: its lock (held by PID" in said, both_logs(agents)
+    assert "another rank does not see the run folder run" in said, both_logs(agents)
+    made = sorted(str(p.relative_to(tmp_path)) for node in nodes for p in (node / "run").glob("*"))
+    assert made in (["node0/run/.lock"], ["node1/run/.lock"]), made  # rank 0's, on whichever node it ran
 
 
 # ---- fast: how a refusal some ranks make reaches the others (the collectives simulated) ----

@@ -1,8 +1,8 @@
 """The main job, in the order of its operations: check the run folder and data paths (cheap, first) → under
 torchrun, join the process group (a refusal of those checks, made by every rank or by some, stops every rank there) →
-lock the folder, read and check the checkpoint to resume → plan (resolve, probe FP8, refuse what cannot run) → data →
-build the model and convert to FP8 (build.py) → summary → write the run's config → Trainer (parallelizes, compiles)
-→ train → results.
+lock the folder (every rank must see rank 0's lock), read and check the checkpoint to resume → plan (resolve, probe
+FP8, refuse what cannot run) → data → build the model and convert to FP8 (build.py) → summary → write the run's
+config → Trainer (parallelizes, compiles) → train → results.
 
 Nothing is written to the run folder before every check has passed, apart from its lock file. Under torchrun every
 rank runs this; rank 0 alone holds the folder's lock, prints and writes its files (the sharded checkpoint's shards
@@ -79,12 +79,13 @@ def run_training(config: RunConfig, results_json: str | Path | None = None, log=
         refuse_together(
             refusal,
             world,
-            "another rank refused to start (its message says why): the nodes of a run "
-            "must see the same files (--out_dir on a filesystem they share, the data at the same path).",
+            "another rank refused to start (its message says why): the nodes of a run must see the same files "
+            "(--out_dir on a filesystem they share, the data at the same path).",
         )
         if not world.is_main:
             log = _silent
         with folder.locked() if world.is_main else contextlib.nullcontext():
+            folder.check_shared(world)
             return _run_locked(config, folder, world, results_json, log)
 
 
