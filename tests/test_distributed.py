@@ -103,23 +103,38 @@ class Launch:
     def wait(self, timeout_s: float = 300) -> Finished:
         self._reader.join(timeout_s)
         if self._reader.is_alive():
-            self.proc.kill()
+            self.kill()
             self._reader.join()
             pytest.fail(f"torchrun did not finish in {timeout_s} s (a hang):\n{self._result[1][-3000:]}")
         out, err, seconds, ended = self._result
         return Finished(self.proc.returncode, out, err, seconds, ended)
 
+    def kill(self) -> None:
+        """Stop torchrun and its ranks: a SIGTERM, which it passes on to its ranks (each in a session of its own, out of
+        reach of a kill of torchrun's), killing those still there 30 s later; torchrun itself is killed if it is still
+        there after that."""
+        self.proc.terminate()
+        self._reader.join(45)
+        if self._reader.is_alive():
+            self.proc.kill()
 
-def torchrun(args: list, nproc: int = 2, **env: str) -> Launch:
-    """Start `torchrun --standalone --nproc_per_node N tests/distributed_driver.py ARGS` (it returns at once)."""
+
+STANDALONE = ("--standalone",)  # one node: torchrun's own rendezvous on a free local port
+
+
+def torchrun(args: list, nproc: int = 2, rendezvous=STANDALONE, cwd: Path | None = None, **env: str) -> Launch:
+    """Start `torchrun --standalone --nproc_per_node N tests/distributed_driver.py ARGS` (it returns at once).
+    `rendezvous` in place of --standalone starts one node of a multi-node run (test_multinode.py); `cwd` is its
+    working directory."""
     command = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", str(DRIVER),
+        sys.executable, "-m", "torch.distributed.run", *rendezvous, f"--nproc_per_node={nproc}", str(DRIVER),
         *map(str, args),
     ]  # fmt: skip
     # One thread per process, as torchrun sets by default: two ranks on two cores.
     # A rank killed by a signal (e.g. an abort in C++) prints every thread's Python stack first (faulthandler).
     full_env = {**os.environ, "TQDM_DISABLE": "1", "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1", **env}
-    return Launch(subprocess.Popen(command, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    pipes = dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return Launch(subprocess.Popen(command, env=full_env, cwd=cwd, **pipes))
 
 
 def one_process(args: list) -> None:

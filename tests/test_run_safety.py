@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -92,7 +93,7 @@ def test_a_second_run_in_a_locked_folder_is_refused(tmp_path, base, capsys):
     out = tmp_path / "busy"
     with RunFolder(out).locked():  # as if another process were training there
         code, stdout, err = run([*base, "--max_steps", "2", "--out_dir", out], capsys)
-    assert code == 2 and f"in use by another run (PID {os.getpid()})" in err
+    assert code == 2 and f"in use by another run (PID {os.getpid()} on {socket.gethostname()})" in err
     assert "FINAL CONFIGURATION SUMMARY" not in stdout
     assert not (out / "config.json").exists()
 

@@ -1,6 +1,7 @@
 """optimize_performance.py / cs336_basics.benchmark.sweep: grid and CLI parsing, baseline pairing, failure
 classification, and isolated runs end to end (tiny models on CPU; one GPU test)."""
 
+import contextlib
 import csv
 import json
 import math
@@ -19,6 +20,8 @@ from cs336_basics.benchmark.sweep import plan as sweep_plan
 from cs336_basics.benchmark.sweep import report as sweep_report
 from cs336_basics.benchmark.sweep import run as sweep_run
 from cs336_basics.config_layers import build_config
+from cs336_basics.parallel.world import torchrun_world
+from cs336_basics.programs import train as train_program
 from cs336_basics.results import precision_label
 
 TINY = [flag for flag in TINY_FLAGS if not flag.startswith("--batch_size")]  # the sweep sets the batch itself
@@ -347,11 +350,15 @@ def test_gpu_slug_and_default_out_dir():
 
 
 def test_worker_under_torchrun_rank_0_alone_writes_and_a_failure_exits_1(tmp_path, monkeypatch, capsys):
-    """The worker's part of a torchrun launch, one rank at a time in this process: a failure before the process group
-    (missing data) is recorded with the world it ran on and exits 1, so that torchrun stops the other ranks."""
+    """The worker's part of a torchrun launch, one rank at a time in this process: a refusal every rank makes
+    (missing data) is recorded with the world it ran on and exits 1, so that torchrun stops the other ranks. The
+    process group is left out: without it every collective sees this rank alone, as if the other had agreed."""
     argv = [*TINY_GRID, "--precisions", "fp32", *TINY, "--world_sizes", "2", "--parallel", "ddp"]
     argv += ["--train_data", str(tmp_path / "missing.npy")]
     spec = sweep.plan_sweep(sweep.parse_options(argv))[0].spec
+    monkeypatch.setattr(
+        train_program, "process_group", lambda device, timeout_s: contextlib.nullcontext(torchrun_world())
+    )
     monkeypatch.setenv("WORLD_SIZE", "2")
     for rank in (1, 0):
         monkeypatch.setenv("RANK", str(rank))

@@ -19,9 +19,10 @@ The record is results.run_record / result_record plus `status`:
 The worker exits 0 whenever it wrote a record (under torchrun, see below, only if the run succeeded); the sweep reads
 the record, or classifies the exit if none came.
 
-Under torchrun (a world size above 1) every rank runs this, each in its own temporary run folder (a benchmark writes
-no checkpoint, and rank 0 alone writes the folder's files). Rank 0 alone writes the record: world_size, parallel,
-tokens/s of all ranks together (the global batch per step time) and peak_mem_gib, the largest of the ranks' peaks.
+Under torchrun (a world size above 1) every rank runs this, all in one run folder (the program checks that its ranks
+share it): `<--out>.run`, beside the record, which rank 0 removes after the run. Rank 0 alone writes the record:
+world_size, parallel, tokens/s of all ranks together (the global batch per step time) and peak_mem_gib, the largest
+of the ranks' peaks.
 A rank whose run failed exits 1, so that torchrun stops the other ranks at once instead of leaving them waiting in a
 collective; if that rank is not rank 0, no record is written and the sweep classifies torchrun's log, which holds
 every rank's output.
@@ -30,11 +31,14 @@ every rank's output.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import shutil
 import signal
 import tempfile
 import time
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +47,7 @@ import torch
 from cs336_basics.atomic import write_json_atomic
 from cs336_basics.config_layers import build_config
 from cs336_basics.errors import ConfigError, NotSupportedHere, rank_prefix, report_error
-from cs336_basics.parallel.world import SINGLE, exit_process, torchrun_world
+from cs336_basics.parallel.world import SINGLE, World, exit_process, torchrun_world
 from cs336_basics.programs.train import run_training
 from cs336_basics.results import run_record
 
@@ -106,10 +110,25 @@ def _log(message: str) -> None:
     print(message, flush=True)
 
 
-def run_one(spec: dict[str, Any], log=_log) -> dict[str, Any]:
+@contextlib.contextmanager
+def _run_folder(shared: Path | None, world: World) -> Iterator[Path]:
+    """The run folder: a temporary one of this process's, or `shared`, the folder of every rank of a torchrun launch,
+    which rank 0 removes when its run has ended."""
+    if shared is None:
+        with tempfile.TemporaryDirectory(prefix="cs336-sweep-") as tmp:
+            yield Path(tmp)
+        return
+    try:
+        yield shared
+    finally:
+        if world.is_main:  # a finished run's ranks are done with it: its process group ended with all of them
+            shutil.rmtree(shared, ignore_errors=True)
+
+
+def run_one(spec: dict[str, Any], log=_log, shared_folder: Path | None = None) -> dict[str, Any]:
     """Build the config from the spec, train it if this machine can, and return its record (never raises for a
     failed run: the failure is the record). Under torchrun, on ranks but 0, a run that succeeded returns only its
-    status (rank 0 has the measurements)."""
+    status (rank 0 has the measurements); `shared_folder` is then the run folder of every rank."""
     extra = {"step_time_ms": None, **(spec.get("extra") or {})}
     try:
         config = build_config(spec["overrides"], spec.get("from_file"))
@@ -121,12 +140,12 @@ def run_one(spec: dict[str, Any], log=_log) -> dict[str, Any]:
 
     started = time.perf_counter()
     try:
-        with tempfile.TemporaryDirectory(prefix="cs336-sweep-") as tmp:
-            run_training(config.replace(train={"out_dir": tmp}), log=log)
+        with _run_folder(shared_folder, world) as folder:
+            run_training(config.replace(train={"out_dir": str(folder)}), log=log)
             if not world.is_main:
                 return {"status": "ok"}
             # run_training writes the standard result record (results.result_record) there; reuse it as is.
-            record = json.loads((Path(tmp) / "result.json").read_text())
+            record = json.loads((folder / "result.json").read_text())
     except NotSupportedHere as exc:  # raised by the build stage before any work: this machine cannot run it
         log(f"skipped: {exc}")
         return run_record(config, status="skipped", reason=_clip(str(exc)), **unfinished, **extra)
@@ -157,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
         world = torchrun_world() or SINGLE
     except ConfigError as exc:  # torchrun's variables set in part: which rank writes the record is unknown
         return report_error(exc)
-    record = run_one(spec)
+    record = run_one(spec, shared_folder=Path(args.out).with_suffix(".run") if world.launched else None)
     if world.is_main:
         write_json_atomic(args.out, record)
     detail = record.get("error") or record.get("reason") or ""

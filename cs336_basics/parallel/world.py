@@ -226,6 +226,28 @@ def agree_any(flag: bool) -> bool:
     return bool(_reduce_number(float(flag), "max"))
 
 
+def refuse_together(refusal: ConfigError | None, world: World, elsewhere: str) -> None:
+    """Stop every rank if any rank refused (`refusal`: this rank's reason, or None). A refusal every rank makes is
+    raised as it is (rank 0 reports it, see errors.alike_on_every_rank). One that only some ranks make (a file one node
+    has and another lacks) is each one's own message, and the other ranks stop with `elsewhere`: neither waits for the
+    other in a collective until the process group's timeout."""
+    if not world.launched:
+        if refusal is not None:
+            raise refusal
+        return
+    if not agree_any(refusal is not None):
+        return
+    if agree_all(refusal is not None):
+        refusal.every_rank = True
+        raise refusal
+    if refusal is not None:
+        refusal.every_rank = False  # the ranks that did not refuse cannot report it: this rank says it itself
+        raise refusal
+    stop = ConfigError(f"rank {world.rank} stopped: {elsewhere}")
+    stop.every_rank = True  # alike on every rank that did not refuse: rank 0 says it
+    raise stop
+
+
 def broadcast_text(text: str) -> str:
     """Rank 0's `text` on every rank."""
     if not _initialised():

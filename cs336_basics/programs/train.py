@@ -1,5 +1,6 @@
 """The main job, in the order of its operations: check the run folder and data paths (cheap, first) → under
-torchrun, join the process group → lock the folder, read and check the checkpoint to resume → plan (resolve, probe
+torchrun, join the process group (a refusal of those checks, made by every rank or by some, stops every rank there) →
+lock the folder (every rank must see rank 0's lock), read and check the checkpoint to resume → plan (resolve, probe
 FP8, refuse what cannot run) → data → build the model and convert to FP8 (build.py) → summary → write the run's
 config → Trainer (parallelizes, compiles) → train → results.
 
@@ -22,7 +23,7 @@ from cs336_basics.compiled import eager
 from cs336_basics.config import RunConfig
 from cs336_basics.data import BPETokenizer, check_data_sources, prepare_data, require_windows
 from cs336_basics.errors import ConfigError, WorkFailed, alike_on_every_rank, writing
-from cs336_basics.parallel.world import main_first, process_group
+from cs336_basics.parallel.world import main_first, process_group, refuse_together, torchrun_world
 from cs336_basics.parallel.wrap import FSDP
 from cs336_basics.precision.choice import AUTO_SETTINGS
 from cs336_basics.programs.generate import Sampling, sample_text
@@ -65,13 +66,26 @@ def run_training(config: RunConfig, results_json: str | Path | None = None, log=
     """Train `config` in its run folder. Returns the result, or None when a resumed run had nothing left to do."""
     t = config.train
     folder = RunFolder(t.out_dir)
-    with alike_on_every_rank():  # the ranks share the flags and the files
-        folder.check_usable(t.resume)
-        check_data_sources(config.data)  # before any heavy work: a wrong path fails in a second
+    refusal = None
+    try:
+        with alike_on_every_rank():  # the ranks share the flags and (on one node, or a shared filesystem) the files
+            folder.check_usable(t.resume)
+            check_data_sources(config.data)  # before any heavy work: a wrong path fails in a second
+    except ConfigError as exc:
+        if torchrun_world() is None:
+            raise
+        refusal = exc  # told to the other ranks once the group exists, so that none waits there for this one
     with process_group(t.device, t.dist_timeout_s) as world:
+        refuse_together(
+            refusal,
+            world,
+            "another rank refused to start (its message says why): the nodes of a run must see the same files "
+            "(--out_dir on a filesystem they share, the data at the same path).",
+        )
         if not world.is_main:
             log = _silent
         with folder.locked() if world.is_main else contextlib.nullcontext():
+            folder.check_shared(world)
             return _run_locked(config, folder, world, results_json, log)
 
 

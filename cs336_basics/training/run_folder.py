@@ -2,8 +2,11 @@
 
 A run folder holds config.json, metrics.jsonl, loss_curve.png, checkpoint.pt, result.json and tokenizer/ (and, for
 an FSDP2 run, checkpoint.shards/, the tensors of its sharded checkpoint). Rules:
-- one process at a time: an exclusive lock (`.lock`, holding the owner's PID) for the whole run; the kernel drops
-  it when the process ends, however it ends, so a killed run never leaves a stale lock;
+- one process at a time: an exclusive lock (`.lock`, holding the owner's PID and host) for the whole run; the kernel
+  drops it when the process ends, however it ends, so a killed run never leaves a stale lock;
+- under torchrun, one folder for every rank: rank 0 holds the lock and every rank writes into the folder (the shards
+  of a sharded checkpoint) and reads from it (--resume), so on several nodes it must be on a filesystem they share, at
+  the same path. Each rank checks that it sees rank 0's lock there before anything else is read or written;
 - a new run starts only in a folder without an earlier run's files (the user's other files are left alone), or with
   --overwrite (which deletes the earlier run's files);
 - --resume needs the folder and its checkpoint, and everything is checked (the checkpoint reads, its model fits
@@ -23,6 +26,7 @@ import errno
 import fcntl
 import os
 import shutil
+import socket
 import stat
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,6 +36,7 @@ from cs336_basics.atomic import remove_stale_temps
 from cs336_basics.config import MODEL_IDENTITY_FIELDS, RunConfig
 from cs336_basics.errors import ConfigError
 from cs336_basics.output_paths import check_output_path
+from cs336_basics.parallel.world import World, broadcast_text, refuse_together
 from cs336_basics.training.checkpoint import CHECKPOINT_NAME, SHARDS_DIR, read_checkpoint, remove_stale_shards
 
 LOCK_NAME = ".lock"
@@ -98,7 +103,7 @@ class RunFolder:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
-            owner = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            owner = os.pread(fd, 256, 0).decode(errors="replace").strip() or "unknown"
             os.close(fd)
             if exc.errno not in (errno.EAGAIN, errno.EACCES):
                 raise ConfigError(f"cannot lock the run folder {self.path} ({exc}).") from exc
@@ -108,7 +113,8 @@ class RunFolder:
             ) from None
         try:
             os.ftruncate(fd, 0)
-            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+            os.pwrite(fd, f"{os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+            os.fsync(fd)  # a network filesystem shows the content to other nodes (check_shared) once it is flushed
         except OSError as exc:
             os.close(fd)
             raise ConfigError(
@@ -124,6 +130,34 @@ class RunFolder:
         finally:
             self._lock_fd = None
             os.close(fd)  # closing the descriptor releases the flock
+
+    def lock_owner(self) -> str | None:
+        """What the folder's lock says of its holder ("<PID> on <host>"), or None where there is no lock to read."""
+        try:
+            return (self.path / LOCK_NAME).read_text(errors="replace").strip()
+        except OSError:
+            return None
+
+    def check_shared(self, world: World) -> None:
+        """Under torchrun, after rank 0 took the lock: every rank sees that lock in its --out_dir, so the ranks share
+        one folder. Otherwise (a folder on each node's own disk) a sharded checkpoint would be scattered over the
+        nodes, and a resume would read a checkpoint some nodes lack. Every rank stops if any does not see it."""
+        if not world.launched:
+            return
+        holder = broadcast_text((self.lock_owner() or "") if world.is_main else "")
+        refusal = None
+        if self.lock_owner() != holder:
+            refusal = ConfigError(
+                f"--out_dir {self.path} on this host ({socket.gethostname()}) is not the run folder rank 0 holds: "
+                f"its lock (held by PID {holder}) is not there. Every rank writes into the run folder and reads "
+                "from it: on several nodes, put --out_dir on a filesystem they all mount, at the same path."
+            )
+        refuse_together(
+            refusal,
+            world,
+            f"another rank does not see the run folder {self.path} (its message says which); on several nodes, put "
+            "--out_dir on a filesystem they all mount, at the same path.",
+        )
 
     def remove_leftover_temps(self) -> list[Path]:
         """Delete the temporaries of writes that a killed process never finished, where the run writes them."""
