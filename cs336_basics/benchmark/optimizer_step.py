@@ -2,7 +2,8 @@
 
 Times the step of a BF16 model four ways, each on fresh optimizer state with the same random BF16 gradients:
 
-  masters-fused      MasterWeightAdamW as the Trainer uses it: one Triton launch per parameter group (adamw_kernel.py)
+  masters-fused      MasterWeightAdamW as the Trainer uses it: one Triton launch per parameter group
+                     (kernels/adamw_triton.py)
   masters-eager      the same formula run op by op (what the kernel fuses)
   masters-unfused    the path it replaced: BF16 grads cast into fp32 copies, torch's clip_grad_norm_, torch's
                      fused AdamW on the fp32 masters, then a copy back into the BF16 weights

@@ -17,9 +17,9 @@ import sys
 
 import torch
 
+from cs336_basics.kernels.swiglu_triton import _swiglu_grad_kernel, _swiglu_kernel
+from cs336_basics.kernels.transpose_triton import _transpose_kernel
 from cs336_basics.precision.fused.scaling import E4M3, E5M2, fp8_max
-from cs336_basics.precision.fused.swiglu_triton import _swiglu_grad_kernel, _swiglu_kernel
-from cs336_basics.precision.fused.transpose_triton import _transpose_kernel
 from cs336_basics.timing import graph_kernel_ms
 
 SWIGLU_SHAPES = {"366m": (16384, 3584), "1.3b": (8192, 5632)}

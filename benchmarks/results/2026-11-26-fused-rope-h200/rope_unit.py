@@ -25,11 +25,11 @@ import torch
 
 from cs336_basics.benchmark.amdahl.measure import _top_kernels_us, gpu_timeline
 from cs336_basics.config import FP8Config, ModelConfig
+from cs336_basics.kernels.rope_triton import _launch
+from cs336_basics.kernels.tiles import ROPE_GRAD_TILE, Tile
 from cs336_basics.model.attention import CausalSelfAttention
 from cs336_basics.precision import FusedFP8
-from cs336_basics.precision.fused.rope_triton import _launch
 from cs336_basics.precision.fused.scaling import E5M2, SiteScaling
-from cs336_basics.precision.fused.tiles import ROPE_GRAD_TILE, Tile
 from cs336_basics.timing import graph_kernel_ms, time_calls_ms
 
 # preset: (batch, seq, dim, heads)

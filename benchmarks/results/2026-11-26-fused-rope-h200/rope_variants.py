@@ -17,9 +17,9 @@ import torch
 import triton
 import triton.language as tl
 
-from cs336_basics.precision.fused import rope_triton as rt
+from cs336_basics.kernels import rope_triton as rt
+from cs336_basics.kernels.tiles import Tile
 from cs336_basics.precision.fused.scaling import E5M2
-from cs336_basics.precision.fused.tiles import Tile
 from cs336_basics.timing import graph_kernel_ms
 
 

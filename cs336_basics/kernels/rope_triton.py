@@ -22,9 +22,9 @@ import triton
 import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
-from cs336_basics.precision.fused.rope_reference import check_second_outputs
-from cs336_basics.precision.fused.scaling import E5M2, fp8_max
-from cs336_basics.precision.fused.tiles import ROPE_GRAD_TILE, record_tile, saturating_cast
+from cs336_basics.kernels.fp8_format import E5M2, fp8_max
+from cs336_basics.kernels.rope_reference import check_second_outputs
+from cs336_basics.kernels.tiles import ROPE_GRAD_TILE, record_tile, saturating_cast
 
 
 @triton.jit

@@ -15,8 +15,8 @@ import torch
 import triton
 import triton.language as tl
 
-from cs336_basics.multi_tensor import BlockLayout, DeviceInts, addresses, contiguous, vector_aligned
-from cs336_basics.multi_tensor_triton import block_of_tensor, tensor_at
+from cs336_basics.kernels.multi_tensor import BlockLayout, DeviceInts, addresses, contiguous, vector_aligned
+from cs336_basics.kernels.multi_tensor_triton import block_of_tensor, tensor_at
 
 __all__ = ["GradNormLaunch"]
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from cs336_basics.precision.fused.scaling import cast_to_fp8, record_into_entry0
+from cs336_basics.kernels.fp8_format import cast_to_fp8, record_into_entry0
 
 
 def swiglu(h1: torch.Tensor, h3: torch.Tensor) -> torch.Tensor:

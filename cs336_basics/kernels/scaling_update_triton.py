@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from cs336_basics.multi_tensor import DeviceInts, addresses
+from cs336_basics.kernels.multi_tensor import DeviceInts, addresses
 
 __all__ = ["ScaleUpdateLaunch"]
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from cs336_basics.multi_tensor import VECTOR_BYTES
+from cs336_basics.kernels.multi_tensor import VECTOR_BYTES
 
 _VECTOR = tl.constexpr(VECTOR_BYTES)
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from cs336_basics.precision.fused.scaling import cast_to_fp8, record_into_entry0
+from cs336_basics.kernels.fp8_format import cast_to_fp8, record_into_entry0
 
 
 def cast_transposed(

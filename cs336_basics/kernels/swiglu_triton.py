@@ -20,8 +20,8 @@ import triton
 import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
-from cs336_basics.precision.fused.scaling import fp8_max
-from cs336_basics.precision.fused.tiles import (
+from cs336_basics.kernels.fp8_format import fp8_max
+from cs336_basics.kernels.tiles import (
     SWIGLU_GRAD_TILE,
     SWIGLU_TILE,
     Tile,

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import torch
 
-from cs336_basics.precision.fused.scaling import cast_to_fp8, fp8_max
+from cs336_basics.kernels.fp8_format import cast_to_fp8, fp8_max
 
 
 def rope_grad(

@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
-from cs336_basics.precision.fused.tiles import TRANSPOSE_TILE, tile_offsets
+from cs336_basics.kernels.tiles import TRANSPOSE_TILE, tile_offsets
 
 
 @triton.jit

@@ -19,8 +19,8 @@ import triton
 import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
-from cs336_basics.precision.fused.scaling import E4M3, E5M2, fp8_max
-from cs336_basics.precision.fused.tiles import WEIGHT_CAST_TILE, record_tile, saturating_cast, tile_offsets
+from cs336_basics.kernels.fp8_format import E4M3, E5M2, fp8_max
+from cs336_basics.kernels.tiles import WEIGHT_CAST_TILE, record_tile, saturating_cast, tile_offsets
 
 _INPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
