@@ -117,7 +117,7 @@ def verify_files(folder: str | os.PathLike, expected: dict[str, int]) -> None:
 
 def save_with_checksums(obj: Any, f: IO[bytes], crc32: bool = True) -> None:
     """torch.save with its CRC-32s on (its default, which a user may have turned off with set_crc32_options).
-    `crc32=False`: without them, for measuring what they cost (benchmark/checkpoint_checksum.py)."""
+    `crc32=False`: without them, for measuring what they cost (lab/checkpoint_checksum.py)."""
     before = torch.serialization.get_crc32_options()
     torch.serialization.set_crc32_options(crc32)
     try:

@@ -19,8 +19,8 @@ from tiny import TINY_FLAGS, tiny_model
 
 import train_h100
 import verify_fp8_compilation
+from cs336_basics import sweep
 from cs336_basics.atomic import TEMP_PREFIX
-from cs336_basics.benchmark import sweep
 from cs336_basics.config import DataConfig
 from cs336_basics.data import prepare_data
 from cs336_basics.errors import ConfigError
@@ -209,7 +209,7 @@ def test_out_of_memory_is_one_line_naming_the_batch_and_the_flags_that_lower_it(
 
 
 def test_a_full_disk_at_the_result_file_is_one_line(tmp_path, base, capsys, monkeypatch):
-    import cs336_basics.programs.train as run_module
+    import cs336_basics.run as run_module
 
     real = run_module.write_json_atomic
 

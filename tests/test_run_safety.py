@@ -221,7 +221,7 @@ def test_sigterm_before_training_ends_with_a_message(tmp_path, token_files):
         import os, signal, sys
         sys.path.insert(0, {str(REPO)!r})
         import train_h100
-        from cs336_basics.programs import train as run
+        from cs336_basics import run
         real = run.prepare_data
         def prepare_then_terminated(*a, **k):
             os.kill(os.getpid(), signal.SIGTERM)

@@ -1,4 +1,4 @@
-"""optimize_performance.py / cs336_basics.benchmark.sweep: grid and CLI parsing, baseline pairing, failure
+"""optimize_performance.py / cs336_basics.sweep: grid and CLI parsing, baseline pairing, failure
 classification, and isolated runs end to end (tiny models on CPU; one GPU test)."""
 
 import csv
@@ -14,12 +14,13 @@ import torch
 from tiny import TINY_FLAGS
 
 import optimize_performance
-from cs336_basics.benchmark import sweep, worker
-from cs336_basics.benchmark.sweep import plan as sweep_plan
-from cs336_basics.benchmark.sweep import report as sweep_report
-from cs336_basics.benchmark.sweep import run as sweep_run
+from cs336_basics import sweep
 from cs336_basics.config_layers import build_config
 from cs336_basics.results import precision_label
+from cs336_basics.sweep import plan as sweep_plan
+from cs336_basics.sweep import report as sweep_report
+from cs336_basics.sweep import run as sweep_run
+from cs336_basics.sweep import worker
 
 TINY = [flag for flag in TINY_FLAGS if not flag.startswith("--batch_size")]  # the sweep sets the batch itself
 TINY_GRID = ["--presets", "cpu-small", "--compile", "eager", "--attention", "sdpa", "--ac", "off", "--batch_sizes", "4"]
@@ -226,7 +227,7 @@ def test_world_sizes_plan_one_gpu_first_then_each_parallel_mode_under_torchrun(t
         else:  # torchrun (its module, with this interpreter) starting the same worker module on 2 processes
             torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
             assert command == [*torchrun, *worker_part[1:]]
-            assert worker_part[1:3] == ["-m", "cs336_basics.benchmark.worker"]
+            assert worker_part[1:3] == ["-m", "cs336_basics.sweep.worker"]
     # The Amdahl analysis profiles one GPU: only the one-process FP8 point.
     assert [t.point.label for t in sweep_plan.amdahl_targets(plan)] == ["1.3b/bs4/fp8-tensorwise/default/sdpa/ac-off"]
     # --parallel defaults to both modes; without --world_sizes nothing changes
@@ -237,7 +238,7 @@ def test_world_sizes_plan_one_gpu_first_then_each_parallel_mode_under_torchrun(t
     code, stdout, _ = run_main([*cli(f"{BENCHMARK} --world_sizes 1,2 --parallel fsdp"), "--dry_run"], capsys)
     assert code == 0
     launch = f"$ {sys.executable} -m torch.distributed.run --standalone --nproc_per_node=2 -m "
-    launch += "cs336_basics.benchmark.worker --spec SPEC --out RECORD.json"
+    launch += "cs336_basics.sweep.worker --spec SPEC --out RECORD.json"
     lines = stdout.splitlines()
     i = lines.index("  3. 1.3b/bs4/bf16/default/sdpa/ac-off/fsdp-x2  (baseline)")
     assert lines[i + 1].strip() == launch and lines[i + 3].strip() == launch
@@ -682,7 +683,7 @@ def test_amdahl_report_table_from_json_rows():
 
 
 def test_log_file_names_keep_to_letters_digits_dots_and_dashes():
-    from cs336_basics.benchmark.sweep.run import _log_name
+    from cs336_basics.sweep.run import _log_name
 
     label = "1.3b/bs4/fp8-fused-dynamic+lm_head/default/sdpa/ac-off"
     assert _log_name(label) == "1.3b_bs4_fp8-fused-dynamic_lm_head_default_sdpa_ac-off.log"

@@ -12,7 +12,7 @@ memory, about 52 bytes per parameter. On CUDA, kernels/adamw_triton.py does the 
 grad, master and moments; write master, moments and the BF16 weight: 28 bytes per parameter), in one launch per
 parameter group rather than one per parameter.
 `adamw_update` below is the same formula op by op: the CPU path, and the reference the kernel is tested against;
-it is itself tested against torch.optim.AdamW. The gain is measured by cs336_basics/benchmark/optimizer_step.py.
+it is itself tested against torch.optim.AdamW. The gain is measured by lab/optimizer_step.py.
 
 Nothing in `step()` reads a value back to the host, so a training step never waits for the GPU.
 

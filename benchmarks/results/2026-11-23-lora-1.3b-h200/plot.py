@@ -7,7 +7,7 @@ lora-ranks-targets.png.
 import json
 from pathlib import Path
 
-from cs336_basics.benchmark.lora_analysis import write_lora_plot
+from cs336_basics.sweep.lora_analysis import write_lora_plot
 
 HERE = Path(__file__).parent
 FOLDERS = ("idle-default", "ranks-8-64", "ranks-32-128", "targets")

@@ -23,8 +23,8 @@ import sys
 
 import torch
 
-from cs336_basics.benchmark.amdahl.measure import _top_kernels_us, gpu_timeline
 from cs336_basics.config import FP8Config, ModelConfig
+from cs336_basics.diagnostics.amdahl.measure import _top_kernels_us, gpu_timeline
 from cs336_basics.kernels.rope_triton import _launch
 from cs336_basics.kernels.tiles import ROPE_GRAD_TILE, Tile
 from cs336_basics.model.attention import CausalSelfAttention

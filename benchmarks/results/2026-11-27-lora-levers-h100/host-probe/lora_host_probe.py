@@ -1,6 +1,6 @@
 """Does a LoRA step wait for the host? For a BF16 and an FP8 base of the flags' shape (a fresh random base), after
 the sweep's 12 warm-up steps: the host's and the GPU's time per step over 20 steps with no synchronisation inside
-(cs336_basics.benchmark.host_time.host_and_wall), the synchronising calls torch's sync debug mode sees in one step,
+(lab.host_time.host_and_wall), the synchronising calls torch's sync debug mode sees in one step,
 and a profile of 4 steps: the GPU's gaps and the CUDA runtime calls that held the host longest, with their callers.
 
     python3 lora_host_probe.py --preset 1.3b --lora_rank 16 --lora_targets attn     (GPU; from the checkout root)
@@ -14,12 +14,12 @@ from pathlib import Path
 
 import torch
 
-from cs336_basics.benchmark import lora_analysis
-from cs336_basics.benchmark.amdahl.measure import gpu_timeline, measurement_plan, measurement_tokens
-from cs336_basics.benchmark.host_time import host_and_wall
 from cs336_basics.build import build
 from cs336_basics.cli import config_from_args, config_parser
+from cs336_basics.diagnostics.amdahl.measure import gpu_timeline, measurement_plan, measurement_tokens
 from cs336_basics.measurement import release_memory, train_for_measurement
+from cs336_basics.sweep import lora_analysis
+from lab.host_time import host_and_wall
 
 TIMED_STEPS, PROFILED_STEPS = 20, 4
 

@@ -12,9 +12,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import cs336_basics.benchmark.sweep.lora as sweep_lora
-import cs336_basics.benchmark.sweep.run as sweep_run
-from cs336_basics.benchmark.sweep.plan import (
+import cs336_basics.sweep.lora as sweep_lora
+import cs336_basics.sweep.run as sweep_run
+from cs336_basics.cli import add_config_arguments, load_config_file, overrides_from_args, positive_int
+from cs336_basics.config import ATTENTION_BACKENDS, PRESETS, lora_target_list
+from cs336_basics.errors import ConfigError, run_program
+from cs336_basics.output_paths import check_output_path
+from cs336_basics.results import environment
+from cs336_basics.sweep.plan import (
     COMPILE_CHOICES,
     DEFAULTS,
     LORA_DEFAULTS,
@@ -34,12 +39,7 @@ from cs336_basics.benchmark.sweep.plan import (
     parse_world_sizes,
     plan_sweep,
 )
-from cs336_basics.benchmark.sweep.report import format_amdahl, write_outputs
-from cs336_basics.cli import add_config_arguments, load_config_file, overrides_from_args, positive_int
-from cs336_basics.config import ATTENTION_BACKENDS, PRESETS, lora_target_list
-from cs336_basics.errors import ConfigError, run_program
-from cs336_basics.output_paths import check_output_path
-from cs336_basics.results import environment
+from cs336_basics.sweep.report import format_amdahl, write_outputs
 from cs336_basics.training.trainer import WARMUP_STEPS_EXCLUDED
 
 EPILOG = """\

@@ -13,7 +13,7 @@ Times the step of a BF16 model four ways, each on fresh optimizer state with the
 Reports the median step in ms over CUDA-event-timed steps, and the memory the step allocates on top of the
 model, its grads and the optimizer state (the unfused path's fp32 grad copies show up there).
 
-    python -m cs336_basics.benchmark.optimizer_step --presets 366m 1.3b --json out.json
+    python -m lab.optimizer_step --presets 366m 1.3b --json out.json
 """
 
 from __future__ import annotations
@@ -130,7 +130,7 @@ def measure_preset(preset: str, variants: tuple[str, ...], warmup: int, steps: i
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m cs336_basics.benchmark.optimizer_step",
+        prog="python -m lab.optimizer_step",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -15,12 +15,12 @@ For one model shape and batch size this measures two numbers and predicts the FP
 The measured FP8 step is slower than that prediction by what FP8 costs besides its GEMMs (amax reductions,
 casts, transposes and scales of every operand): `cast_overhead_ms` reports the gap in milliseconds per step.
 
-    python -m cs336_basics.benchmark.amdahl --preset 366m --batch_size 8 --json out.json
+    python -m cs336_basics.diagnostics.amdahl --preset 366m --batch_size 8 --json out.json
 
 The math and the GEMM enumeration are pure functions that work on CPU; measuring needs a CUDA GPU with FP8.
 """
 
-from cs336_basics.benchmark.amdahl.law import (
+from cs336_basics.diagnostics.amdahl.law import (
     GEMM_KINDS,
     GemmShape,
     MatmulTimings,
@@ -31,14 +31,14 @@ from cs336_basics.benchmark.amdahl.law import (
     predicted_step_ms,
     problem_key,
 )
-from cs336_basics.benchmark.amdahl.measure import (
+from cs336_basics.diagnostics.amdahl.measure import (
     StepBreakdown,
     analyse,
     breakdown_from_events,
     profile_step_breakdown,
     time_matmuls,
 )
-from cs336_basics.benchmark.amdahl.report import AmdahlRow, format_shape_table, format_table, format_top_kernels
+from cs336_basics.diagnostics.amdahl.report import AmdahlRow, format_shape_table, format_table, format_top_kernels
 
 __all__ = [
     "GEMM_KINDS",

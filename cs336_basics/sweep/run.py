@@ -18,8 +18,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from cs336_basics.benchmark.sweep.plan import Planned, SweepOptions, on_off
-from cs336_basics.benchmark.sweep.report import (
+from cs336_basics.config_layers import merge_layers
+from cs336_basics.data import prepare_data
+from cs336_basics.results import append_runs, format_or_na, run_record
+from cs336_basics.sweep.plan import Planned, SweepOptions, on_off
+from cs336_basics.sweep.report import (
     _pct,
     _status_cell,
     combine_repeats,
@@ -28,17 +31,14 @@ from cs336_basics.benchmark.sweep.report import (
     speedup_for,
     write_outputs,
 )
-from cs336_basics.benchmark.worker import classify_failure, last_line
-from cs336_basics.config_layers import merge_layers
-from cs336_basics.data import prepare_data
-from cs336_basics.results import append_runs, format_or_na, run_record
+from cs336_basics.sweep.worker import classify_failure, last_line
 
 # torchrun gives its ranks this long to exit after its SIGTERM before it kills them (its default); then some margin.
 TORCHRUN_GRACE_S = 30 + 15
 
 
 def worker_command(spec: dict[str, Any], out_path: Path) -> list[str]:
-    return [sys.executable, "-m", "cs336_basics.benchmark.worker", "--spec", json.dumps(spec), "--out", str(out_path)]
+    return [sys.executable, "-m", "cs336_basics.sweep.worker", "--spec", json.dumps(spec), "--out", str(out_path)]
 
 
 def torchrun_command(command: list[str], nproc: int) -> list[str]:
@@ -239,14 +239,14 @@ def run_sweep(plan: Sequence[Planned], options: SweepOptions, out_dir: Path, log
 
 
 def run_amdahl(planned: Planned, out_dir: Path, timeout_s: float) -> dict[str, Any]:
-    """cs336_basics.benchmark.amdahl in its own process for one configuration; its row, or a status record."""
+    """cs336_basics.diagnostics.amdahl in its own process for one configuration; its row, or a status record."""
     p = planned.point
     name = f"amdahl-{p.preset}-bs{p.batch_size}-{p.attention}-ac-{on_off(p.ac)}"
     config_path = out_dir / "logs" / f"{name}.config.json"
     config_path.parent.mkdir(parents=True, exist_ok=True)
     config_path.write_text(json.dumps(merge_layers(planned.from_file, planned.overrides), indent=2))
     json_path = out_dir / f"{name}.json"
-    command = [sys.executable, "-m", "cs336_basics.benchmark.amdahl", "--config", str(config_path)]
+    command = [sys.executable, "-m", "cs336_basics.diagnostics.amdahl", "--config", str(config_path)]
     returncode, timed_out = run_logged(
         [*command, "--json", str(json_path)], out_dir / "logs" / f"{name}.log", timeout_s
     )

@@ -25,9 +25,9 @@ from cs336_basics.errors import ConfigError, WorkFailed, alike_on_every_rank, wr
 from cs336_basics.parallel.world import main_first, process_group
 from cs336_basics.parallel.wrap import FSDP
 from cs336_basics.precision.choice import AUTO_SETTINGS
-from cs336_basics.programs.generate import Sampling, sample_text
 from cs336_basics.results import append_runs, format_or_na, result_record
 from cs336_basics.training.run_folder import RunFolder
+from cs336_basics.training.sampling import Sampling, sample_text
 from cs336_basics.training.summary import RunFacts, format_summary
 from cs336_basics.training.trainer import Trainer, TrainResult, scheduled_lr
 

@@ -1,7 +1,7 @@
 """Loss parity: does an FP8 variant learn like BF16? The same run (config, seed, data order, steps) in each precision,
 one process each; the validation loss of every variant at every evaluation is compared with BF16's at that step.
 
-python -m cs336_basics.benchmark.loss_parity --out_dir DIR [--variants bf16,fp8-fused-dynamic,fp8-fused-dynamic+lm_head]
+python -m lab.loss_parity --out_dir DIR [--variants bf16,fp8-fused-dynamic,fp8-fused-dynamic+lm_head]
     [--tolerance 0.005]
     [any train_h100.py setting, e.g. --preset 366m --max_steps 400 --eval_every 100 --eval_batches 16
      --train_data train.txt --val_data val.txt]
@@ -22,12 +22,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from cs336_basics.benchmark.sweep.plan import PRECISIONS, WITH_LM_HEAD, parse_choices, precision_settings
 from cs336_basics.cli import add_config_arguments, overrides_from_args
 from cs336_basics.config import RunConfig
 from cs336_basics.config_layers import build_config
 from cs336_basics.errors import ConfigError, report_error
 from cs336_basics.results import write_results
+from cs336_basics.sweep.plan import PRECISIONS, WITH_LM_HEAD, parse_choices, precision_settings
 from cs336_basics.training.metrics import read_metrics
 
 BASELINE = "bf16"
@@ -87,7 +87,7 @@ def plot(curves: dict[str, list[tuple[int, float]]], runs: dict[str, Path], png:
 
 def run_variant(overrides: dict[str, Any]) -> int:
     """Train one variant in this process (the parent starts one process per variant)."""
-    from cs336_basics.programs.train import run_training
+    from cs336_basics.run import run_training
 
     run_training(build_config(overrides))
     return 0
@@ -95,7 +95,7 @@ def run_variant(overrides: dict[str, Any]) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m cs336_basics.benchmark.loss_parity", description=__doc__.split("\n\n")[0], allow_abbrev=False
+        prog="python -m lab.loss_parity", description=__doc__.split("\n\n")[0], allow_abbrev=False
     )
     parser.add_argument(
         "--variants", default=f"{BASELINE},fp8-fused-dynamic", help=f"from {', '.join(PRECISIONS + WITH_LM_HEAD)}"
@@ -132,7 +132,7 @@ def run_variants(planned: dict[str, dict[str, Any]]) -> list[str]:
         argv_child = [
             sys.executable,
             "-m",
-            "cs336_basics.benchmark.loss_parity",
+            "lab.loss_parity",
             "--run_variant",
             json.dumps(overrides),
         ]

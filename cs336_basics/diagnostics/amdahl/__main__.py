@@ -1,11 +1,11 @@
-"""python -m cs336_basics.benchmark.amdahl --preset P --batch_size B [--json out.json]: where the time goes."""
+"""python -m cs336_basics.diagnostics.amdahl --preset P --batch_size B [--json out.json]: where the time goes."""
 
 from __future__ import annotations
 
 import sys
 
-from cs336_basics.benchmark.amdahl.measure import analyse
-from cs336_basics.benchmark.amdahl.report import format_shape_table, format_table, format_top_kernels
+from cs336_basics.diagnostics.amdahl.measure import analyse
+from cs336_basics.diagnostics.amdahl.report import format_shape_table, format_table, format_top_kernels
 from cs336_basics.errors import ConfigError, report_error
 from cs336_basics.results import write_results
 
@@ -15,7 +15,7 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = config_parser(
         "Where the time goes: Amdahl's-law prediction of the FP8 speedup vs the measured one.",
-        prog="python -m cs336_basics.benchmark.amdahl",
+        prog="python -m cs336_basics.diagnostics.amdahl",
     )
     parser.add_argument("--steps", type=int, default=8, help="training steps per precision before timing (>= 3)")
     parser.add_argument("--timing_steps", type=positive_int, default=5, help="CUDA-event-timed steps (median)")

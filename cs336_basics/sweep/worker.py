@@ -1,11 +1,11 @@
 """Run ONE sweep configuration in this process and write its result record as JSON.
 
-    python -m cs336_basics.benchmark.worker --spec '{"overrides": {...}}' --out result.json
-    python -m cs336_basics.benchmark.worker --spec @spec.json --out result.json
+    python -m cs336_basics.sweep.worker --spec '{"overrides": {...}}' --out result.json
+    python -m cs336_basics.sweep.worker --spec @spec.json --out result.json
 
 The spec is {"overrides": <config.build_config overrides, preset included>, "from_file": <optional config-file
 layer>, "extra": <fields copied into the record>}. The run takes the same path as train_h100.py
-(`programs.train.run_training`: resolve -> data -> model -> device/dtype -> FP8 conversion -> Trainer compiles), in a
+(`run.run_training`: resolve -> data -> model -> device/dtype -> FP8 conversion -> Trainer compiles), in a
 temporary run folder, with its log going to this process's stdout (the sweep sends it to a log file).
 
 The record is results.run_record / result_record plus `status`:
@@ -44,8 +44,8 @@ from cs336_basics.atomic import write_json_atomic
 from cs336_basics.config_layers import build_config
 from cs336_basics.errors import ConfigError, NotSupportedHere, rank_prefix, report_error
 from cs336_basics.parallel.world import SINGLE, exit_process, torchrun_world
-from cs336_basics.programs.train import run_training
 from cs336_basics.results import run_record
+from cs336_basics.run import run_training
 
 # Text that marks an out-of-memory failure when only the text is left (a worker that died without a record, or
 # an OOM that a compiler wrapped in its own exception type).

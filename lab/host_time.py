@@ -17,7 +17,7 @@ synchronisation inside them:
 Random token arrays (host time does not depend on the text). All configurations run in this process, one after the
 other; compare rows of one run only.
 
-    python -m cs336_basics.benchmark.host_time --presets gpt2-small --precisions bf16,fp8 --json out.json
+    python -m lab.host_time --presets gpt2-small --precisions bf16,fp8 --json out.json
 """
 
 from __future__ import annotations
@@ -30,13 +30,13 @@ from typing import Any
 
 import torch
 
-from cs336_basics.benchmark.probe import probe_parser, run_probe
-from cs336_basics.benchmark.sweep.plan import parse_choices
 from cs336_basics.cli import positive_int
 from cs336_basics.config import COMPILE_MODES
 from cs336_basics.measurement import release_memory, warmed_up_preset
 from cs336_basics.results import run_record
+from cs336_basics.sweep.plan import parse_choices
 from cs336_basics.timing import StepTimer
+from lab.probe import probe_parser, run_probe
 
 PHASES = {"batch": ("sampler", "next_batch"), "optimizer": ("optimizer", "step"),
           "scaling_update": ("converter", "after_optimizer_step")}  # fmt: skip
@@ -107,7 +107,7 @@ def measure(preset: str, fp8: bool, compile_mode: str, warmup: int, steps: int) 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = probe_parser("cs336_basics.benchmark.host_time", __doc__)
+    parser = probe_parser("lab.host_time", __doc__)
     parser.add_argument("--compile", default="default", help=f"compile modes, comma-separated, from {COMPILE_MODES}")
     parser.add_argument("--warmup", type=positive_int, default=8, help="steps before timing (compile included)")
     parser.add_argument("--steps", type=positive_int, default=20, help="timed steps")

@@ -15,7 +15,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from cs336_basics.benchmark.amdahl.law import (
+from cs336_basics.config import FP8_RECIPES, FP8Config, ModelConfig, RunConfig
+from cs336_basics.devices import require_cuda
+from cs336_basics.diagnostics.amdahl.law import (
     GemmShape,
     MatmulTimings,
     _merge,
@@ -25,9 +27,7 @@ from cs336_basics.benchmark.amdahl.law import (
     predicted_step_ms,
     problem_key,
 )
-from cs336_basics.benchmark.amdahl.report import AmdahlRow
-from cs336_basics.config import FP8_RECIPES, FP8Config, ModelConfig, RunConfig
-from cs336_basics.devices import require_cuda
+from cs336_basics.diagnostics.amdahl.report import AmdahlRow
 from cs336_basics.errors import ConfigError
 from cs336_basics.precision.fp8 import fp8_gemm_dims
 from cs336_basics.precision.support import MIN_FP8_CAPABILITY

@@ -1,7 +1,7 @@
 """Where a LoRA fine-tuning step's time goes on a BF16 base and on an FP8 base, and three predictions of the FP8
 base's speedup set beside the measured one.
 
-    python -m cs336_basics.benchmark.lora_analysis --preset 1.3b --init_from BASE.pt --lora_rank 16 \\
+    python -m cs336_basics.sweep.lora_analysis --preset 1.3b --init_from BASE.pt --lora_rank 16 \\
         --lora_targets attn --json out.json
 
 Both bases are built from the same weights and trained in this process (compiled, `--steps` steps: tokens/s, MFU,
@@ -42,8 +42,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from cs336_basics.benchmark.amdahl.law import GemmShape, linear_gemm_shapes
-from cs336_basics.benchmark.amdahl.measure import (
+from cs336_basics.config import RunConfig
+from cs336_basics.devices import require_cuda
+from cs336_basics.diagnostics.amdahl.law import GemmShape, linear_gemm_shapes
+from cs336_basics.diagnostics.amdahl.measure import (
     StepBreakdown,
     breakdown_from_events,
     gpu_timeline,
@@ -53,8 +55,6 @@ from cs336_basics.benchmark.amdahl.measure import (
     profiled_steps,
     time_matmuls,
 )
-from cs336_basics.config import RunConfig
-from cs336_basics.devices import require_cuda
 from cs336_basics.errors import ConfigError
 from cs336_basics.results import format_or_na, run_record
 from cs336_basics.timing import time_calls_ms
@@ -377,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = config_parser(
         "Where a LoRA step's time goes on a BF16 and an FP8 base, with three predictions of the FP8 speedup.",
-        prog="python -m cs336_basics.benchmark.lora_analysis",
+        prog="python -m cs336_basics.sweep.lora_analysis",
     )
     parser.add_argument("--steps", type=int, default=12, help="training steps per base (compile included)")
     parser.add_argument(

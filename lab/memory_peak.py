@@ -7,7 +7,7 @@ allocation site (the first frames of their Python stack, with the source line wh
 which names the buffer: `buf4 = empty_strided_cuda((16384, 50304), ..., torch.float8_e5m2)`). Memory allocated
 before the step (weights, optimizer state) is reported as one number.
 
-    python -m cs336_basics.benchmark.memory_peak --presets gpt2-small --precisions bf16,fp8 --json out.json
+    python -m lab.memory_peak --presets gpt2-small --precisions bf16,fp8 --json out.json
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from typing import Any
 
 import torch
 
-from cs336_basics.benchmark.probe import probe_parser, run_probe
 from cs336_basics.cli import positive_int
 from cs336_basics.measurement import release_memory, warmed_up_preset
 from cs336_basics.results import run_record
+from lab.probe import probe_parser, run_probe
 
 MIB = 2**20
 TORCH_INTERNALS = ("/torch/", "/site-packages/triton/")  # frames that say how, not where
@@ -112,7 +112,7 @@ def measure(preset: str, fp8: bool, compile_mode: str, warmup: int, top: int) ->
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = probe_parser("cs336_basics.benchmark.memory_peak", __doc__)
+    parser = probe_parser("lab.memory_peak", __doc__)
     parser.add_argument("--compile_mode", default="default", help="torch.compile mode of the trained model")
     parser.add_argument("--warmup", type=positive_int, default=3, help="steps before the recorded one")
     parser.add_argument("--top", type=positive_int, default=12, help="groups of live blocks to report")

@@ -5,7 +5,7 @@ the same write with torch.save's CRC-32s off; reads it with read_checkpoint (CRC
 alone. Each timing is the median of --repeats. The file is read back right after it was written, so reads come from
 the page cache: the check's own CPU time, not the disk's.
 
-    python -m cs336_basics.benchmark.checkpoint_checksum --preset 366m --dir /tmp --json out.json
+    python -m lab.checkpoint_checksum --preset 366m --dir /tmp --json out.json
 """
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ def measure(preset: str, folder: Path, repeats: int) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m cs336_basics.benchmark.checkpoint_checksum",
+        prog="python -m lab.checkpoint_checksum",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -1,9 +1,9 @@
 """Time the course-exact BPE trainer and Tokenizer on CPU.
 
-    python -m cs336_basics.benchmark.bpe --vocab_size 32000                       # the default corpus
-    python -m cs336_basics.benchmark.bpe --text train.txt --max_mb 5 --vocab_size 10000
-    python -m cs336_basics.benchmark.bpe --text train.txt --gpt2_dir DIR          # GPT-2 vocab encoding only
-    python -m cs336_basics.benchmark.bpe --vocab_size 2048 --compare_hf --hf_encode --json out.json
+    python -m lab.bpe --vocab_size 32000                       # the default corpus
+    python -m lab.bpe --text train.txt --max_mb 5 --vocab_size 10000
+    python -m lab.bpe --text train.txt --gpt2_dir DIR          # GPT-2 vocab encoding only
+    python -m lab.bpe --vocab_size 2048 --compare_hf --hf_encode --json out.json
 
 Without ``--text`` the corpus is the training script's default: the running interpreter's standard-library
 sources (``stdlib_source_files``), joined with ``<|endoftext|>`` into a temporary file. Reports, one line

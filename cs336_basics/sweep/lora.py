@@ -1,6 +1,6 @@
 """The sweep's LoRA mode (`--lora_ranks`, `--lora_targets`): for each preset, batch size, rank and targets, a BF16
 base and an FP8 base fine-tuned with those adapters, measured, profiled and predicted by
-cs336_basics.benchmark.lora_analysis in a fresh process; their records gathered in lora.json, the table in lora.md and
+cs336_basics.sweep.lora_analysis in a fresh process; their records gathered in lora.json, the table in lora.md and
 the plot in lora.png.
 
 The base is --init_from when given (every preset then has its shape), else a freshly initialised model of each preset
@@ -16,11 +16,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from cs336_basics.benchmark.lora_analysis import format_lora_table, write_lora_plot
-from cs336_basics.benchmark.sweep.plan import SweepOptions, log_every_for, preset_batch_size
-from cs336_basics.benchmark.worker import last_line
 from cs336_basics.config_layers import merge_layers
 from cs336_basics.results import format_or_na
+from cs336_basics.sweep.lora_analysis import format_lora_table, write_lora_plot
+from cs336_basics.sweep.plan import SweepOptions, log_every_for, preset_batch_size
+from cs336_basics.sweep.worker import last_line
 
 LORA_JSON, LORA_MD, LORA_PNG = "lora.json", "lora.md", "lora.png"
 
@@ -52,7 +52,7 @@ def lora_command(options: SweepOptions, point: tuple[str, int, int, str], config
     config_path.parent.mkdir(parents=True, exist_ok=True)
     config_path.write_text(json.dumps(settings, indent=2))
     random_base = "init_from" not in settings.get("finetune", {})
-    command = [sys.executable, "-m", "cs336_basics.benchmark.lora_analysis", "--config", str(config_path)]
+    command = [sys.executable, "-m", "cs336_basics.sweep.lora_analysis", "--config", str(config_path)]
     command += ["--lora_rank", str(rank), "--lora_targets", targets, "--steps", str(options.steps)]
     return command + ["--json", str(json_path)] + (["--random_base"] if random_base else [])
 

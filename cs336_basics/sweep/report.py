@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from cs336_basics.atomic import write_text_atomic
-from cs336_basics.benchmark.amdahl import format_table as amdahl_table
-from cs336_basics.benchmark.sweep.plan import BASELINE_COMPILE, BASELINE_PRECISION, LM_HEAD_SUFFIX, on_off
+from cs336_basics.diagnostics.amdahl import format_table as amdahl_table
 from cs336_basics.results import format_or_na
+from cs336_basics.sweep.plan import BASELINE_COMPILE, BASELINE_PRECISION, LM_HEAD_SUFFIX, on_off
 from cs336_basics.training.trainer import WARMUP_STEPS_EXCLUDED
 
 # A record's group: these fields and where it ran (world size, parallel mode; see group_key), everything but the
