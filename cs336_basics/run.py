@@ -16,16 +16,16 @@ from typing import Any
 
 import torch
 
-from cs336_basics.atomic import write_json_atomic
 from cs336_basics.build import Built, build, plan
 from cs336_basics.compiled import eager
 from cs336_basics.config import RunConfig
 from cs336_basics.data import BPETokenizer, check_data_sources, prepare_data, require_windows
 from cs336_basics.errors import ConfigError, WorkFailed, alike_on_every_rank, writing
+from cs336_basics.files.atomic import write_json_atomic
+from cs336_basics.measure.results import append_runs, format_or_na, result_record
 from cs336_basics.parallel.world import main_first, process_group
 from cs336_basics.parallel.wrap import FSDP
 from cs336_basics.precision.choice import AUTO_SETTINGS
-from cs336_basics.results import append_runs, format_or_na, result_record
 from cs336_basics.training.run_folder import RunFolder
 from cs336_basics.training.sampling import Sampling, sample_text
 from cs336_basics.training.summary import RunFacts, format_summary

@@ -32,7 +32,7 @@ from cs336_basics.data.bpe_tokenizer import Tokenizer
 from cs336_basics.data.sources import stdlib_source_files
 from cs336_basics.data.tokenizer import END_OF_TEXT, BPETokenizer
 from cs336_basics.errors import report_error
-from cs336_basics.results import append_runs, schema_record
+from cs336_basics.measure.results import append_runs, schema_record
 
 
 def _corpus(args: argparse.Namespace, folder: Path) -> tuple[Path, str]:

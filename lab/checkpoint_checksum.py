@@ -21,14 +21,14 @@ from typing import Any
 
 import torch
 
-from cs336_basics.atomic import atomic_write
 from cs336_basics.config_layers import build_config
 from cs336_basics.errors import run_program
-from cs336_basics.integrity import save_torch_file, save_with_checksums, verify_zip
+from cs336_basics.files.atomic import atomic_write
+from cs336_basics.files.integrity import save_torch_file, save_with_checksums, verify_zip
+from cs336_basics.files.output_paths import check_output_path
+from cs336_basics.measure.results import run_record, write_results
 from cs336_basics.model import TransformerLM
 from cs336_basics.optim import MasterWeightAdamW
-from cs336_basics.output_paths import check_output_path
-from cs336_basics.results import run_record, write_results
 from cs336_basics.training.checkpoint import checkpoint_payload, model_state, read_checkpoint
 
 

@@ -26,7 +26,7 @@ from cs336_basics.cli import add_config_arguments, overrides_from_args
 from cs336_basics.config import RunConfig
 from cs336_basics.config_layers import build_config
 from cs336_basics.errors import ConfigError, report_error
-from cs336_basics.results import write_results
+from cs336_basics.measure.results import write_results
 from cs336_basics.sweep.plan import PRECISIONS, WITH_LM_HEAD, parse_choices, precision_settings
 from cs336_basics.training.metrics import read_metrics
 

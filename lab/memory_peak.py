@@ -21,8 +21,8 @@ from typing import Any
 import torch
 
 from cs336_basics.cli import positive_int
-from cs336_basics.measurement import release_memory, warmed_up_preset
-from cs336_basics.results import run_record
+from cs336_basics.diagnostics.measurement import release_memory, warmed_up_preset
+from cs336_basics.measure.results import run_record
 from lab.probe import probe_parser, run_probe
 
 MIB = 2**20

@@ -29,12 +29,12 @@ import torch
 
 from cs336_basics.config_layers import build_config
 from cs336_basics.devices import require_cuda
+from cs336_basics.diagnostics.measurement import release_memory
 from cs336_basics.errors import ConfigError, report_error
-from cs336_basics.measurement import release_memory
+from cs336_basics.measure.results import run_record, write_results
+from cs336_basics.measure.timing import time_calls_ms
 from cs336_basics.model import TransformerLM
 from cs336_basics.optim import MasterWeightAdamW
-from cs336_basics.results import run_record, write_results
-from cs336_basics.timing import time_calls_ms
 
 VARIANTS = ("masters-fused", "masters-eager", "masters-unfused", "bf16-no-masters")
 HP = {"lr": 3e-4, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.1}

@@ -9,9 +9,9 @@ from collections.abc import Callable
 from typing import Any
 
 from cs336_basics.devices import require_cuda
+from cs336_basics.diagnostics.measurement import PROBE_PRECISIONS
 from cs336_basics.errors import ConfigError, report_error
-from cs336_basics.measurement import PROBE_PRECISIONS
-from cs336_basics.results import write_results
+from cs336_basics.measure.results import write_results
 from cs336_basics.sweep.plan import parse_choices
 
 

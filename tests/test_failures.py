@@ -20,11 +20,11 @@ from tiny import TINY_FLAGS, tiny_model
 import train_h100
 import verify_fp8_compilation
 from cs336_basics import sweep
-from cs336_basics.atomic import TEMP_PREFIX
 from cs336_basics.config import DataConfig
 from cs336_basics.data import prepare_data
 from cs336_basics.errors import ConfigError
-from cs336_basics.integrity import ChecksumError, files_crc32, verify_files, verify_zip
+from cs336_basics.files.atomic import TEMP_PREFIX
+from cs336_basics.files.integrity import ChecksumError, files_crc32, verify_files, verify_zip
 from cs336_basics.model import TransformerLM
 from cs336_basics.programs import generate
 from cs336_basics.training.checkpoint import CHECKPOINT_NAME, read_checkpoint

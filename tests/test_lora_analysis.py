@@ -18,7 +18,7 @@ from cs336_basics.config_layers import build_config
 from cs336_basics.diagnostics.amdahl.measure import breakdown_from_events, gpu_timeline
 from cs336_basics.errors import ConfigError
 from cs336_basics.lora import apply_lora
-from cs336_basics.results import append_runs
+from cs336_basics.measure.results import append_runs
 from cs336_basics.sweep import lora_analysis
 from cs336_basics.sweep.cli import parse_options
 from cs336_basics.sweep.lora import lora_command, lora_points, run_lora_sweep

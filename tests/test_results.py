@@ -10,12 +10,18 @@ import pytest
 
 import cs336_basics.diagnostics.amdahl.__main__ as amdahl_main
 from cs336_basics.errors import WorkFailed
-from cs336_basics.results import append_runs, environment, write_results, write_results_from_raw
+from cs336_basics.measure.results import append_runs, environment, write_results, write_results_from_raw
 
 
 def test_a_module_run_with_dash_m_is_recorded_as_such(monkeypatch):
     monkeypatch.setattr(sys, "argv", [amdahl_main.__file__, "--preset", "366m", "--json", "out file.json"])
     assert environment()["command"] == "python -m cs336_basics.diagnostics.amdahl --preset 366m --json 'out file.json'"
+
+
+def test_a_lab_tool_run_with_dash_m_is_recorded_as_such(monkeypatch):
+    tool = Path(__file__).resolve().parent.parent / "lab" / "host_time.py"
+    monkeypatch.setattr(sys, "argv", [str(tool), "--presets", "366m"])
+    assert environment()["command"] == "python -m lab.host_time --presets 366m"
 
 
 def test_a_script_is_recorded_by_its_name(monkeypatch):

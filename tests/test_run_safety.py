@@ -16,7 +16,7 @@ import torch
 from tiny import TINY_FLAGS
 
 import train_h100
-from cs336_basics.atomic import TEMP_PREFIX, temp_prefix, write_json_atomic
+from cs336_basics.files.atomic import TEMP_PREFIX, temp_prefix, write_json_atomic
 from cs336_basics.training import checkpoint as checkpoint_module
 from cs336_basics.training.checkpoint import CHECKPOINT_NAME
 from cs336_basics.training.metrics import MetricsLog, read_metrics

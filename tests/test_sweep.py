@@ -16,7 +16,7 @@ from tiny import TINY_FLAGS
 import optimize_performance
 from cs336_basics import sweep
 from cs336_basics.config_layers import build_config
-from cs336_basics.results import precision_label
+from cs336_basics.measure.results import precision_label
 from cs336_basics.sweep import plan as sweep_plan
 from cs336_basics.sweep import report as sweep_report
 from cs336_basics.sweep import run as sweep_run

@@ -54,11 +54,11 @@ from cs336_basics.diagnostics.amdahl.law import GemmShape, linear_gemm_shapes
 from cs336_basics.diagnostics.amdahl.measure import amdahl_row, profile_step_breakdown, time_matmuls
 from cs336_basics.diagnostics.amdahl.report import AmdahlRow
 from cs336_basics.diagnostics.doctor import Diagnosis, diagnose_config, measured_findings
+from cs336_basics.diagnostics.measurement import release_memory, train_for_measurement
 from cs336_basics.errors import ConfigError
-from cs336_basics.measurement import release_memory, train_for_measurement
+from cs336_basics.measure.results import result_record
 from cs336_basics.precision.fp8 import grad_weight_in_fp8
 from cs336_basics.precision.fused.head import logits_row_blocks
-from cs336_basics.results import result_record
 from cs336_basics.training.trainer import Trainer, TrainResult
 
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)

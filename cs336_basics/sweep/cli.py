@@ -17,8 +17,8 @@ import cs336_basics.sweep.run as sweep_run
 from cs336_basics.cli import add_config_arguments, load_config_file, overrides_from_args, positive_int
 from cs336_basics.config import ATTENTION_BACKENDS, PRESETS, lora_target_list
 from cs336_basics.errors import ConfigError, run_program
-from cs336_basics.output_paths import check_output_path
-from cs336_basics.results import environment
+from cs336_basics.files.output_paths import check_output_path
+from cs336_basics.measure.results import environment
 from cs336_basics.sweep.plan import (
     COMPILE_CHOICES,
     DEFAULTS,

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from cs336_basics.config_layers import merge_layers
-from cs336_basics.results import format_or_na
+from cs336_basics.measure.results import format_or_na
 from cs336_basics.sweep.lora_analysis import format_lora_table, write_lora_plot
 from cs336_basics.sweep.plan import SweepOptions, log_every_for, preset_batch_size
 from cs336_basics.sweep.worker import last_line

@@ -56,8 +56,8 @@ from cs336_basics.diagnostics.amdahl.measure import (
     time_matmuls,
 )
 from cs336_basics.errors import ConfigError
-from cs336_basics.results import format_or_na, run_record
-from cs336_basics.timing import time_calls_ms
+from cs336_basics.measure.results import format_or_na, run_record
+from cs336_basics.measure.timing import time_calls_ms
 
 if TYPE_CHECKING:
     from cs336_basics.build import Plan
@@ -177,8 +177,8 @@ def _measure_base(
     idle time. The model and its trainer are freed before returning, so that the other base has the GPU's memory to
     itself."""
     from cs336_basics.build import build
+    from cs336_basics.diagnostics.measurement import release_memory, train_for_measurement
     from cs336_basics.lora.layers import adapter_gemm_widths
-    from cs336_basics.measurement import release_memory, train_for_measurement
 
     config, device = fp8_plan.config, fp8_plan.device
     tokens_per_step = config.train.batch_size * config.model.context_length * config.train.gradient_accumulation_steps
@@ -373,7 +373,7 @@ def write_random_base(args: argparse.Namespace, path: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     from cs336_basics.cli import config_from_args, config_parser, positive_int
     from cs336_basics.errors import report_error
-    from cs336_basics.results import append_runs
+    from cs336_basics.measure.results import append_runs
 
     parser = config_parser(
         "Where a LoRA step's time goes on a BF16 and an FP8 base, with three predictions of the FP8 speedup.",

@@ -11,9 +11,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from cs336_basics.atomic import write_text_atomic
 from cs336_basics.diagnostics.amdahl import format_table as amdahl_table
-from cs336_basics.results import format_or_na
+from cs336_basics.files.atomic import write_text_atomic
+from cs336_basics.measure.results import format_or_na
 from cs336_basics.sweep.plan import BASELINE_COMPILE, BASELINE_PRECISION, LM_HEAD_SUFFIX, on_off
 from cs336_basics.training.trainer import WARMUP_STEPS_EXCLUDED
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from cs336_basics.config_layers import merge_layers
 from cs336_basics.data import prepare_data
-from cs336_basics.results import append_runs, format_or_na, run_record
+from cs336_basics.measure.results import append_runs, format_or_na, run_record
 from cs336_basics.sweep.plan import Planned, SweepOptions, on_off
 from cs336_basics.sweep.report import (
     _pct,

@@ -40,11 +40,11 @@ from typing import Any
 
 import torch
 
-from cs336_basics.atomic import write_json_atomic
 from cs336_basics.config_layers import build_config
 from cs336_basics.errors import ConfigError, NotSupportedHere, rank_prefix, report_error
+from cs336_basics.files.atomic import write_json_atomic
+from cs336_basics.measure.results import run_record
 from cs336_basics.parallel.world import SINGLE, exit_process, torchrun_world
-from cs336_basics.results import run_record
 from cs336_basics.run import run_training
 
 # Text that marks an out-of-memory failure when only the text is left (a worker that died without a record, or

@@ -13,9 +13,9 @@ import torch
 from torch import nn
 
 from cs336_basics.config_layers import build_config
+from cs336_basics.measure.timing import time_calls_ms
 from cs336_basics.model import TransformerLM
 from cs336_basics.precision.fused.scaling import E4M3, E5M2, WEIGHT, SiteScaling
-from cs336_basics.timing import time_calls_ms
 
 
 def main(preset: str, out: str) -> None:

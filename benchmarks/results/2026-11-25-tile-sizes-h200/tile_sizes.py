@@ -19,8 +19,8 @@ import torch
 
 from cs336_basics.kernels.swiglu_triton import _swiglu_grad_kernel, _swiglu_kernel
 from cs336_basics.kernels.transpose_triton import _transpose_kernel
+from cs336_basics.measure.timing import graph_kernel_ms
 from cs336_basics.precision.fused.scaling import E4M3, E5M2, fp8_max
-from cs336_basics.timing import graph_kernel_ms
 
 SWIGLU_SHAPES = {"366m": (16384, 3584), "1.3b": (8192, 5632)}
 TRANSPOSE_SHAPES = {"366m": [(16384, 896), (16384, 3584)], "1.3b": [(8192, 2048), (8192, 5632)]}
@@ -90,7 +90,7 @@ def run(out_path: str) -> None:
 def schema(out_path: str, raw_paths: list[str]) -> None:
     """One results file (the shared schema: a record per kernel, shape and tile) from the raw files of `run`."""
     from cs336_basics.config_layers import build_config
-    from cs336_basics.results import run_record, write_results_from_raw
+    from cs336_basics.measure.results import run_record, write_results_from_raw
 
     fp8 = {"use_fp8": True, "fp8_path": "fused", "fp8_scaling": "delayed", "fp8_lm_head": True}
 

@@ -27,10 +27,10 @@ from cs336_basics.config import FP8Config, ModelConfig
 from cs336_basics.diagnostics.amdahl.measure import _top_kernels_us, gpu_timeline
 from cs336_basics.kernels.rope_triton import _launch
 from cs336_basics.kernels.tiles import ROPE_GRAD_TILE, Tile
+from cs336_basics.measure.timing import graph_kernel_ms, time_calls_ms
 from cs336_basics.model.attention import CausalSelfAttention
 from cs336_basics.precision import FusedFP8
 from cs336_basics.precision.fused.scaling import E5M2, SiteScaling
-from cs336_basics.timing import graph_kernel_ms, time_calls_ms
 
 # preset: (batch, seq, dim, heads)
 SHAPES = {"366m": (8, 2048, 896, 14), "1.3b": (4, 2048, 2048, 16), "gpt2-small": (16, 1024, 768, 12)}
@@ -127,7 +127,7 @@ def run(out_path: str) -> None:
 def schema(out_path: str, raw_paths: list[str]) -> None:
     """One results file (the shared schema: a record per measurement) from the raw files of `run`."""
     from cs336_basics.config_layers import build_config
-    from cs336_basics.results import run_record, write_results_from_raw
+    from cs336_basics.measure.results import run_record, write_results_from_raw
 
     def record(raw: dict, path: str, row: dict) -> dict:
         fp8 = {"use_fp8": True, "fp8_path": "fused", "fp8_scaling": row.get("fp8_scaling", "delayed"),

@@ -19,8 +19,8 @@ import triton.language as tl
 
 from cs336_basics.kernels import rope_triton as rt
 from cs336_basics.kernels.tiles import Tile
+from cs336_basics.measure.timing import graph_kernel_ms
 from cs336_basics.precision.fused.scaling import E5M2
-from cs336_basics.timing import graph_kernel_ms
 
 
 @triton.jit

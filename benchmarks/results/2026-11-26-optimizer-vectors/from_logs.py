@@ -15,9 +15,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from cs336_basics.atomic import write_json_atomic
 from cs336_basics.config_layers import build_config
-from cs336_basics.results import run_record
+from cs336_basics.files.atomic import write_json_atomic
+from cs336_basics.measure.results import run_record
 
 HERE = Path(__file__).parent
 HEADER = dict(gpu="NVIDIA H100 80GB HBM3", torch="2.11.0+cu130", torchao="0.18.0")

@@ -7,7 +7,7 @@ import sys
 from cs336_basics.diagnostics.amdahl.measure import analyse
 from cs336_basics.diagnostics.amdahl.report import format_shape_table, format_table, format_top_kernels
 from cs336_basics.errors import ConfigError, report_error
-from cs336_basics.results import write_results
+from cs336_basics.measure.results import write_results
 
 
 def main(argv: list[str] | None = None) -> int:

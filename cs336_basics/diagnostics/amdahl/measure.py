@@ -29,9 +29,9 @@ from cs336_basics.diagnostics.amdahl.law import (
 )
 from cs336_basics.diagnostics.amdahl.report import AmdahlRow
 from cs336_basics.errors import ConfigError
+from cs336_basics.measure.timing import calls_per_round, time_calls_ms
 from cs336_basics.precision.fp8 import fp8_gemm_dims
 from cs336_basics.precision.support import MIN_FP8_CAPABILITY
-from cs336_basics.timing import calls_per_round, time_calls_ms
 
 if TYPE_CHECKING:
     from cs336_basics.build import Plan
@@ -530,7 +530,7 @@ def _measure_precision(
     warm-up), then time and profile its steps; (its StepBreakdown, its FP8 conversion report). The model and its
     trainer are freed before returning, so that the other precision has the GPU's memory to itself."""
     from cs336_basics.build import build
-    from cs336_basics.measurement import release_memory, train_for_measurement
+    from cs336_basics.diagnostics.measurement import release_memory, train_for_measurement
 
     built = build(precision_plan)
     trainer, _ = train_for_measurement(built, *tokens, log)

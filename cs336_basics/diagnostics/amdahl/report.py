@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from cs336_basics.results import format_or_na
+from cs336_basics.measure.results import format_or_na
 
 
 @dataclass

@@ -3,7 +3,7 @@
 import json
 from pathlib import Path
 
-from cs336_basics.atomic import write_json_atomic
+from cs336_basics.files.atomic import write_json_atomic
 
 HERE = Path(__file__).parent
 SHAPES = {  # experiment.py's shapes

@@ -17,7 +17,7 @@ import torch
 from cs336_basics.build import build
 from cs336_basics.cli import config_from_args, config_parser
 from cs336_basics.diagnostics.amdahl.measure import gpu_timeline, measurement_plan, measurement_tokens
-from cs336_basics.measurement import release_memory, train_for_measurement
+from cs336_basics.diagnostics.measurement import release_memory, train_for_measurement
 from cs336_basics.sweep import lora_analysis
 from lab.host_time import host_and_wall
 

@@ -16,8 +16,8 @@ import torch
 
 from cs336_basics.kernels.cast_triton import _cast_transposed_kernel
 from cs336_basics.kernels.tiles import WEIGHT_CAST_TILE
+from cs336_basics.measure.timing import graph_kernel_ms
 from cs336_basics.precision.fused.scaling import E4M3, fp8_max
-from cs336_basics.timing import graph_kernel_ms
 
 # (out_features, in_features) of each weight, and how many of each per step.
 WEIGHTS = {

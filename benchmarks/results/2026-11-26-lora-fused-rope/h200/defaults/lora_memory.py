@@ -22,7 +22,7 @@ import torch
 from cs336_basics.build import build
 from cs336_basics.cli import config_from_args, config_parser
 from cs336_basics.diagnostics.amdahl.measure import measurement_plan, measurement_tokens
-from cs336_basics.measurement import release_memory, train_for_measurement
+from cs336_basics.diagnostics.measurement import release_memory, train_for_measurement
 from cs336_basics.sweep.lora_analysis import write_random_base
 from lab.memory_peak import allocation_trace, grouped, live_at_peak
 

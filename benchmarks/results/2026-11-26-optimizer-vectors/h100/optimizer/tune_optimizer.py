@@ -16,9 +16,9 @@ from cs336_basics.config_layers import build_config
 from cs336_basics.kernels import adamw_triton as adamw_kernel
 from cs336_basics.kernels import grad_norm_triton as grad_norm_kernel
 from cs336_basics.kernels.multi_tensor import BlockLayout, DeviceInts, addresses
+from cs336_basics.measure.timing import time_calls_ms
 from cs336_basics.model import TransformerLM
 from cs336_basics.optim.clipping import global_grad_norm
-from cs336_basics.timing import time_calls_ms
 
 
 def median_ms(fn) -> float:

@@ -14,19 +14,22 @@ from typing import Any
 
 import torch
 
-from cs336_basics.atomic import write_json_atomic
 from cs336_basics.config import LORA_FP8_PATH, RunConfig
 from cs336_basics.errors import ConfigError, WorkFailed, os_reason
-from cs336_basics.output_paths import check_output_path
+from cs336_basics.files.atomic import write_json_atomic
+from cs336_basics.files.output_paths import check_output_path
 
 
 def _command_line() -> str:
-    """How this process was started, as a user would retype it: `python -m pkg.mod ...` for a module of this
-    package run with -m (argv[0] is then the module's file path), else the script's name and its arguments."""
+    """How this process was started, as a user would retype it: `python -m pkg.mod ...` for a module of a package
+    run with -m (argv[0] is then the module's file path: this package's modules, the lab's tools), else the script's
+    name and its arguments."""
     script = Path(sys.argv[0]).resolve()
-    package_root = Path(__file__).resolve().parent.parent
-    if script.suffix == ".py" and script.is_relative_to(package_root / "cs336_basics"):
-        module = ".".join(script.relative_to(package_root).with_suffix("").parts).removesuffix(".__main__")
+    outside = script.parent  # the folder that holds the module's top-level package
+    while (outside / "__init__.py").is_file():
+        outside = outside.parent
+    if script.suffix == ".py" and outside != script.parent:
+        module = ".".join(script.relative_to(outside).with_suffix("").parts).removesuffix(".__main__")
         head = ["python", "-m", module]
     else:
         head = [Path(sys.argv[0]).name]

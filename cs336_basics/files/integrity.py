@@ -21,8 +21,8 @@ from typing import IO, Any
 
 import torch
 
-from cs336_basics.atomic import atomic_write
 from cs336_basics.errors import ConfigError
+from cs336_basics.files.atomic import atomic_write
 
 _CHUNK = 1 << 22
 
