@@ -33,7 +33,7 @@ from cs336_basics.config import FP8Config, RunConfig
 from cs336_basics.diagnostics.amdahl.law import amdahl_prediction, gemm_shapes, model_skeleton
 from cs336_basics.diagnostics.amdahl.report import AmdahlRow
 from cs336_basics.precision.accelerate import accelerate_skip_rule, first_and_last_linear
-from cs336_basics.precision.fp8 import (
+from cs336_basics.precision.rules import (
     SKIP_NOT_16,
     SKIP_SMALL,
     FP8ConversionReport,

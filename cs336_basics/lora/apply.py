@@ -26,10 +26,10 @@ from cs336_basics.lora.layers import (
     projected_together,
 )
 from cs336_basics.precision.converter import Converter, delayed_scaling
-from cs336_basics.precision.fp8 import FAST_ACCUM_BACKWARD_NOTE, FP8ConversionReport, is_lm_head, skip_reason
 from cs336_basics.precision.fused.convert import fast_accum_backward, fp8_units, fused_dtypes, set_child
 from cs336_basics.precision.fused.qkv_rope import rope_unit_heads
 from cs336_basics.precision.fused.scaling import SiteScaling
+from cs336_basics.precision.rules import FAST_ACCUM_BACKWARD_NOTE, FP8ConversionReport, is_lm_head, skip_reason
 
 
 @dataclass

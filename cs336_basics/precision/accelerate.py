@@ -21,16 +21,18 @@ from cs336_basics.config import FP8Config
 from cs336_basics.errors import ConfigError
 from cs336_basics.precision.converter import FP8Converter
 from cs336_basics.precision.fp8 import (
+    check_float8_conversion,
+    count_float8_linears,
+    float8_report,
+    torchao_float8_config,
+)
+from cs336_basics.precision.rules import (
     SKIP_NOT_16,
     FP8ConversionReport,
-    check_float8_conversion,
     check_model_ready,
-    count_float8_linears,
     dims_divisible_by_16,
     file_decisions,
-    float8_report,
     nothing_converted_error,
-    torchao_float8_config,
 )
 from cs336_basics.precision.support import HF_INSTALL_HINT
 

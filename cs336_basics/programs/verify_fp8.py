@@ -57,8 +57,8 @@ from cs336_basics.diagnostics.doctor import Diagnosis, diagnose_config, measured
 from cs336_basics.diagnostics.measurement import release_memory, train_for_measurement
 from cs336_basics.errors import ConfigError
 from cs336_basics.measure.results import result_record
-from cs336_basics.precision.fp8 import grad_weight_in_fp8
 from cs336_basics.precision.fused.head import logits_row_blocks
+from cs336_basics.precision.rules import grad_weight_in_fp8
 from cs336_basics.training.trainer import Trainer, TrainResult
 
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)

@@ -30,7 +30,7 @@ from cs336_basics.diagnostics.amdahl.law import (
 from cs336_basics.diagnostics.amdahl.report import AmdahlRow
 from cs336_basics.errors import ConfigError
 from cs336_basics.measure.timing import calls_per_round, time_calls_ms
-from cs336_basics.precision.fp8 import fp8_gemm_dims
+from cs336_basics.precision.rules import fp8_gemm_dims
 from cs336_basics.precision.support import MIN_FP8_CAPABILITY
 
 if TYPE_CHECKING:
