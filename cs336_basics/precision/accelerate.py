@@ -73,6 +73,13 @@ def _require_accelerate() -> Any:
 class AccelerateFP8(FP8Converter):
     """Accelerate's TorchAO backend, as `accelerator.prepare` applies it (the module docstring says what it does)."""
 
+    path = "accelerate"
+
+    @staticmethod
+    def defaults(fp8: FP8Config, world_size: int, cuda_graphs: bool) -> tuple[str, dict[str, Any]]:
+        # Its own filter decides which linears convert (first_and_last_linear).
+        return "Accelerate's", {"fp8_lm_head": False, "fp8_shape_filter": False, "fp8_scaling": "dynamic"}
+
     @staticmethod
     def check_options(fp8: FP8Config, world_size: int = 1) -> None:
         """Refuse, with the reason, the settings Accelerate's conversion does not have."""

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from cs336_basics.compiled import unwrap
-from cs336_basics.config import FP8Config
+from cs336_basics.config import FP8Config, RunConfig
 from cs336_basics.errors import ConfigError
 from cs336_basics.precision.converter import FP8Converter
 from cs336_basics.precision.rules import (
@@ -203,10 +203,25 @@ class TorchAOFP8(FP8Converter):
     """TorchAO's path (`--fp8_path torchao`): convert_to_float8_training swaps the linears for Float8Linear.
     `fsdp_float8_all_gather`: the model will be sharded by FSDP2, which then all-gathers FP8 weights."""
 
+    path = "torchao"
+
     def __init__(self, fp8: FP8Config, fsdp_float8_all_gather: bool = False):
         super().__init__(fp8)
         self.fsdp_float8_all_gather = fsdp_float8_all_gather
         self.model: nn.Module | None = None
+
+    @classmethod
+    def for_run(cls, config: RunConfig, world_size: int, fsdp_float8_all_gather: bool) -> TorchAOFP8:
+        return cls(config.fp8, fsdp_float8_all_gather)
+
+    @staticmethod
+    def defaults(fp8: FP8Config, world_size: int, cuda_graphs: bool) -> tuple[str, dict[str, Any]]:
+        # The shape rule is a speed rule for real FP8 GEMMs: emulation (numerics only) converts every layer.
+        return "TorchAO's path's", {
+            "fp8_lm_head": False,
+            "fp8_shape_filter": not fp8.fp8_emulate,
+            "fp8_scaling": "dynamic",
+        }
 
     @staticmethod
     def check_options(fp8: FP8Config, world_size: int = 1) -> None:
