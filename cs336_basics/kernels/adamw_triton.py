@@ -9,8 +9,8 @@ One launch covers every tensor of a list (multi_tensor.py: the kernel reads each
 the host pays one launch per parameter group instead of one per parameter, which a short FP8 step waits for. Its
 accesses are 16-byte vectors where every tensor allows them (multi_tensor_triton.py says why that matters).
 
-What it saves, and what the alternatives cost: benchmarks/results/2026-11-21-optimizer-step-h200.json (the update
-against the separate passes and against torch's fused AdamW on BF16 weights without masters) and
+What it saves, and what the alternatives cost: INDEX.md: 2026-11-21-optimizer-step-h200.json (the update against the
+separate passes and against torch's fused AdamW on BF16 weights without masters) and INDEX.md:
 2026-11-21-optimizer-step-alternatives-h200.json (torch.compile of the same update: compiling one call over a whole
 parameter group takes minutes per run, and a compiled call per tensor pays dynamo's per-call overhead on every
 tensor). A Triton kernel compiles once, in under a second.

@@ -3,7 +3,7 @@
 Each program squares and sums one block of one gradient in fp32 and writes its partial sum; the norm is the square
 root of their total. One read of every gradient, vectorized where the tensors allow it (multi_tensor_triton.py), in
 place of torch's `_foreach_norm` and the reductions after it, which read the gradients at a fraction of the memory
-bandwidth (benchmarks/results/2026-11-26-optimizer-vectors/README.md). The partial sums are added in a fixed order,
+bandwidth (INDEX.md: 2026-11-26-optimizer-vectors). The partial sums are added in a fixed order,
 so the same gradients always give the same norm.
 
 Imported only on CUDA machines: triton ships with torch's Linux CUDA wheels.

@@ -3,7 +3,7 @@ runs one program per block of elements of every tensor (the block layout says wh
 
 Why: a launch costs the host tens of microseconds whatever its size, so a per-tensor loop over a model's hundreds of
 parameters or scaling buffers costs milliseconds of host time per step, which a step whose GPU work is short
-waits for (benchmarks/results/2026-11-24-host-levers-h100/README.md). torch's own multi-tensor ops (`_foreach_*`)
+waits for (INDEX.md: 2026-11-24-host-levers-h100). torch's own multi-tensor ops (`_foreach_*`)
 do this for single elementwise ops; the kernels here fuse a whole update into one pass.
 """
 

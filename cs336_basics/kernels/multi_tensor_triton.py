@@ -5,7 +5,7 @@ A pointer read from a table tells the compiler nothing about its alignment, so w
 is one element wide (a 4-byte or 2-byte access per element). When the host has checked that every address and every
 size allows it (`multi_tensor.vector_aligned`), `ALIGNED` says so, and the accesses become 16-byte vectors: the
 AdamW update reads and writes memory close to the GPU's bandwidth instead of at about half of it
-(benchmarks/results/2026-11-26-optimizer-vectors/README.md).
+(INDEX.md: 2026-11-26-optimizer-vectors).
 
 Imported only on CUDA machines: triton ships with torch's Linux CUDA wheels.
 """

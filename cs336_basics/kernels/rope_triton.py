@@ -4,7 +4,7 @@ the recordings of delayed scaling in one pass over attention's gradient.
 Unfused, RoPE's backward writes q's and k's gradients in BF16 in attention's (batch, heads, seq, head_dim) layout and
 the projection's cast reads them back token-major, reducing each token's row across the heads: inductor fused the
 two into one kernel that ran at a fraction of the memory bandwidth, then a separate kernel wrote the transposed copy
-(benchmarks/results/2026-11-25-kernel-profiles-h200/README.md). Here each program reads a tile of tokens x channels
+(INDEX.md: 2026-11-25-kernel-profiles-h200). Here each program reads a tile of tokens x channels
 of the gradient (any strides but a contiguous last axis), rotates it back, and writes it in FP8 row-major and
 transposed; with delayed scaling each tile's amax and saturation count go straight into the site's own row buffers
 (tiles.record_tile), with no kernel of their own.
@@ -88,7 +88,7 @@ def _launch(kernel, grad, cos, sin, positions, outputs, scales, dtype: torch.dty
     _rope_grad_kernel, wrapped by wrap_triton inside a triton_op (which torch.compile traces), launched as it is inside
     the opaque custom op: there wrap_triton's eager path (a higher-order op dispatched per launch) cost about a
     millisecond of host time per launch, most of a non-graph FP8 step's host time at 366m
-    (benchmarks/results/2026-11-27-nongraph-host-time/README.md)."""
+    (INDEX.md: 2026-11-27-nongraph-host-time)."""
     if grad.dim() != 4 or not grad.is_cuda:
         raise ValueError("the RoPE gradient kernel takes a 4-D (batch, heads, seq, head_dim) CUDA tensor")
     if grad.stride(-1) != 1:

@@ -3,7 +3,7 @@
 The update touches a few small buffers of every FP8 linear: three amax recordings each, their history rows, their
 scales and inverses. Op by op it is a dozen multi-tensor launches over some hundreds of tensors, and building
 those tensor lists costs the host milliseconds per step, which a short FP8 step waits for
-(benchmarks/results/2026-11-24-host-levers-h100/README.md). Here one program per (linear, role) reads its recording
+(INDEX.md: 2026-11-24-host-levers-h100). Here one program per (linear, role) reads its recording
 through a table of addresses (multi_tensor.py), files its amax in the history, zeroes the recording and writes the
 new scale and its inverse: the same arithmetic as the op-by-op update, which the tests compare it with bit for bit.
 

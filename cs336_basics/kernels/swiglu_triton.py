@@ -3,7 +3,7 @@ written straight in FP8, row-major and transposed, by the kernel that computes t
 
 Unfused, each of these tensors is written in BF16, read back for its amax, read again to be cast and written again
 transposed: on the 366m shape inductor's kernels for them took more time than the BF16 SwiGLU itself
-(benchmarks/results/2026-11-22-fused-fp8-exploration-h200/). Here:
+(INDEX.md: 2026-11-22-fused-fp8-exploration-h200). Here:
 - dynamic scaling: one pass reads the inputs for the amax (one per tile, reduced by torch), a second reads them
   again and writes the FP8 tensor and its transpose;
 - delayed scaling: one pass, which also records the amax and counts the saturated values for later steps.

@@ -3,7 +3,7 @@ block_f columns of a row-major (M, F) tensor, which it reads once and writes in 
 
 Each kernel has its own tile size and warp count, the fastest of those measured for it at the 366m and 1.3b shapes
 on an H200, each also faster than the one tile they all had before on an H100
-(benchmarks/results/2026-11-25-tile-sizes-h200/README.md)."""
+(INDEX.md: 2026-11-25-tile-sizes-h200)."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ class Tile(NamedTuple):
 TRANSPOSE_TILE = Tile(128, 128, 8)
 SWIGLU_TILE = Tile(32, 128, 4)
 SWIGLU_GRAD_TILE = Tile(32, 64, 4)
-# Chosen on an H200 only (benchmarks/results/2026-11-26-fused-rope-h200/README.md); not yet timed on an H100.
+# Chosen on an H200 only (INDEX.md: 2026-11-26-fused-rope-h200); not yet timed on an H100.
 ROPE_GRAD_TILE = Tile(32, 64, 8)
 WEIGHT_CAST_TILE = Tile(64, 128, 4)  # cast_triton.py's: not tuned
 

@@ -4,7 +4,7 @@ Every FP8 operand is also needed transposed (the backward GEMMs take their opera
 inductor writes both layouts in one tiled pointwise kernel after the amax pass. With delayed scaling the cast also
 reduces its tensor row by row (scaling.py), and inductor then folds the transposed writes into that row-reduction
 kernel, where each row's values go to a column of the transpose: one-byte stores a row apart, several times slower
-than the cast itself at the 1.3b shape (benchmarks/results/2026-11-23-delayed-transpose-h200/). As a custom op the
+than the cast itself at the 1.3b shape (INDEX.md: 2026-11-23-delayed-transpose-h200). As a custom op the
 transpose stays a kernel of its own: tiles of the row-major FP8 tensor read once, written transposed.
 
 Imported only on CUDA machines: triton ships with torch's Linux CUDA wheels.

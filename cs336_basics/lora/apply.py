@@ -129,9 +129,9 @@ class LoRAConverter(FP8Converter):
     @staticmethod
     def defaults(fp8: FP8Config, world_size: int, cuda_graphs: bool) -> tuple[str, dict[str, Any]]:
         # Measured on a LoRA base (docs/fine-tuning.md): delayed scaling pays only under CUDA graphs, where it was
-        # measured with the FP8 head (benchmarks/results/2026-11-26-defaults-by-block/README.md, item 3). Fast
+        # measured with the FP8 head (INDEX.md: 2026-11-26-defaults-by-block, item 3). Fast
         # accumulation in the input-gradient GEMMs (a frozen base has no other backward GEMM) paid on both GPUs and
-        # kept the fine-tune's loss (benchmarks/results/2026-11-27-lora-defaults-both-gpus/README.md, items 1, 4).
+        # kept the fine-tune's loss (INDEX.md: 2026-11-27-lora-defaults-both-gpus, items 1, 4).
         either = {"fp8_shape_filter": False, "fp8_fast_accum_backward": True}
         if cuda_graphs:
             return "a LoRA base's under CUDA graphs", {"fp8_lm_head": True, "fp8_scaling": "delayed", **either}

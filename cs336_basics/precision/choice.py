@@ -5,7 +5,7 @@ linear in FP8 including the lm_head, and delayed scaling in one process (benchma
 TorchAO's path is chosen where only it runs or where it measured faster:
   - a rowwise recipe or --fp8_all_gather (the fused path is tensorwise and has no FP8 all-gather);
   - --fp8_emulate (emulation is TorchAO's; the fused path runs real FP8 casts even on the CPU);
-  - FSDP2: on one rank of FSDP2 TorchAO's path measured faster (benchmarks/results/2026-11-23-fsdp-overheads-h200,
+  - FSDP2: on one rank of FSDP2 TorchAO's path measured faster (INDEX.md: 2026-11-23-fsdp-overheads-h200,
     item 5): the fused path's step is host-bound there.
   - DDP: on a first run TorchAO's path was ahead of BF16 (2026-11-23-sweep-1.3b-x2-h200x2) where the fused path
     fell behind it (issue #55's first runs); the fused path's non-graph step has lost host time since

@@ -51,7 +51,7 @@ def fast_accum_backward(cfg: FP8Config, linear: nn.Module, fqn: str) -> bool:
     logits' gradient, softmax - onehot, sums to zero, so the head's dx sums vocabulary-many terms that cancel down to
     a result far smaller than they are: with fast accumulation its error outgrew the result (the gradients below the
     head were off by 91-122%, 6-7% without it), and its dW's error doubled
-    (benchmarks/results/2026-11-23-lora-loss-safe-h200/README.md). Left unchosen (None, before
+    (INDEX.md: 2026-11-23-lora-loss-safe-h200). Left unchosen (None, before
     precision.choose_fp8 resolves it), it is off."""
     return bool(cfg.fp8_fast_accum_backward) and not is_lm_head(linear, fqn)
 

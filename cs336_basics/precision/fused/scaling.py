@@ -109,8 +109,8 @@ class SiteScaling(nn.Module):
         self.delayed = delayed
         # The output gradient's amax is recorded per `grad_row` features instead of per whole row when its producer
         # writes it in such pieces: q/k/v's gradients come from attention one head at a time, and a reduction over
-        # whole token rows across heads compiles into a slow pass of its own (benchmarks/results/
-        # 2026-11-23-lora-delayed-h200/README.md).
+        # whole token rows across heads compiles into a slow pass of its own
+        # (INDEX.md: 2026-11-23-lora-delayed-h200).
         self.grad_row = grad_row
         self._separate_transpose = self._cast_transposed = None  # see transposed() and cast_transposed()
         if not delayed:
