@@ -60,3 +60,14 @@ def test_adding_to_a_file_that_stopped_being_a_results_file_during_the_work_is_o
     with pytest.raises(WorkFailed, match='could not add to .*: it has no "runs" list'):
         append_runs(path, [{"preset": "x"}])
     assert path.read_text() == "{}"
+
+
+def test_the_results_index_lists_every_study_and_the_records_hold_no_script():
+    root = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
+    index = (root / "INDEX.md").read_text()
+    entries = [path for path in root.iterdir() if path.name != "INDEX.md"]
+    unlisted = [p.name for p in entries if f"]({p.name}{'/' if p.is_dir() else ''})" not in index]
+    assert not unlisted, f"INDEX.md has no row for {unlisted}"
+    # Code that measures lives in the package or in lab/ (each imported by a test); a study keeps its records.
+    scripts = [str(path.relative_to(root)) for path in root.rglob("*.py")]
+    assert not scripts, scripts
