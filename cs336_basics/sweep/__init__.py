@@ -10,25 +10,8 @@ end.
 Configurations are ordered so that each group's baseline (BF16 + torch.compile default mode, same preset, batch,
 attention, AC and world size) runs first: every record gets its speedup over that baseline when it is appended, and a
 run on several GPUs its scaling over the same configuration on one (the one-GPU groups run first).
+
+The command line is cli.py (optimize_performance.py runs its `main`); plan.py, run.py and report.py its stages. This
+face imports none of them: the worker and the LoRA analysis run as `python -m cs336_basics.sweep.<module>`, and the
+command line imports both, so a face that imported it would load them once more before runpy runs them as __main__.
 """
-
-from cs336_basics.sweep.cli import build_parser, main, parse_options
-from cs336_basics.sweep.plan import Grid, Planned, SweepOptions, SweepPoint, expand_grid, plan_sweep
-from cs336_basics.sweep.report import format_report, latest_runs, pair_scalings, pair_speedups, write_outputs
-
-__all__ = [
-    "Grid",
-    "Planned",
-    "SweepOptions",
-    "SweepPoint",
-    "build_parser",
-    "expand_grid",
-    "format_report",
-    "latest_runs",
-    "main",
-    "pair_scalings",
-    "pair_speedups",
-    "parse_options",
-    "plan_sweep",
-    "write_outputs",
-]
