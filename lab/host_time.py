@@ -32,11 +32,11 @@ import torch
 
 from cs336_basics.cli import positive_int
 from cs336_basics.config import COMPILE_MODES
-from cs336_basics.diagnostics.measurement import release_memory, warmed_up_preset
+from cs336_basics.diagnostics.measurement import release_memory
 from cs336_basics.measure.results import run_record
 from cs336_basics.measure.timing import StepTimer
 from cs336_basics.sweep.plan import parse_choices
-from lab.probe import probe_parser, run_probe
+from lab.probe import probe_parser, run_probe, warmed_up_preset
 
 PHASES = {"batch": ("sampler", "next_batch"), "optimizer": ("optimizer", "step"),
           "scaling_update": ("converter", "after_optimizer_step")}  # fmt: skip

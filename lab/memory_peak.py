@@ -21,9 +21,9 @@ from typing import Any
 import torch
 
 from cs336_basics.cli import positive_int
-from cs336_basics.diagnostics.measurement import release_memory, warmed_up_preset
+from cs336_basics.diagnostics.measurement import release_memory
 from cs336_basics.measure.results import run_record
-from lab.probe import probe_parser, run_probe
+from lab.probe import probe_parser, run_probe, warmed_up_preset
 
 MIB = 2**20
 TORCH_INTERNALS = ("/torch/", "/site-packages/triton/")  # frames that say how, not where

@@ -1,14 +1,12 @@
 """GPU timing, in one place: CUDA events around the work, read back with one synchronisation.
 
-Three uses: `StepTimer` times whole training steps without making any step wait (the Trainer reads the times at
-its log points), `time_calls_ms` times calls of a function after a warm-up, for benchmarks, and `graph_kernel_ms`
-times short GPU work without its host launch cost.
+Two uses: `StepTimer` times whole training steps without making any step wait (the Trainer reads the times at
+its log points), and `time_calls_ms` times calls of a function after a warm-up, for benchmarks.
 """
 
 from __future__ import annotations
 
 import math
-import statistics
 import time
 from collections.abc import Callable
 from typing import Any
@@ -70,16 +68,3 @@ def calls_per_round(fn: Callable[[], Any], min_round_ms: float, most: int = 200)
     in rounds so that the event overhead does not dominate)."""
     (once,) = time_calls_ms(fn, 1)
     return max(1, min(most, math.ceil(min_round_ms / max(once, 1e-3))))
-
-
-def graph_kernel_ms(fn: Callable[[], Any], launches: int = 20, rounds: int = 15) -> float:
-    """GPU time in ms of one call of `fn` (kernel launches only, e.g. a Triton kernel's): `launches` calls captured
-    back to back in a CUDA graph, so that the host's launch cost (some microseconds per launch, more than a small
-    kernel takes) is not timed; the median of `rounds` timed replays, per call."""
-    fn()  # compile the kernel before capturing it
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(launches):
-            fn()
-    return statistics.median(time_calls_ms(graph.replay, rounds, warmup=3)) / launches
