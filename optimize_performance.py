@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import sys
 
-from cs336_basics.benchmark.sweep import main
+from cs336_basics.sweep.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -16,9 +16,9 @@ from pathlib import Path
 
 from cs336_basics.cli import config_from_args, config_parser
 from cs336_basics.errors import alike_on_every_rank, rank_prefix, run_program
+from cs336_basics.measure.results import check_results_file
 from cs336_basics.parallel.world import exit_process
-from cs336_basics.programs.train import run_training
-from cs336_basics.results import check_results_file
+from cs336_basics.run import run_training
 from cs336_basics.training.checkpoint import CHECKPOINT_NAME
 from cs336_basics.training.signals import Interrupted, terminate_raises
 

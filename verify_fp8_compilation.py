@@ -30,9 +30,9 @@ import sys
 
 from cs336_basics.cli import config_from_args, config_parser
 from cs336_basics.errors import run_program, writing
-from cs336_basics.output_paths import check_output_path
+from cs336_basics.files.output_paths import check_output_path
+from cs336_basics.measure.results import write_results
 from cs336_basics.programs.verify_fp8 import verify_fp8
-from cs336_basics.results import write_results
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -26,7 +26,7 @@ import torch
 from cs336_basics.compiled import resolve_compile_mode, resolve_compile_scope, runs_cuda_graphs
 from cs336_basics.config import ModelConfig, RunConfig, TrainConfig
 from cs336_basics.errors import ConfigError
-from cs336_basics.lora import LoRAConverter, LoRAReport, check_finetune_request, load_base
+from cs336_basics.lora import LoRAReport, check_finetune_request, load_base
 from cs336_basics.model import TransformerLM, check_attention_backend
 from cs336_basics.parallel.world import SINGLE, World, current_world, process_device
 from cs336_basics.parallel.wrap import (
@@ -44,9 +44,9 @@ from cs336_basics.precision import (
     check_fp8_support,
     check_fp8_tokens,
     choose_fp8,
-    fp8_converter,
     require_fp8,
     require_fp8_gpu,
+    run_converter,
     skip_reason,
 )
 
@@ -271,11 +271,10 @@ def build(config_or_plan: RunConfig | Plan) -> Built:
         _, sha256 = load_base(model, ft.init_from, ft.base_sha256 if ft.lora else None)
         if ft.lora:  # adapters belong to these weights: saved with the run, checked on resume and merge
             config = config.replace(finetune={"base_sha256": sha256})
-    # The frozen LoRA base takes FP8 its own way (weights cast once, no weight-gradient GEMM), on either FP8 path.
-    converter = _converter(config, use_fp8, p.parallel)
+    converter = run_converter(config, p.parallel.world.world_size, fsdp_float8_all_gather=p.parallel.fp8_all_gather)
     report = converter.convert(model)
     lora = report if isinstance(report, LoRAReport) else None
-    fp8_report = lora.base if lora else report  # None without FP8
+    fp8_report = converter.fp8_report(report)  # None without FP8
     counted = converter.count(model)  # the independent check of the report
     expected = fp8_report.n_converted if fp8_report else 0
     if counted != expected or (use_fp8 and counted == 0):
@@ -293,11 +292,3 @@ def build(config_or_plan: RunConfig | Plan) -> Built:
         lora=lora,
         converter=converter,
     )
-
-
-def _converter(config: RunConfig, use_fp8: bool, parallel: ParallelPlan) -> Converter:
-    if config.finetune.lora:
-        return LoRAConverter(config.finetune, config.fp8 if use_fp8 else None)
-    if not use_fp8:
-        return NO_CONVERSION
-    return fp8_converter(config.fp8, parallel.world.world_size, fsdp_float8_all_gather=parallel.fp8_all_gather)

@@ -123,7 +123,7 @@ def auto_compile_mode(train: TrainConfig, use_fp8: bool, device: torch.device, w
     """--compile_mode auto: (mode, why). CUDA graphs (reduce-overhead) replay a whole compiled step in one launch.
     They pay where the step waits for the host: FP8's, whose casts and scaled GEMMs are more and smaller kernels than
     BF16's (at gpt2-small the FP8 step is host-bound, the BF16 step is not, and CUDA graphs leave BF16's speed as it
-    was: benchmarks/results/2026-11-24-compile-auto-h200/). With gradient accumulation the Trainer sums the
+    was: INDEX.md: 2026-11-24-compile-auto-h200). With gradient accumulation the Trainer sums the
     micro-batches' gradients outside the graphs (training/accumulation.py). They are left out across several
     processes (not measured there)."""
     if not (train.compile_model and device.type == "cuda"):

@@ -533,7 +533,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     "1.3b": {
         "model": dict(dim=2048, n_layers=22, n_heads=16, intermediate_size=5632, vocab_size=32000, context_length=2048),
         # Under DDP, 400 MB buckets measured fastest of 25, 100 and 400 on 2 GPUs:
-        # benchmarks/results/2026-11-23-sweep-1.3b-x2-h200x2/README.md.
+        # INDEX.md: 2026-11-23-sweep-1.3b-x2-h200x2.
         "train": dict(batch_size=4, ddp_bucket_mb=400),
     },
 }

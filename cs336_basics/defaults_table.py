@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
+# The LoRA mode's FP8 defaults are its converter's, which registers itself when lora/ is imported.
+import cs336_basics.lora  # noqa: F401
 from cs336_basics.compiled import auto_compile_mode, runs_cuda_graphs
 from cs336_basics.config import FP8Config, TrainConfig
 from cs336_basics.parallel.world import SINGLE, World

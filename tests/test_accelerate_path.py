@@ -17,13 +17,13 @@ pytest.importorskip("accelerate")
 ao = pytest.importorskip("accelerate.utils.ao")
 
 import verify_fp8_compilation  # noqa: E402
-from cs336_basics.benchmark.sweep.plan import WITH_LM_HEAD, precision_settings  # noqa: E402
 from cs336_basics.config import FP8Config  # noqa: E402
 from cs336_basics.errors import ConfigError  # noqa: E402
 from cs336_basics.model import TransformerLM  # noqa: E402
 from cs336_basics.precision import choose_fp8  # noqa: E402
 from cs336_basics.precision.accelerate import SKIP_FIRST_LAST, AccelerateFP8  # noqa: E402
 from cs336_basics.precision.fp8 import float8_linear_names  # noqa: E402
+from cs336_basics.sweep.plan import WITH_LM_HEAD, precision_settings  # noqa: E402
 
 EMULATED = FP8Config(use_fp8=True, fp8_path="accelerate", fp8_emulate=True, fp8_lm_head=False, fp8_shape_filter=False)
 

@@ -12,7 +12,9 @@ import torch
 from tiny import tiny_model
 from torch.autograd import DeviceType
 
-from cs336_basics.benchmark.amdahl import (
+from cs336_basics.config import FP8Config, RunConfig, TrainConfig
+from cs336_basics.config_layers import build_config
+from cs336_basics.diagnostics.amdahl import (
     AmdahlRow,
     GemmShape,
     MatmulTimings,
@@ -28,9 +30,7 @@ from cs336_basics.benchmark.amdahl import (
     predicted_step_ms,
     time_matmuls,
 )
-from cs336_basics.benchmark.amdahl import __main__ as amdahl_main
-from cs336_basics.config import FP8Config, RunConfig, TrainConfig
-from cs336_basics.config_layers import build_config
+from cs336_basics.diagnostics.amdahl import __main__ as amdahl_main
 from cs336_basics.errors import ConfigError
 
 # 2 layers x (q, k, v, output_proj, w1, w2, w3) + lm_head = 15 linears
@@ -383,8 +383,8 @@ def test_analyse_a_tiny_model_end_to_end():
 
 
 def test_step_counts_below_one_are_refused_by_the_analyses(capsys):
-    from cs336_basics.benchmark import lora_analysis
-    from cs336_basics.benchmark.amdahl.__main__ import main as amdahl_main
+    from cs336_basics.diagnostics.amdahl.__main__ import main as amdahl_main
+    from cs336_basics.sweep import lora_analysis
 
     for main in (amdahl_main, lora_analysis.main):
         with pytest.raises(SystemExit) as stop:

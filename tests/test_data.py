@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 import torch
 
-from cs336_basics.atomic import HOST_TAG, TEMP_PREFIX, temp_prefix
 from cs336_basics.config import DataConfig
 from cs336_basics.data import (
     END_OF_TEXT,
@@ -24,6 +23,7 @@ from cs336_basics.data import (
     token_dtype_for_vocab,
 )
 from cs336_basics.errors import ConfigError
+from cs336_basics.files.atomic import HOST_TAG, TEMP_PREFIX, temp_prefix
 
 SHAKESPEARE = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "tinyshakespeare.txt"
 

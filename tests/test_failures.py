@@ -19,14 +19,14 @@ from tiny import TINY_FLAGS, tiny_model
 
 import train_h100
 import verify_fp8_compilation
-from cs336_basics.atomic import TEMP_PREFIX
-from cs336_basics.benchmark import sweep
 from cs336_basics.config import DataConfig
 from cs336_basics.data import prepare_data
 from cs336_basics.errors import ConfigError
-from cs336_basics.integrity import ChecksumError, files_crc32, verify_files, verify_zip
+from cs336_basics.files.atomic import TEMP_PREFIX
+from cs336_basics.files.integrity import ChecksumError, files_crc32, verify_files, verify_zip
 from cs336_basics.model import TransformerLM
 from cs336_basics.programs import generate
+from cs336_basics.sweep import cli as sweep_cli
 from cs336_basics.training.checkpoint import CHECKPOINT_NAME, read_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
@@ -209,7 +209,7 @@ def test_out_of_memory_is_one_line_naming_the_batch_and_the_flags_that_lower_it(
 
 
 def test_a_full_disk_at_the_result_file_is_one_line(tmp_path, base, capsys, monkeypatch):
-    import cs336_basics.programs.train as run_module
+    import cs336_basics.run as run_module
 
     real = run_module.write_json_atomic
 
@@ -231,7 +231,7 @@ def test_an_out_dir_name_too_long_is_one_line(tmp_path, base, capsys):
 
 def test_the_sweeps_out_dir_naming_a_file_is_one_line(tmp_path, capsys):
     (tmp_path / "file").write_text("not a folder")
-    code, err = run_main(sweep.main, ["--out_dir", tmp_path / "file", "--dry_run"], capsys)
+    code, err = run_main(sweep_cli.main, ["--out_dir", tmp_path / "file", "--dry_run"], capsys)
     assert code == 2 and "is a file, not a folder" in one_error_line(err)
 
 

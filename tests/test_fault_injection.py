@@ -17,7 +17,7 @@ import pytest
 import torch
 from tiny import TINY_FLAGS
 
-from cs336_basics.atomic import TEMP_PREFIX
+from cs336_basics.files.atomic import TEMP_PREFIX
 from cs336_basics.training.checkpoint import CHECKPOINT_NAME, read_checkpoint
 from cs336_basics.training.metrics import read_metrics
 

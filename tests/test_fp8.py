@@ -30,7 +30,7 @@ from cs336_basics.precision import (
     skip_reason,
     torchao_float8_config,
 )
-from cs336_basics.precision.fp8 import SKIP_LM_HEAD, SKIP_NOT_16, SKIP_SMALL
+from cs336_basics.precision.rules import SKIP_LM_HEAD, SKIP_NOT_16, SKIP_SMALL
 
 # Every linear dim a multiple of 16 so that all of them are FP8-eligible: 2 layers x 7 linears + lm_head.
 TINY = tiny_model()

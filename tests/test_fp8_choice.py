@@ -125,3 +125,17 @@ def test_settings_of_one_path_are_grouped_under_it_in_help_and_name_it():
     fsdp = {"parallel_mode": "fsdp", "world_size": 2}
     assert chosen(**fsdp, fp8_fast_accum_backward=False).fp8_path == "torchao"
     assert chosen(**fsdp, fp8_fast_accum_backward=True).fp8_path == "fused"
+
+
+def test_every_fp8_implementation_is_a_registered_converter_with_its_own_defaults_and_checks():
+    from cs336_basics.config import LORA_FP8_PATH
+    from cs336_basics.precision.choice import FP8_CONVERTERS
+
+    assert set(FP8_CONVERTERS) == {"fused", "torchao", "accelerate", LORA_FP8_PATH}
+    for name, converter in FP8_CONVERTERS.items():
+        assert converter.path == name
+        whose, defaults = converter.defaults(FP8Config(use_fp8=True), 1, False)
+        assert whose and set(defaults) <= set(AUTO_SETTINGS)
+    # The LoRA base's checks run where every path's do, on the chosen settings.
+    with pytest.raises(ConfigError, match="scales tensorwise"):
+        chosen(lora=True, fp8_recipe="rowwise")

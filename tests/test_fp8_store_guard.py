@@ -19,9 +19,8 @@ import pytest
 import torch
 from test_fused_swiglu import assert_same_bits
 
-from cs336_basics.precision.fused import cast_reference, rope_reference, swiglu_reference
-from cs336_basics.precision.fused.scaling import E4M3, E5M2, amax_to_scale, fp8_max
-from cs336_basics.precision.fused.tiles import (
+from cs336_basics.kernels import cast_reference, rope_reference, swiglu_reference
+from cs336_basics.kernels.tiles import (
     ROPE_GRAD_TILE,
     SWIGLU_GRAD_TILE,
     SWIGLU_TILE,
@@ -29,6 +28,7 @@ from cs336_basics.precision.fused.tiles import (
     WEIGHT_CAST_TILE,
     Tile,
 )
+from cs336_basics.precision.fused.scaling import E4M3, E5M2, amax_to_scale, fp8_max
 
 pytestmark = pytest.mark.gpu
 
@@ -64,7 +64,7 @@ def rows(n: int) -> tuple[torch.Tensor, torch.Tensor]:
 @pytest.mark.parametrize("tile", TILES, ids=str)
 @pytest.mark.parametrize("dtype", FORMATS, ids=str)
 def test_gpu_weight_cast_and_transpose_kernels_store_every_tile_right(monkeypatch, tile, dtype):
-    from cs336_basics.precision.fused import cast_triton, transpose_triton
+    from cs336_basics.kernels import cast_triton, transpose_triton
 
     monkeypatch.setattr(cast_triton, "WEIGHT_CAST_TILE", tile)
     monkeypatch.setattr(transpose_triton, "TRANSPOSE_TILE", tile)
@@ -83,7 +83,7 @@ def test_gpu_weight_cast_and_transpose_kernels_store_every_tile_right(monkeypatc
 @pytest.mark.parametrize("tile", TILES, ids=str)
 @pytest.mark.parametrize("dtype", FORMATS, ids=str)
 def test_gpu_swiglu_producers_store_every_tile_right(monkeypatch, tile, dtype):
-    from cs336_basics.precision.fused import swiglu_triton
+    from cs336_basics.kernels import swiglu_triton
 
     monkeypatch.setattr(swiglu_triton, "SWIGLU_TILE", tile)
     monkeypatch.setattr(swiglu_triton, "SWIGLU_GRAD_TILE", tile)
@@ -110,8 +110,8 @@ def test_gpu_swiglu_producers_store_every_tile_right(monkeypatch, tile, dtype):
 @pytest.mark.parametrize("tile", TILES, ids=str)
 @pytest.mark.parametrize("dtype", FORMATS, ids=str)
 def test_gpu_rope_gradient_producer_stores_every_tile_right(monkeypatch, tile, dtype):
+    from cs336_basics.kernels import rope_triton
     from cs336_basics.model.layers import RotaryEmbedding
-    from cs336_basics.precision.fused import rope_triton
 
     monkeypatch.setattr(rope_triton, "ROPE_GRAD_TILE", tile)
     batch, heads, seq, head_dim = 2, 4, 300, 64

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cs336_basics.precision.fused import cast_reference as reference
+from cs336_basics.kernels import cast_reference as reference
 from cs336_basics.precision.fused.linear import Fp8Linear
 from cs336_basics.precision.fused.scaling import E4M3, E5M2, WEIGHT, SiteScaling, amax_to_scale, cast_to_fp8
 
@@ -85,7 +85,7 @@ def test_site_cast_transposed_is_its_cast_and_transpose_on_the_cpu(delayed, reco
 
 def test_the_kernels_op_refuses_what_it_cannot_cast():
     pytest.importorskip("triton")
-    from cs336_basics.precision.fused.cast_triton import cast_transposed
+    from cs336_basics.kernels.cast_triton import cast_transposed
 
     x = weight(8, 8)
     empty = (torch.empty(0), torch.empty(0, dtype=torch.int32))
@@ -113,7 +113,7 @@ def test_producer_rows_are_the_sites_buffers_only_when_recording(delayed, record
 @pytest.mark.parametrize("record", [False, True])
 @pytest.mark.parametrize("compiled", [False, True])
 def test_gpu_triton_cast_matches_the_reference(shape, record, compiled):
-    from cs336_basics.precision.fused import cast_triton
+    from cs336_basics.kernels import cast_triton
 
     op = torch.compile(cast_triton.cast_transposed, fullgraph=True) if compiled else cast_triton.cast_transposed
     x = weight(*shape, device="cuda")
@@ -139,7 +139,7 @@ def test_gpu_triton_cast_matches_the_reference(shape, record, compiled):
 
 @pytest.mark.gpu
 def test_gpu_triton_cast_takes_e5m2_and_a_scale_of_shape_one():
-    from cs336_basics.precision.fused import cast_triton
+    from cs336_basics.kernels import cast_triton
 
     x = weight(300, 200, device="cuda")
     scale = saturating_scale(x, E5M2).reshape(1).clone()

@@ -463,7 +463,7 @@ def test_gpu_fused_linear_matches_bf16():
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [E4M3, E5M2])
 def test_gpu_transpose_kernel_equals_torchs_transpose_compiled_or_not(dtype):
-    from cs336_basics.precision.fused.transpose_triton import transpose
+    from cs336_basics.kernels.transpose_triton import transpose
 
     x = (torch.randn(300, 200, device="cuda") * 50).to(dtype)  # neither side a multiple of the tile
     expected = x.view(torch.uint8).t().contiguous()

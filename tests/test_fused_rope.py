@@ -11,10 +11,10 @@ from numerics import assert_recorded, sqnr_db
 from test_fused_swiglu import assert_same_bits
 
 from cs336_basics.config import FP8Config, ModelConfig
+from cs336_basics.kernels import rope_reference as reference
 from cs336_basics.model.attention import CausalSelfAttention
 from cs336_basics.model.layers import RotaryEmbedding
 from cs336_basics.precision import FusedFP8
-from cs336_basics.precision.fused import rope_reference as reference
 from cs336_basics.precision.fused.qkv_rope import Fp8QkvRope
 from cs336_basics.precision.fused.scaling import E5M2, GRAD, INPUT, WEIGHT, SiteScaling, amax_to_scale
 
@@ -143,7 +143,7 @@ def gpu_row_buffers(rows: int, sites: int = 3) -> list[tuple[torch.Tensor, torch
 @pytest.mark.parametrize("layout", ["bshd", "bhsd"])
 @pytest.mark.parametrize("shape, with_positions", [((2, 14, 300, 64), False), ((3, 4, 128, 128), True)])
 def test_gpu_triton_producer_matches_the_reference(layout, shape, with_positions):
-    from cs336_basics.precision.fused import rope_triton as triton_ops
+    from cs336_basics.kernels import rope_triton as triton_ops
 
     batch, heads, seq, head_dim = shape
     rope = RotaryEmbedding(head_dim, 512).cuda()
@@ -186,7 +186,7 @@ def test_gpu_triton_producer_matches_the_reference(layout, shape, with_positions
 @pytest.mark.parametrize("keep_bf16", [[True, True, True], [True, False, True], [False, False, False]])
 def test_gpu_frozen_base_producer_writes_the_same_fp8_side_by_side_and_keeps_the_bf16_gradients(keep_bf16):
     # A frozen base's form (lora/layers.py): no transposes, the rotated BF16 gradients where asked.
-    from cs336_basics.precision.fused import rope_triton as triton_ops
+    from cs336_basics.kernels import rope_triton as triton_ops
 
     batch, seq, head_dim, heads = 2, 300, 64, (14, 2, 2)
     rope = RotaryEmbedding(head_dim, 512).cuda()

@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 from numerics import assert_recorded, sqnr_db
 
+from cs336_basics.kernels import swiglu_reference as reference
 from cs336_basics.model.layers import SwiGLU
-from cs336_basics.precision.fused import swiglu_reference as reference
 from cs336_basics.precision.fused.scaling import E4M3, E5M2, GRAD, INPUT, SiteScaling, amax_to_scale, fp8_max
 from cs336_basics.precision.fused.swiglu import Fp8SwiGLU
 
@@ -122,7 +122,7 @@ def assert_same_bits(test: torch.Tensor, ref: torch.Tensor) -> None:
 @pytest.mark.parametrize("shape", [(300, 200), (1024, 3584)])
 @pytest.mark.parametrize("record, transposed", [(False, True), (True, True), (False, False)])
 def test_gpu_triton_producers_match_the_reference(shape, record, transposed):
-    from cs336_basics.precision.fused import swiglu_triton as triton_ops
+    from cs336_basics.kernels import swiglu_triton as triton_ops
 
     dg, h1, h3 = activations(*shape, device="cuda")
     amax = reference.swiglu_amax(h1, h3)
@@ -164,7 +164,7 @@ def test_gpu_triton_producers_match_the_reference(shape, record, transposed):
 def test_gpu_gradient_producer_casts_dh1_and_dh3_side_by_side_by_their_joint_scales(record):
     # As a frozen base runs it (lora/layers.py: no transposes): own scales four binades apart, the joint ones two below
     # them (as linear.joint_dgrad_scales can make them), the recordings against the own ones.
-    from cs336_basics.precision.fused import swiglu_triton as triton_ops
+    from cs336_basics.kernels import swiglu_triton as triton_ops
 
     shape = (300, 200)
     dg, h1, h3 = activations(*shape, device="cuda")

@@ -16,19 +16,19 @@ import json  # noqa: E402
 
 import train_h100  # noqa: E402
 import verify_fp8_compilation  # noqa: E402
-from cs336_basics.benchmark import doctor as diagnosis  # noqa: E402
-from cs336_basics.benchmark.amdahl.law import linear_gemm_shapes  # noqa: E402
-from cs336_basics.benchmark.amdahl.report import AmdahlRow  # noqa: E402
-from cs336_basics.benchmark.doctor import (  # noqa: E402
+from cs336_basics.build import build, plan  # noqa: E402
+from cs336_basics.config import FP8Config  # noqa: E402
+from cs336_basics.config_layers import build_config  # noqa: E402
+from cs336_basics.diagnostics import doctor as diagnosis  # noqa: E402
+from cs336_basics.diagnostics.amdahl.law import linear_gemm_shapes  # noqa: E402
+from cs336_basics.diagnostics.amdahl.report import AmdahlRow  # noqa: E402
+from cs336_basics.diagnostics.doctor import (  # noqa: E402
     diagnose,
     diagnose_config,
     measured_findings,
     policy_report,
     policy_share,
 )
-from cs336_basics.build import build, plan  # noqa: E402
-from cs336_basics.config import FP8Config  # noqa: E402
-from cs336_basics.config_layers import build_config  # noqa: E402
 from cs336_basics.errors import ConfigError  # noqa: E402
 from cs336_basics.hf.models import NAMED_SHAPES, CausalLM, build_causal_lm, hf_config  # noqa: E402
 from cs336_basics.precision.fp8 import convert_model_to_fp8  # noqa: E402

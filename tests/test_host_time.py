@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cs336_basics.benchmark import host_time
 from cs336_basics.precision.converter import NO_CONVERSION
+from lab import host_time
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")

@@ -13,9 +13,16 @@ from test_amdahl import cpu_op, kernel
 from test_lora import FP8, tiny_lm
 from tiny import tiny_model
 
-from cs336_basics.benchmark import lora_analysis
-from cs336_basics.benchmark.amdahl.measure import breakdown_from_events, gpu_timeline
-from cs336_basics.benchmark.lora_analysis import (
+from cs336_basics.config import FinetuneConfig
+from cs336_basics.config_layers import build_config
+from cs336_basics.diagnostics.amdahl.measure import breakdown_from_events, gpu_timeline
+from cs336_basics.errors import ConfigError
+from cs336_basics.lora import apply_lora
+from cs336_basics.measure.results import append_runs
+from cs336_basics.sweep import lora_analysis
+from cs336_basics.sweep.cli import parse_options
+from cs336_basics.sweep.lora import lora_command, lora_points, run_lora_sweep
+from cs336_basics.sweep.lora_analysis import (
     CAST_BYTES,
     base_gemm_prediction,
     cast_bytes_per_token,
@@ -24,13 +31,6 @@ from cs336_basics.benchmark.lora_analysis import (
     split_fp8_step_by_kernel_name,
     split_step,
 )
-from cs336_basics.benchmark.sweep.cli import parse_options
-from cs336_basics.benchmark.sweep.lora import lora_command, lora_points, run_lora_sweep
-from cs336_basics.config import FinetuneConfig
-from cs336_basics.config_layers import build_config
-from cs336_basics.errors import ConfigError
-from cs336_basics.lora import apply_lora
-from cs336_basics.results import append_runs
 
 
 def test_the_predictions_are_the_formulas_of_the_docstring():

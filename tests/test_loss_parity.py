@@ -8,7 +8,7 @@ import json
 import pytest
 from tiny import TINY_FLAGS
 
-from cs336_basics.benchmark import loss_parity
+from lab import loss_parity
 
 
 def test_every_evaluation_is_compared_with_bf16():

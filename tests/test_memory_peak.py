@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cs336_basics.benchmark import memory_peak
+from lab import memory_peak
 
 
 def event(action: str, addr: int, size: int, *files: str) -> dict:

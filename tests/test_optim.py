@@ -350,9 +350,9 @@ def test_mismatched_shape_or_format_is_a_config_error():
 _INTERPRETED_KERNEL_CHECK = """
 import torch
 from cs336_basics.optim.adamw import adamw_update
-from cs336_basics.optim.adamw_kernel import AdamWLaunch
+from cs336_basics.kernels.adamw_triton import AdamWLaunch
 from cs336_basics.optim.clipping import global_grad_norm
-from cs336_basics.optim.grad_norm_kernel import GradNormLaunch
+from cs336_basics.kernels.grad_norm_triton import GradNormLaunch
 gen = torch.Generator().manual_seed(0)
 # Several blocks, one short block, exactly one block, a remainder; then sizes of whole 16-element vectors only,
 # which the kernels access in vectors (ALIGNED) where the addresses allow it.
@@ -393,7 +393,7 @@ def test_fused_kernel_matches_the_formula_in_the_triton_interpreter():
 
 
 def test_vector_access_only_where_every_address_and_size_allows_it():
-    from cs336_basics.multi_tensor import BlockLayout, DeviceInts, addresses, vector_aligned
+    from cs336_basics.kernels.multi_tensor import BlockLayout, DeviceInts, addresses, vector_aligned
 
     buffer = torch.zeros(4096)
     whole = [buffer[:1024], buffer[1024:1536]]  # 16-byte-aligned views of whole vectors (16 elements each)
@@ -421,8 +421,8 @@ def test_every_preset_parameter_is_a_whole_number_of_vectors(preset, monkeypatch
     # The fused update vectorizes a launch only if every tensor in it does: one odd size would cost the whole group
     # its vector access (about a fifth of the optimizer step, benchmarks/results/2026-11-26-optimizer-vectors).
     from cs336_basics.config_layers import build_config
+    from cs336_basics.kernels.multi_tensor import BlockLayout
     from cs336_basics.model import TransformerLM, layers
-    from cs336_basics.multi_tensor import BlockLayout
 
     # On the meta device (no memory, no init) RoPE cannot compute its tables, which are buffers, not parameters.
     meta_tables = lambda rope, device: (torch.empty(rope.max_seq_len, rope.head_dim // 2, device="meta"),) * 2

@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch import nn
 
-from cs336_basics.benchmark import optimizer_step
 from cs336_basics.optim import MasterWeightAdamW
+from lab import optimizer_step
 
 
 def test_unfused_baseline_matches_master_weight_adamw():

@@ -8,14 +8,20 @@ from pathlib import Path
 
 import pytest
 
-import cs336_basics.benchmark.amdahl.__main__ as amdahl_main
+import cs336_basics.diagnostics.amdahl.__main__ as amdahl_main
 from cs336_basics.errors import WorkFailed
-from cs336_basics.results import append_runs, environment, write_results, write_results_from_raw
+from cs336_basics.measure.results import append_runs, environment, write_results, write_results_from_raw
 
 
 def test_a_module_run_with_dash_m_is_recorded_as_such(monkeypatch):
     monkeypatch.setattr(sys, "argv", [amdahl_main.__file__, "--preset", "366m", "--json", "out file.json"])
-    assert environment()["command"] == "python -m cs336_basics.benchmark.amdahl --preset 366m --json 'out file.json'"
+    assert environment()["command"] == "python -m cs336_basics.diagnostics.amdahl --preset 366m --json 'out file.json'"
+
+
+def test_a_lab_tool_run_with_dash_m_is_recorded_as_such(monkeypatch):
+    tool = Path(__file__).resolve().parent.parent / "lab" / "host_time.py"
+    monkeypatch.setattr(sys, "argv", [str(tool), "--presets", "366m"])
+    assert environment()["command"] == "python -m lab.host_time --presets 366m"
 
 
 def test_a_script_is_recorded_by_its_name(monkeypatch):
@@ -54,3 +60,14 @@ def test_adding_to_a_file_that_stopped_being_a_results_file_during_the_work_is_o
     with pytest.raises(WorkFailed, match='could not add to .*: it has no "runs" list'):
         append_runs(path, [{"preset": "x"}])
     assert path.read_text() == "{}"
+
+
+def test_the_results_index_lists_every_study_and_the_records_hold_no_script():
+    root = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
+    index = (root / "INDEX.md").read_text()
+    entries = [path for path in root.iterdir() if path.name != "INDEX.md"]
+    unlisted = [p.name for p in entries if f"]({p.name}{'/' if p.is_dir() else ''})" not in index]
+    assert not unlisted, f"INDEX.md has no row for {unlisted}"
+    # Code that measures lives in the package or in lab/ (each imported by a test); a study keeps its records.
+    scripts = [str(path.relative_to(root)) for path in root.rglob("*.py")]
+    assert not scripts, scripts

@@ -17,7 +17,7 @@ import torch
 from tiny import TINY_FLAGS
 
 import train_h100
-from cs336_basics.atomic import TEMP_PREFIX, temp_prefix, write_json_atomic
+from cs336_basics.files.atomic import TEMP_PREFIX, temp_prefix, write_json_atomic
 from cs336_basics.training import checkpoint as checkpoint_module
 from cs336_basics.training.checkpoint import CHECKPOINT_NAME
 from cs336_basics.training.metrics import MetricsLog, read_metrics
@@ -222,7 +222,7 @@ def test_sigterm_before_training_ends_with_a_message(tmp_path, token_files):
         import os, signal, sys
         sys.path.insert(0, {str(REPO)!r})
         import train_h100
-        from cs336_basics.programs import train as run
+        from cs336_basics import run
         real = run.prepare_data
         def prepare_then_terminated(*a, **k):
             os.kill(os.getpid(), signal.SIGTERM)

@@ -1,10 +1,11 @@
-"""optimize_performance.py / cs336_basics.benchmark.sweep: grid and CLI parsing, baseline pairing, failure
+"""optimize_performance.py / cs336_basics.sweep: grid and CLI parsing, baseline pairing, failure
 classification, and isolated runs end to end (tiny models on CPU; one GPU test)."""
 
 import contextlib
 import csv
 import json
 import math
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -15,14 +16,15 @@ import torch
 from tiny import TINY_FLAGS
 
 import optimize_performance
-from cs336_basics.benchmark import sweep, worker
-from cs336_basics.benchmark.sweep import plan as sweep_plan
-from cs336_basics.benchmark.sweep import report as sweep_report
-from cs336_basics.benchmark.sweep import run as sweep_run
+from cs336_basics import run as train_program
 from cs336_basics.config_layers import build_config
+from cs336_basics.measure.results import precision_label
 from cs336_basics.parallel.world import torchrun_world
-from cs336_basics.programs import train as train_program
-from cs336_basics.results import precision_label
+from cs336_basics.sweep import cli as sweep_cli
+from cs336_basics.sweep import plan as sweep_plan
+from cs336_basics.sweep import report as sweep_report
+from cs336_basics.sweep import run as sweep_run
+from cs336_basics.sweep import worker
 
 TINY = [flag for flag in TINY_FLAGS if not flag.startswith("--batch_size")]  # the sweep sets the batch itself
 TINY_GRID = ["--presets", "cpu-small", "--compile", "eager", "--attention", "sdpa", "--ac", "off", "--batch_sizes", "4"]
@@ -61,14 +63,14 @@ def cli(text):
 
 
 def labels(options):
-    return [p.point.label for p in sweep.plan_sweep(options)]
+    return [p.point.label for p in sweep_plan.plan_sweep(options)]
 
 
 # ---- the grid and the command line ----
 
 
 def test_subset_from_cli_strings():
-    options = sweep.parse_options(
+    options = sweep_cli.parse_options(
         cli(
             "--presets 366m,1.3b --precisions bf16,fp8-tensorwise --compile default --attention sdpa --ac off "
             "--batch_sizes 4,8"
@@ -84,8 +86,8 @@ def test_subset_from_cli_strings():
 
 
 def test_full_grid_by_default_and_fp8_lm_head_only_multiplies_fp8():
-    options = sweep.parse_options([])
-    plan = sweep.plan_sweep(options)
+    options = sweep_cli.parse_options([])
+    plan = sweep_plan.plan_sweep(options)
     # per preset: (bf16 + 3 FP8 recipes) x 3 compile modes x 2 attention x 2 AC; lm_head on only when asked for
     assert len(plan) == 3 * 48
     assert {p.point.preset for p in plan} == {"366m", "gpt2-small", "1.3b"}
@@ -93,7 +95,7 @@ def test_full_grid_by_default_and_fp8_lm_head_only_multiplies_fp8():
     assert {(p.point.preset, p.point.batch_size) for p in plan} == {("366m", 8), ("gpt2-small", 16), ("1.3b", 4)}
     assert not any(p.point.fp8_lm_head for p in plan)
 
-    options = sweep.parse_options(
+    options = sweep_cli.parse_options(
         cli(
             "--presets 1.3b --precisions bf16,fp8-rowwise --fp8_lm_head off,on --compile eager,default "
             "--attention sdpa --ac off,on"
@@ -114,13 +116,13 @@ def test_full_grid_by_default_and_fp8_lm_head_only_multiplies_fp8():
 
 
 def test_each_point_builds_the_config_it_names():
-    options = sweep.parse_options(
+    options = sweep_cli.parse_options(
         cli(
             "--presets gpt2-small --precisions bf16,fp8-tensorwise,fp8-rowwise,fp8-rowwise_with_gw_hp,fp32 "
             "--fp8_lm_head on --compile eager,max-autotune --attention flash --ac on --batch_sizes 2 --steps 25"
         )
     )
-    for planned in sweep.plan_sweep(options):
+    for planned in sweep_plan.plan_sweep(options):
         point, config = planned.point, planned.config
         assert config == build_config(planned.spec["overrides"])  # what the worker rebuilds
         assert precision_label(config) == point.precision  # the same labels as the results schema
@@ -137,14 +139,14 @@ def test_each_point_builds_the_config_it_names():
 
 
 def test_quick_plan_and_dry_run_runs_nothing(tmp_path, capsys, monkeypatch):
-    options = sweep.parse_options(["--quick"])
+    options = sweep_cli.parse_options(["--quick"])
     # compile auto: each side at the mode train_h100.py would give it
     assert labels(options) == ["366m/bs8/bf16/auto/sdpa/ac-off", "366m/bs8/fp8/auto/sdpa/ac-off"]
     assert options.steps == 20 and options.timeout_s == 200  # 2 x 200 s: under 8 minutes even if both hang
-    fp8 = sweep.plan_sweep(options)[1].config  # the default FP8: every FP8 setting left to precision/choice.py
+    fp8 = sweep_plan.plan_sweep(options)[1].config  # the default FP8: every FP8 setting left to precision/choice.py
     assert fp8.fp8.use_fp8 and fp8.fp8.fp8_path == "auto" and fp8.fp8.fp8_lm_head is None and fp8.train.compile_model
     # explicit flags still override the quick grid
-    assert sweep.parse_options(["--quick", "--batch_sizes", "4", "--steps", "10"]).grid.batch_sizes == (4,)
+    assert sweep_cli.parse_options(["--quick", "--batch_sizes", "4", "--steps", "10"]).grid.batch_sizes == (4,)
 
     def must_not_run(*args, **kwargs):
         raise AssertionError("a dry run ran something")
@@ -210,8 +212,8 @@ BENCHMARK += " --batch_sizes 4"
 
 
 def test_world_sizes_plan_one_gpu_first_then_each_parallel_mode_under_torchrun(tmp_path, capsys, monkeypatch):
-    options = sweep.parse_options(cli(f"{BENCHMARK} --world_sizes 1,2 --parallel ddp,fsdp"))
-    plan = sweep.plan_sweep(options)
+    options = sweep_cli.parse_options(cli(f"{BENCHMARK} --world_sizes 1,2 --parallel ddp,fsdp"))
+    plan = sweep_plan.plan_sweep(options)
     assert [p.point.label for p in plan] == [
         f"1.3b/bs4/{precision}/default/sdpa/ac-off{where}"
         for where in ("", "/ddp-x2", "/fsdp-x2")
@@ -229,18 +231,18 @@ def test_world_sizes_plan_one_gpu_first_then_each_parallel_mode_under_torchrun(t
         else:  # torchrun (its module, with this interpreter) starting the same worker module on 2 processes
             torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
             assert command == [*torchrun, *worker_part[1:]]
-            assert worker_part[1:3] == ["-m", "cs336_basics.benchmark.worker"]
+            assert worker_part[1:3] == ["-m", "cs336_basics.sweep.worker"]
     # The Amdahl analysis profiles one GPU: only the one-process FP8 point.
     assert [t.point.label for t in sweep_plan.amdahl_targets(plan)] == ["1.3b/bs4/fp8-tensorwise/default/sdpa/ac-off"]
     # --parallel defaults to both modes; without --world_sizes nothing changes
-    assert len(sweep.plan_sweep(sweep.parse_options(cli(f"{BENCHMARK} --world_sizes 2")))) == 4
-    assert {p.point.world_size for p in sweep.plan_sweep(sweep.parse_options(cli(BENCHMARK)))} == {1}
+    assert len(sweep_plan.plan_sweep(sweep_cli.parse_options(cli(f"{BENCHMARK} --world_sizes 2")))) == 4
+    assert {p.point.world_size for p in sweep_plan.plan_sweep(sweep_cli.parse_options(cli(BENCHMARK)))} == {1}
 
     monkeypatch.setattr(sweep_run, "run_isolated", lambda *a, **k: pytest.fail("a dry run ran something"))
     code, stdout, _ = run_main([*cli(f"{BENCHMARK} --world_sizes 1,2 --parallel fsdp"), "--dry_run"], capsys)
     assert code == 0
     launch = f"$ {sys.executable} -m torch.distributed.run --standalone --nproc_per_node=2 -m "
-    launch += "cs336_basics.benchmark.worker --spec SPEC --out RECORD.json"
+    launch += "cs336_basics.sweep.worker --spec SPEC --out RECORD.json"
     lines = stdout.splitlines()
     i = lines.index("  3. 1.3b/bs4/bf16/default/sdpa/ac-off/fsdp-x2  (baseline)")
     assert lines[i + 1].strip() == launch and lines[i + 3].strip() == launch
@@ -281,9 +283,16 @@ def test_multi_gpu_rows_pair_with_their_own_baseline_and_scale_against_one_gpu()
         {**rec("fp8-tensorwise", batch=4, tok_s=300.0), "world_size": 2, "parallel": "ddp"},  # no batch-4 one GPU row
     ]
     # BF16 baselines per world size and mode: 2-GPU FP8 is compared with 2-GPU BF16, not the one-GPU baseline
-    assert sweep.pair_speedups(records) == [1.0, 1.1, 1.0, pytest.approx(1.2), None, None]
-    assert sweep.pair_scalings(records) == [None, None, 1.9, pytest.approx(228 / 110), pytest.approx(200 / 110), None]
-    table = sweep_report.format_table(records, sweep.pair_speedups(records), sweep.pair_scalings(records))
+    assert sweep_report.pair_speedups(records) == [1.0, 1.1, 1.0, pytest.approx(1.2), None, None]
+    assert sweep_report.pair_scalings(records) == [
+        None,
+        None,
+        1.9,
+        pytest.approx(228 / 110),
+        pytest.approx(200 / 110),
+        None,
+    ]
+    table = sweep_report.format_table(records, sweep_report.pair_speedups(records), sweep_report.pair_scalings(records))
     assert "| # | preset | batch | GPUs | precision |" in table and table.splitlines()[0].endswith("| vs 1 GPU |")
     assert "| 3 | 366m | 8 | 2 ddp | bf16 |" in table and table.splitlines()[4].endswith("| 1.000x | 1.900x |")
     one_gpu_table = sweep_report.format_table(records[:2], [1.0, 1.1], [None, None])  # as before: no GPU columns
@@ -301,13 +310,13 @@ def test_speedup_pairs_each_row_with_its_bf16_compiled_baseline():
         rec("fp8-tensorwise", preset="1.3b", tok_s=50.0),  # other preset: no baseline
         rec("fp8-tensorwise", compile="max-autotune", tok_s=230.0),
     ]
-    assert sweep.pair_speedups(records) == [1.0, 1.05, 1.1, 0.5, None, None, None, 1.15]
+    assert sweep_report.pair_speedups(records) == [1.0, 1.05, 1.1, 0.5, None, None, None, 1.15]
     # a failed baseline pairs with nothing
-    assert sweep.pair_speedups([rec(status="error"), rec("fp8-tensorwise", tok_s=210.0)]) == [None, None]
+    assert sweep_report.pair_speedups([rec(status="error"), rec("fp8-tensorwise", tok_s=210.0)]) == [None, None]
     # a baseline run again later (latest_runs keeps the later one, in the earlier one's place)
-    latest = sweep.latest_runs([rec(tok_s=100.0), rec("fp8-tensorwise", tok_s=210.0), rec(tok_s=200.0)])
+    latest = sweep_report.latest_runs([rec(tok_s=100.0), rec("fp8-tensorwise", tok_s=210.0), rec(tok_s=200.0)])
     assert [r["precision"] for r in latest] == ["bf16", "fp8-tensorwise"]
-    assert sweep.pair_speedups(latest) == [1.0, 1.05]
+    assert sweep_report.pair_speedups(latest) == [1.0, 1.05]
 
 
 # ---- failure classification (pure) ----
@@ -355,7 +364,7 @@ def test_worker_under_torchrun_rank_0_alone_writes_and_a_failure_exits_1(tmp_pat
     process group is left out: without it every collective sees this rank alone, as if the other had agreed."""
     argv = [*TINY_GRID, "--precisions", "fp32", *TINY, "--world_sizes", "2", "--parallel", "ddp"]
     argv += ["--train_data", str(tmp_path / "missing.npy")]
-    spec = sweep.plan_sweep(sweep.parse_options(argv))[0].spec
+    spec = sweep_plan.plan_sweep(sweep_cli.parse_options(argv))[0].spec
     monkeypatch.setattr(
         train_program, "process_group", lambda device, timeout_s: contextlib.nullcontext(torchrun_world())
     )
@@ -373,14 +382,16 @@ def test_worker_under_torchrun_rank_0_alone_writes_and_a_failure_exits_1(tmp_pat
 
 
 def test_worker_skips_what_cannot_run_and_records_an_impossible_config(tmp_path, token_files, capsys):
-    flash = sweep.plan_sweep(sweep.parse_options([*TINY_GRID, "--attention", "flash", "--precisions", "fp32", *TINY]))
+    flash = sweep_plan.plan_sweep(
+        sweep_cli.parse_options([*TINY_GRID, "--attention", "flash", "--precisions", "fp32", *TINY])
+    )
     record = worker.run_one(flash[0].spec, log=lambda line: None)
     assert record["status"] == "skipped" and "flash attention needs a CUDA GPU" in record["reason"]
     assert record["label"] == "cpu-small/bs4/fp32/eager/flash/ac-off" and record["attention"] == "flash"
 
     # a context longer than the data passes the machine checks and then fails: an error, with its last line
     long = [*TINY_GRID, "--precisions", "fp32", *TINY, *token_files, "--context_length", "20000"]
-    spec = sweep.plan_sweep(sweep.parse_options(long))[0].spec
+    spec = sweep_plan.plan_sweep(sweep_cli.parse_options(long))[0].spec
     out = tmp_path / "record.json"
     assert worker.main(["--spec", json.dumps(spec), "--out", str(out)]) == 0
     record = json.loads(out.read_text())
@@ -658,7 +669,7 @@ def test_gpu_bf16_vs_fp8_sweep_reports_a_speedup(tmp_path, capsys):
 
 def test_amdahl_targets_and_a_cpu_run_reported_as_skipped(tmp_path, token_files):
     argv = [*TINY_GRID, "--precisions", "bf16,fp8-tensorwise,fp8-rowwise", "--compile", "eager,default", *TINY]
-    plan = sweep.plan_sweep(sweep.parse_options([*argv, *token_files]))
+    plan = sweep_plan.plan_sweep(sweep_cli.parse_options([*argv, *token_files]))
     targets = sweep_plan.amdahl_targets(plan)
     # One analysis per preset/batch/attention/AC group, taken from its first FP8 + compiled configuration.
     assert [t.point.label for t in targets] == ["cpu-small/bs4/fp8-tensorwise/default/sdpa/ac-off"]
@@ -689,7 +700,18 @@ def test_amdahl_report_table_from_json_rows():
 
 
 def test_log_file_names_keep_to_letters_digits_dots_and_dashes():
-    from cs336_basics.benchmark.sweep.run import _log_name
+    from cs336_basics.sweep.run import _log_name
 
     label = "1.3b/bs4/fp8-fused-dynamic+lm_head/default/sdpa/ac-off"
     assert _log_name(label) == "1.3b_bs4_fp8-fused-dynamic_lm_head_default_sdpa_ac-off.log"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("module", ["cs336_basics.sweep.worker", "cs336_basics.sweep.lora_analysis"])
+def test_a_module_the_sweep_launches_runs_once_under_dash_m(module):
+    # The package's face loads its submodules lazily: were the worker imported with the package, runpy would run a
+    # second copy as __main__ and warn in every configuration's log.
+    proc = subprocess.run(
+        [sys.executable, "-W", "error::RuntimeWarning", "-m", module, "--help"], capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr

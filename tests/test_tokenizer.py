@@ -5,10 +5,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cs336_basics.atomic import TEMP_PREFIX
 from cs336_basics.data import tokenizer as tokmod
 from cs336_basics.data.tokenizer import END_OF_TEXT, BPETokenizer
 from cs336_basics.errors import ConfigError
+from cs336_basics.files.atomic import TEMP_PREFIX
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 # A few real source files (~150 KB): enough for hundreds of merges, fast to train on.

@@ -15,7 +15,7 @@ from typing import IO, Any
 import torch
 from torch import nn
 
-from cs336_basics.integrity import save_torch_file, save_with_checksums, verify_zip
+from cs336_basics.files.integrity import save_torch_file, save_with_checksums, verify_zip
 from cs336_basics.training.checkpoint import CHECKPOINT_FORMAT, SHARDED_FORMAT, load_model_state, model_state
 
 __all__ = ["load_checkpoint", "save_checkpoint"]

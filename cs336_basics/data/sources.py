@@ -22,11 +22,11 @@ from typing import Any
 
 import numpy as np
 
-from cs336_basics.atomic import remove_stale_temps, temp_prefix
 from cs336_basics.config import DataConfig
 from cs336_basics.data.batching import load_token_array
 from cs336_basics.data.tokenizer import BPETokenizer
 from cs336_basics.errors import ConfigError, os_reason
+from cs336_basics.files.atomic import remove_stale_temps, temp_prefix
 
 # Bump when the cached files' format or the way they are built changes: old entries are then ignored.
 CACHE_VERSION = 1

@@ -19,11 +19,11 @@ import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from tqdm.auto import tqdm
 
-from cs336_basics.atomic import temp_prefix
 from cs336_basics.data.batching import token_dtype_for_vocab
 from cs336_basics.data.bpe import usable_cores
 from cs336_basics.data.pretokenize import SAFE_CUT_BYTES
 from cs336_basics.errors import ConfigError
+from cs336_basics.files.atomic import temp_prefix
 
 END_OF_TEXT = "<|endoftext|>"
 

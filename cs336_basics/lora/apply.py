@@ -11,11 +11,19 @@ load as they are. The adapter itself is two matrices and one line of forward (la
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
 
-from cs336_basics.config import LORA_FP8_PATH, LORA_TARGET_MODULES, FinetuneConfig, FP8Config, lora_target_list
+from cs336_basics.config import (
+    LORA_FP8_PATH,
+    LORA_TARGET_MODULES,
+    FinetuneConfig,
+    FP8Config,
+    RunConfig,
+    lora_target_list,
+)
 from cs336_basics.errors import ConfigError
 from cs336_basics.lora.layers import (
     FrozenFp8LMHead,
@@ -25,11 +33,12 @@ from cs336_basics.lora.layers import (
     FrozenSharedInput,
     projected_together,
 )
-from cs336_basics.precision.converter import Converter, delayed_scaling
-from cs336_basics.precision.fp8 import FAST_ACCUM_BACKWARD_NOTE, FP8ConversionReport, is_lm_head, skip_reason
+from cs336_basics.precision.choice import register_fp8_converter
+from cs336_basics.precision.converter import FP8Converter, delayed_scaling
 from cs336_basics.precision.fused.convert import fast_accum_backward, fp8_units, fused_dtypes, set_child
 from cs336_basics.precision.fused.qkv_rope import rope_unit_heads
 from cs336_basics.precision.fused.scaling import SiteScaling
+from cs336_basics.precision.rules import FAST_ACCUM_BACKWARD_NOTE, FP8ConversionReport, is_lm_head, skip_reason
 
 
 @dataclass
@@ -101,13 +110,47 @@ def _target_of(fqn: str) -> str | None:
     return next((name for name, module in LORA_TARGET_MODULES.items() if module == last), None)
 
 
-class LoRAConverter(Converter):
+class LoRAConverter(FP8Converter):
     """A LoRA fine-tune's conversion: every parameter frozen, every linear a FrozenLinear (FP8 where `fp8` is given
-    and its filters take the layer), adapters on the target layers."""
+    and its filters take the layer), adapters on the target layers. Its frozen FP8 base is an FP8 implementation of its
+    own (weights cast once, no weight-gradient GEMM), registered as LORA_FP8_PATH with its defaults and checks; it
+    runs whichever FP8 path the settings name."""
+
+    path = LORA_FP8_PATH
 
     def __init__(self, ft: FinetuneConfig, fp8: FP8Config | None):
         self.ft = ft
         self.fp8 = fp8
+
+    @classmethod
+    def for_run(cls, config: RunConfig, world_size: int, fsdp_float8_all_gather: bool) -> LoRAConverter:
+        return cls(config.finetune, config.fp8 if config.fp8.use_fp8 else None)
+
+    @staticmethod
+    def defaults(fp8: FP8Config, world_size: int, cuda_graphs: bool) -> tuple[str, dict[str, Any]]:
+        # Measured on a LoRA base (docs/fine-tuning.md): delayed scaling pays only under CUDA graphs, where it was
+        # measured with the FP8 head (INDEX.md: 2026-11-26-defaults-by-block, item 3). Fast
+        # accumulation in the input-gradient GEMMs (a frozen base has no other backward GEMM) paid on both GPUs and
+        # kept the fine-tune's loss (INDEX.md: 2026-11-27-lora-defaults-both-gpus, items 1, 4).
+        either = {"fp8_shape_filter": False, "fp8_fast_accum_backward": True}
+        if cuda_graphs:
+            return "a LoRA base's under CUDA graphs", {"fp8_lm_head": True, "fp8_scaling": "delayed", **either}
+        return "a LoRA base's", {"fp8_lm_head": False, "fp8_scaling": "dynamic", **either}
+
+    @staticmethod
+    def check_options(fp8: FP8Config, world_size: int = 1) -> None:
+        """Refuse, with the reason, the FP8 settings the frozen base does not have (it takes either path's others)."""
+        if fp8.use_fp8 is not False and fp8.fp8_recipe != "tensorwise":
+            raise ConfigError(
+                f"the frozen FP8 base of a LoRA run scales tensorwise; --fp8_recipe {fp8.fp8_recipe} was asked for. "
+                "Use --fp8_recipe tensorwise, or --no_use_fp8 for a BF16 base."
+            )
+        if fp8.use_fp8 and fp8.fp8_emulate:
+            raise ConfigError(
+                "--fp8_emulate: a LoRA run's frozen FP8 base always runs real FP8 casts and GEMMs (torch._scaled_mm, "
+                "on an FP8 GPU or with torch's CPU kernel on the CPU), never high-precision emulation. Drop "
+                "--fp8_emulate."
+            )
 
     def convert(self, model: nn.Module) -> LoRAReport:
         """Convert `model` (built, on its device and dtype, base weights loaded, uncompiled). FP8 layers that share
@@ -171,6 +214,12 @@ class LoRAConverter(Converter):
 
     def count(self, model: nn.Module) -> int:
         return count_frozen_fp8_linears(model)
+
+    def fp8_report(self, report: LoRAReport) -> FP8ConversionReport:
+        return report.base
+
+
+register_fp8_converter(LoRAConverter)
 
 
 def apply_lora(model: nn.Module, ft: FinetuneConfig, fp8: FP8Config | None) -> LoRAReport:

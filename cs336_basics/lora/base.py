@@ -20,7 +20,7 @@ import torch
 
 from cs336_basics.config import with_fixed_shape
 from cs336_basics.errors import ConfigError
-from cs336_basics.integrity import verify_zip
+from cs336_basics.files.integrity import verify_zip
 from cs336_basics.training.checkpoint import CHECKPOINT_NAME, is_sharded_checkpoint, read_checkpoint
 
 # ModelConfig fields that are the model's shape (the rest, e.g. attention backend or checkpointing, are how it runs).

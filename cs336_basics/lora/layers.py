@@ -35,8 +35,8 @@ import math
 import torch
 from torch import nn
 
+from cs336_basics.kernels import rope_reference
 from cs336_basics.model.layers import RotaryEmbedding
-from cs336_basics.precision.fused import rope_reference
 from cs336_basics.precision.fused.head import (
     logits_grad_scale_inv,
     loss_and_unit_grads_by_rows,

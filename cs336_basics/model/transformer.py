@@ -26,7 +26,9 @@ class TransformerBlock(nn.Module):
 
 
 class TransformerLM(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, *, init: bool = True) -> None:
+        """`init=False` leaves the weights as allocated: a skeleton of the model's modules and shapes (an analysis
+        builds one under FakeTensorMode, where the course init's data-dependent truncated normal cannot run)."""
         super().__init__()
         self.config = config
         self.token_embeddings = nn.Embedding(config.vocab_size, config.dim)
@@ -37,7 +39,8 @@ class TransformerLM(nn.Module):
         self.lm_head = nn.Linear(config.dim, config.vocab_size, bias=False)
         if config.tie_embeddings:
             self.lm_head.weight = self.token_embeddings.weight
-        init_weights(self)
+        if init:
+            init_weights(self)
 
     def forward(self, input_ids: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
         """input_ids: (batch, seq). Returns logits (batch, seq, vocab), or the mean loss if targets is given.

@@ -8,11 +8,11 @@ step. FP32 parameters (the CPU path) are optimised in place: there is nothing to
 
 Why our own update rather than torch.optim.AdamW on the masters: that needs the BF16 grads cast into fp32
 copies, a clipping pass over them, AdamW's kernel, and a copy back into the BF16 weights: four passes over
-memory, about 52 bytes per parameter. On CUDA, adamw_kernel.py does the whole update in one pass (read the BF16
+memory, about 52 bytes per parameter. On CUDA, kernels/adamw_triton.py does the whole update in one pass (read the BF16
 grad, master and moments; write master, moments and the BF16 weight: 28 bytes per parameter), in one launch per
 parameter group rather than one per parameter.
 `adamw_update` below is the same formula op by op: the CPU path, and the reference the kernel is tested against;
-it is itself tested against torch.optim.AdamW. The gain is measured by cs336_basics/benchmark/optimizer_step.py.
+it is itself tested against torch.optim.AdamW. The gain is measured by lab/optimizer_step.py.
 
 Nothing in `step()` reads a value back to the host, so a training step never waits for the GPU.
 
@@ -70,7 +70,7 @@ def adamw_update(
     `grad` may be BF16; it is multiplied by `grad_scale` (the clipping factor). `master`, `exp_avg`,
     `exp_avg_sq` are fp32 and updated in place; `step` (0-d fp32) is the step number, already incremented.
     `param`, when given, is the low-precision weight that receives the rounded master. The order of operations
-    is torch.optim.AdamW's. This is the reference formula and the CPU path; adamw_kernel.py fuses it for CUDA.
+    is torch.optim.AdamW's. This is the reference formula and the CPU path; kernels/adamw_triton.py fuses it for CUDA.
     Scalars that change every step (lr, step, grad_scale) are device tensors, so nothing syncs with the host.
     """
     g = grad.float() * grad_scale
@@ -91,9 +91,9 @@ class MasterWeightAdamW:
         named_params: `(name, parameter)` pairs, normally `model.named_parameters()` of the uncompiled
             model. Names key the state dict, so checkpoints survive a change of model precision.
         lr, betas, eps, weight_decay: as in torch.optim.AdamW (decoupled weight decay).
-        fused: run the update as one Triton kernel launch per parameter group (adamw_kernel.py), and the gradient
-            norm as one per gradient dtype (grad_norm_kernel.py). None (default): on CUDA; on CPU the same formula
-            runs op by op (`adamw_update`) and the norm with torch's multi-tensor ops (`global_grad_norm`).
+        fused: run the update as one Triton kernel launch per parameter group (kernels/adamw_triton.py), and the
+            gradient norm as one per gradient dtype (kernels/grad_norm_triton.py). None (default): on CUDA; on CPU the
+            same formula runs op by op (`adamw_update`) and the norm with torch's multi-tensor ops (`global_grad_norm`).
 
     Weight decay applies only to parameters with ndim >= 2 (linear weights, embeddings); 1-D parameters
     (RMSNorm gains, biases) are not decayed: shrinking a gain towards 0 has no regularising meaning.
@@ -167,15 +167,15 @@ class MasterWeightAdamW:
         self._shard_group = self.params[0].device_mesh.get_group() if all(sharded) else None
 
     def _fused_kernels(self) -> tuple[type, type]:
-        """The fused kernels' launch classes (adamw_kernel.py, grad_norm_kernel.py), or a ConfigError that says why
-        they cannot run here."""
+        """The fused kernels' launch classes (kernels/adamw_triton.py, kernels/grad_norm_triton.py), or a ConfigError
+        that says why they cannot run here."""
         if self.device.type != "cuda":
             raise ConfigError("the fused AdamW kernel runs on CUDA only; use fused=False on other devices.")
         if not all(p.is_contiguous() for p in self.locals):
             raise ConfigError("the fused AdamW kernel needs contiguous parameters (it writes them as flat arrays).")
         try:
-            from cs336_basics.optim.adamw_kernel import AdamWLaunch  # imports triton
-            from cs336_basics.optim.grad_norm_kernel import GradNormLaunch
+            from cs336_basics.kernels.adamw_triton import AdamWLaunch  # imports triton
+            from cs336_basics.kernels.grad_norm_triton import GradNormLaunch
         except ImportError as exc:
             raise ConfigError(
                 f"the fused AdamW kernel needs triton ({exc}); it ships with torch's Linux CUDA wheels. "

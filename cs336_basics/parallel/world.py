@@ -168,7 +168,7 @@ def _leave_after_error() -> None:
     destroy_process_group does) waits for this rank's pending collectives, which the other ranks, blocked elsewhere,
     never complete: the failed rank could sit there until the collective timeout before its error reached torchrun
     (the 2-GPU failure test saw its run end minutes after the failure:
-    benchmarks/results/2026-11-23-sweep-1.3b-x2-h200x2/gpu-tests-distributed.log). Aborting the communicators does
+    INDEX.md: 2026-11-23-sweep-1.3b-x2-h200x2, its gpu-tests-distributed.log). Aborting the communicators does
     not wait. gloo's shutdown does not wait either."""
     import torch.distributed as dist
     from torch.distributed import distributed_c10d

@@ -24,8 +24,8 @@ place (each block's forward and, but under FSDP2, the embedding and the output: 
   path's linears read their weights when they run, so they see FSDP2's gathered ones), unless
   --fp8_all_gather: then torchao casts each shard to FP8 before its all-gather, in its own eager kernels, outside
   the compiled graph, once per all-gather (twice per step when blocks re-gather for backward). Half the bytes, but on
-  one GPU of FSDP2 (no communication) those casts cost more than FP8 saves (benchmarks/results/
-  2026-11-23-fsdp-overheads-h200/), so it is off by default, as in torchtitan.
+  one GPU of FSDP2 (no communication) those casts cost more than FP8 saves (INDEX.md:
+  2026-11-23-fsdp-overheads-h200), so it is off by default, as in torchtitan.
 """
 
 from __future__ import annotations
@@ -172,7 +172,7 @@ def compile_for_training(model: nn.Module, plan: ParallelPlan, mode: str, scope:
     class of one shape, so dynamo compiles the first and reuses its code for the rest: compile time no longer grows
     with depth. The whole-model graph compiled several times as long (FP8's most) and its step ran a little faster,
     in BF16 and FP8 alike, for its fusions across the blocks' boundaries
-    (benchmarks/results/2026-11-26-regional-compile/). Under FSDP2 the root's forward stays eager as it must: it
+    (INDEX.md: 2026-11-26-regional-compile). Under FSDP2 the root's forward stays eager as it must: it
     calls the blocks, whose hooks a fullgraph compile could not trace."""
     write_shared_fp8_gemm_inputs_once()
     options = dict(mode=mode, fullgraph=True)

@@ -21,16 +21,18 @@ from cs336_basics.config import FP8Config
 from cs336_basics.errors import ConfigError
 from cs336_basics.precision.converter import FP8Converter
 from cs336_basics.precision.fp8 import (
+    check_float8_conversion,
+    count_float8_linears,
+    float8_report,
+    torchao_float8_config,
+)
+from cs336_basics.precision.rules import (
     SKIP_NOT_16,
     FP8ConversionReport,
-    check_float8_conversion,
     check_model_ready,
-    count_float8_linears,
     dims_divisible_by_16,
     file_decisions,
-    float8_report,
     nothing_converted_error,
-    torchao_float8_config,
 )
 from cs336_basics.precision.support import HF_INSTALL_HINT
 
@@ -70,6 +72,13 @@ def _require_accelerate() -> Any:
 
 class AccelerateFP8(FP8Converter):
     """Accelerate's TorchAO backend, as `accelerator.prepare` applies it (the module docstring says what it does)."""
+
+    path = "accelerate"
+
+    @staticmethod
+    def defaults(fp8: FP8Config, world_size: int, cuda_graphs: bool) -> tuple[str, dict[str, Any]]:
+        # Its own filter decides which linears convert (first_and_last_linear).
+        return "Accelerate's", {"fp8_lm_head": False, "fp8_shape_filter": False, "fp8_scaling": "dynamic"}
 
     @staticmethod
     def check_options(fp8: FP8Config, world_size: int = 1) -> None:

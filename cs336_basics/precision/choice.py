@@ -5,7 +5,7 @@ linear in FP8 including the lm_head, and delayed scaling in one process (benchma
 TorchAO's path is chosen where only it runs or where it measured faster:
   - a rowwise recipe or --fp8_all_gather (the fused path is tensorwise and has no FP8 all-gather);
   - --fp8_emulate (emulation is TorchAO's; the fused path runs real FP8 casts even on the CPU);
-  - FSDP2: on one rank of FSDP2 TorchAO's path measured faster (benchmarks/results/2026-11-23-fsdp-overheads-h200,
+  - FSDP2: on one rank of FSDP2 TorchAO's path measured faster (INDEX.md: 2026-11-23-fsdp-overheads-h200,
     item 5): the fused path's step is host-bound there.
   - DDP: on a first run TorchAO's path was ahead of BF16 (2026-11-23-sweep-1.3b-x2-h200x2) where the fused path
     fell behind it (issue #55's first runs); the fused path's non-graph step has lost host time since
@@ -23,16 +23,17 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
 
-from cs336_basics.config import FP8Config
+from cs336_basics.config import LORA_FP8_PATH, FP8Config, RunConfig
 from cs336_basics.errors import ConfigError
 from cs336_basics.precision.accelerate import AccelerateFP8
-from cs336_basics.precision.converter import Converter
+from cs336_basics.precision.converter import NO_CONVERSION, Converter, FP8Converter
 from cs336_basics.precision.fp8 import TorchAOFP8
 from cs336_basics.precision.fused.convert import FusedFP8
 
-FP8_CONVERTERS = {"fused": FusedFP8, "torchao": TorchAOFP8, "accelerate": AccelerateFP8}
+# Every FP8 implementation, by its name. A LoRA fine-tune's frozen base registers its own (lora/apply.py) from above
+# this package, whose modules it uses.
+FP8_CONVERTERS: dict[str, type[FP8Converter]] = {c.path: c for c in (FusedFP8, TorchAOFP8, AccelerateFP8)}
 # The FP8 settings this module resolves when they are left automatic.
 AUTO_SETTINGS = ("fp8_path", "fp8_lm_head", "fp8_shape_filter", "fp8_scaling", "fp8_fast_accum_backward")
 
@@ -69,54 +70,46 @@ def choose_fp8(
             f"the fused FP8 path{flags} converts this package's model only, not a Hugging Face model; use "
             "--fp8_path torchao (or accelerate) and drop the fused path's settings."
         )
-    whose, defaults = _defaults(fp8, path, world_size, lora, cuda_graphs)
+    implementation = fp8_implementation(LORA_FP8_PATH if lora else path)
+    whose, defaults = implementation.defaults(fp8, world_size, cuda_graphs)
     changes = {"fp8_path": path}
     changes |= {name: value for name, value in defaults.items() if getattr(fp8, name) in (None, "auto")}
     automatic = [f"{name}={value}" for name, value in changes.items() if name != "fp8_path"]
     if automatic:
         notes.append(f"{', '.join(automatic)} ({whose} defaults)")
     chosen = dataclasses.replace(fp8, **changes)
-    if not lora:  # a LoRA base runs its own FP8 linears, which take either path's settings
-        FP8_CONVERTERS[path].check_options(chosen, world_size)
+    implementation.check_options(chosen, world_size)
     return FP8Choice(chosen, tuple(notes))
 
 
-def fp8_converter(fp8: FP8Config, world_size: int = 1, fsdp_float8_all_gather: bool = False) -> Converter:
-    """The converter of the path a chosen FP8Config names (choose_fp8's result: no "auto" left).
-    `fsdp_float8_all_gather`: the model will be sharded by FSDP2, which then all-gathers FP8 weights (TorchAO's)."""
-    if fp8.fp8_path == "fused":  # its check_options refuses --fp8_all_gather, which fsdp_float8_all_gather needs
-        return FusedFP8(fp8, world_size)
-    if fp8.fp8_path == "torchao":
-        return TorchAOFP8(fp8, fsdp_float8_all_gather)
-    if fp8.fp8_path == "accelerate":
-        return AccelerateFP8(fp8, world_size)
-    raise ValueError(f"fp8_converter takes a chosen FP8Config (choose_fp8), not fp8_path={fp8.fp8_path!r}")
+def register_fp8_converter(converter: type[FP8Converter]) -> type[FP8Converter]:
+    """Register an FP8 implementation under its name (`converter.path`)."""
+    FP8_CONVERTERS[converter.path] = converter
+    return converter
 
 
-def _defaults(fp8: FP8Config, path: str, world_size: int, lora: bool, cuda_graphs: bool) -> tuple[str, dict[str, Any]]:
-    """Whose defaults apply, and the lm_head, shape-rule, scaling and backward-accumulation settings they give (the
-    last only where this package's FP8 linears run: TorchAO's and Accelerate's take no such setting)."""
-    if lora:  # measured on a LoRA base (docs/fine-tuning.md): delayed scaling pays only under CUDA graphs, where
-        # it was measured with the FP8 head (benchmarks/results/2026-11-26-defaults-by-block/README.md, item 3).
-        # Fast accumulation in the input-gradient GEMMs (a frozen base has no other backward GEMM) paid on both GPUs
-        # and kept the fine-tune's loss (benchmarks/results/2026-11-27-lora-defaults-both-gpus/README.md, items 1, 4).
-        either = {"fp8_shape_filter": False, "fp8_fast_accum_backward": True}
-        if cuda_graphs:
-            return "a LoRA base's under CUDA graphs", {"fp8_lm_head": True, "fp8_scaling": "delayed", **either}
-        return "a LoRA base's", {"fp8_lm_head": False, "fp8_scaling": "dynamic", **either}
-    if path == "fused":  # one amax history per process, which several processes would not agree on: dynamic there.
-        # Fast backward accumulation moved pre-training's loss (docs/fp8.md): off until a loss check says otherwise.
-        scaling = "delayed" if world_size == 1 else "dynamic"
-        return "the fused path's", {
-            "fp8_lm_head": True,
-            "fp8_shape_filter": False,
-            "fp8_scaling": scaling,
-            "fp8_fast_accum_backward": False,
-        }
-    if path == "accelerate":  # its own filter decides which linears convert (precision/accelerate.py)
-        return "Accelerate's", {"fp8_lm_head": False, "fp8_shape_filter": False, "fp8_scaling": "dynamic"}
-    # The shape rule is a speed rule for real FP8 GEMMs: emulation (numerics only) converts every layer.
-    return "TorchAO's path's", {"fp8_lm_head": False, "fp8_shape_filter": not fp8.fp8_emulate, "fp8_scaling": "dynamic"}
+def fp8_implementation(name: str) -> type[FP8Converter]:
+    """The FP8 implementation registered as `name`: a concrete FP8 path (choose_fp8's result: no "auto" left) or a
+    LoRA base's."""
+    if name not in FP8_CONVERTERS:
+        raise ValueError(
+            f"no FP8 implementation is registered as {name!r} (registered: {', '.join(FP8_CONVERTERS)}); a LoRA "
+            "base's registers when cs336_basics.lora is imported"
+        )
+    return FP8_CONVERTERS[name]
+
+
+def run_converter(config: RunConfig, world_size: int = 1, fsdp_float8_all_gather: bool = False) -> Converter:
+    """The converter of a planned run (choose_fp8 resolved its FP8 settings): a LoRA fine-tune's, whose frozen base
+    runs in FP8 or BF16; else the FP8 path's; else none. `fsdp_float8_all_gather`: the model will be sharded by FSDP2,
+    which then all-gathers FP8 weights (TorchAO's)."""
+    if config.finetune.lora:
+        name = LORA_FP8_PATH
+    elif config.fp8.use_fp8:
+        name = config.fp8.fp8_path
+    else:
+        return NO_CONVERSION
+    return fp8_implementation(name).for_run(config, world_size, fsdp_float8_all_gather)
 
 
 def _auto_path(fp8: FP8Config, parallel_mode: str, own_model: bool) -> tuple[str, str]:

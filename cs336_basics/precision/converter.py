@@ -14,7 +14,7 @@ from typing import Any
 
 from torch import nn
 
-from cs336_basics.config import FP8Config
+from cs336_basics.config import FP8Config, RunConfig
 from cs336_basics.precision.fused.scaling import DelayedScalingState, SiteScaling
 
 
@@ -30,6 +30,10 @@ class Converter:
     def count(self, model: nn.Module) -> int:
         """The linears of `model` whose GEMMs this path runs in FP8, counted from its modules, not from a report."""
         return 0
+
+    def fp8_report(self, report: Any) -> Any:
+        """The FP8 part of convert()'s report (an FP8ConversionReport, or None without FP8): what count() checks."""
+        return report
 
     def prepare(self, tokens_per_micro_batch: int) -> None:
         """Before the first (compiled) step: its graph keeps the sizes of the per-row recordings."""
@@ -59,17 +63,33 @@ NO_CONVERSION = Converter()
 
 
 class FP8Converter(Converter):
-    """An FP8 path's converter: the settings it is given are checked before anything is built (check_options, which
+    """An FP8 implementation's converter, registered under its name (choice.FP8_CONVERTERS): the defaults it gives the
+    settings left automatic, and the settings it refuses, checked before anything is built (check_options, which
     choose_fp8 also calls on the chosen settings)."""
+
+    path: str  # its name: FP8Config.fp8_path's value, and the `fp8_path` of its reports and records
 
     def __init__(self, fp8: FP8Config, world_size: int = 1):
         self.check_options(fp8, world_size)
         self.fp8 = fp8
 
     @staticmethod
+    def defaults(fp8: FP8Config, world_size: int, cuda_graphs: bool) -> tuple[str, dict[str, Any]]:
+        """Whose defaults these are (for the summary's words), and the values they give the settings left automatic
+        (lm_head, shape rule, scaling, and fast backward accumulation where this package's FP8 linears run).
+        `cuda_graphs`: whether the FP8 step will replay under CUDA graphs."""
+        raise NotImplementedError
+
+    @staticmethod
     def check_options(fp8: FP8Config, world_size: int = 1) -> None:
         """Refuse, with the reason, the settings this path does not have."""
         raise NotImplementedError
+
+    @classmethod
+    def for_run(cls, config: RunConfig, world_size: int, fsdp_float8_all_gather: bool) -> Converter:
+        """The converter of a planned run (its FP8 settings chosen). `fsdp_float8_all_gather`: FSDP2 will shard the
+        model and all-gather FP8 weights (TorchAO's)."""
+        return cls(config.fp8, world_size)
 
 
 def delayed_scaling(sites: list[SiteScaling], fp8: FP8Config) -> DelayedScalingState:

@@ -15,7 +15,7 @@ import argparse
 import sys
 
 from cs336_basics.errors import run_program, writing
-from cs336_basics.output_paths import check_output_path
+from cs336_basics.files.output_paths import check_output_path
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,42 +10,19 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from cs336_basics.build import new_model
 from cs336_basics.cli import add_field_arguments
-from cs336_basics.config import RunConfig, at_least, finite, non_negative, setting, validate_fields
+from cs336_basics.config import RunConfig
 from cs336_basics.data import BPETokenizer
 from cs336_basics.devices import resolve_device
 from cs336_basics.errors import ConfigError, run_program
 from cs336_basics.training.checkpoint import CHECKPOINT_NAME
 from cs336_basics.training.restore import load_checkpoint
-
-
-def _some_text(v: str) -> str | None:
-    return None if v else "must not be empty (the model continues a text)"
-
-
-def _probability_mass(v: float) -> str | None:
-    return None if 0 < v <= 1 else "must be in (0, 1]"
-
-
-@dataclass(frozen=True)
-class Sampling:
-    prompt: str = setting("def ", "the text to continue", check=_some_text)
-    max_new_tokens: int = setting(200, "tokens to sample after the prompt", check=at_least(1))
-    temperature: float = setting(0.8, "softmax temperature; 0 is greedy decoding", check=finite(non_negative))
-    top_k: int = setting(0, "sample from the k most likely tokens only; 0 keeps them all", check=at_least(0))
-    top_p: float = setting(
-        0.95, "sample from the fewest most likely tokens whose probability reaches top_p", check=_probability_mass
-    )
-    seed: int = setting(0, "seed of the sampling generator")
-
-    def __post_init__(self) -> None:
-        validate_fields(self)
+from cs336_basics.training.sampling import Sampling, sample_text
 
 
 def load_trained(out_dir: Path, device: torch.device) -> tuple[torch.nn.Module, BPETokenizer]:
@@ -63,24 +40,6 @@ def load_trained(out_dir: Path, device: torch.device) -> tuple[torch.nn.Module, 
     if not (out_dir / "tokenizer").is_dir():
         raise ConfigError(f"{out_dir} has no tokenizer/ folder (the run trained on pre-tokenised arrays).")
     return model.to(device).eval(), BPETokenizer.load(out_dir / "tokenizer")
-
-
-def sample_text(model: torch.nn.Module, tokenizer: BPETokenizer, sampling: Sampling) -> str:
-    """`sampling.prompt` and what `model` (TransformerLM or hf.models.CausalLM: both generate) samples after it."""
-    device = next(model.parameters()).device
-    prompt_ids = torch.tensor(tokenizer.encode(sampling.prompt), device=device)
-    generator = torch.Generator(device=device).manual_seed(sampling.seed)
-    model.eval()
-    new_ids = model.generate(
-        prompt_ids,
-        sampling.max_new_tokens,
-        temperature=sampling.temperature,
-        top_k=sampling.top_k,
-        top_p=sampling.top_p,
-        eos_token_id=tokenizer.eot_id,
-        generator=generator,
-    )
-    return sampling.prompt + tokenizer.decode(new_ids.tolist())
 
 
 def main(argv: list[str] | None = None) -> int:

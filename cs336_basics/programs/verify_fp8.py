@@ -14,7 +14,7 @@ Five checks, each PASS / FAIL / SKIP with the evidence:
                          graphs the profiler sees a graph's replay, not its ops: check 2 and the Amdahl profile then
                          run on a twin of the FP8 model, same settings, compiled without CUDA graphs.
 
-Then why, the doctor's part (benchmark/doctor.py): before anything is built, what each conversion policy
+Then why, the doctor's part (diagnostics/doctor.py): before anything is built, what each conversion policy
 (Accelerate's default filter, TorchAO's shape rule, every linear) would convert and the FLOP share and bound it gives,
 with the failure modes it can see in the config (no torchao, nothing converted, no compile, dims not divisible by 16,
 layers too small); on a GPU, after both runs, the Amdahl row (X: the converted GEMMs' share of a profiled BF16 step;
@@ -48,20 +48,20 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from cs336_basics.benchmark.amdahl.law import GemmShape, linear_gemm_shapes
-from cs336_basics.benchmark.amdahl.measure import StepBreakdown, amdahl_row, profile_step_breakdown, time_matmuls
-from cs336_basics.benchmark.amdahl.report import AmdahlRow
-from cs336_basics.benchmark.doctor import Diagnosis, diagnose_config, measured_findings
 from cs336_basics.build import Built, build, plan
 from cs336_basics.compiled import eager, runs_cuda_graphs
 from cs336_basics.config import RunConfig
 from cs336_basics.data import PreparedData, get_batch, prepare_data, require_windows
 from cs336_basics.devices import resolve_device
+from cs336_basics.diagnostics.amdahl.law import GemmShape, linear_gemm_shapes
+from cs336_basics.diagnostics.amdahl.measure import StepBreakdown, amdahl_row, profile_step_breakdown, time_matmuls
+from cs336_basics.diagnostics.amdahl.report import AmdahlRow
+from cs336_basics.diagnostics.doctor import Diagnosis, diagnose_config, measured_findings
+from cs336_basics.diagnostics.measurement import release_memory, train_for_measurement
 from cs336_basics.errors import ConfigError
-from cs336_basics.measurement import release_memory, train_for_measurement
-from cs336_basics.precision.fp8 import grad_weight_in_fp8
+from cs336_basics.measure.results import result_record
 from cs336_basics.precision.fused.head import logits_row_blocks
-from cs336_basics.results import result_record
+from cs336_basics.precision.rules import grad_weight_in_fp8
 from cs336_basics.training.trainer import Trainer, TrainResult
 
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)

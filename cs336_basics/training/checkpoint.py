@@ -10,7 +10,7 @@ A run trained with FSDP2 writes a sharded checkpoint instead (cs336_basics/train
 into an unsharded model, one process or DDP, by first assembling its tensors into this layout).
 
 Why checked on every read: torch.load does not check the CRC-32s torch.save writes, so a flipped bit in a weight would
-load silently; read_checkpoint checks them (cs336_basics/integrity.py) before anything else reads the file.
+load silently; read_checkpoint checks them (cs336_basics/files/integrity.py) before anything else reads the file.
 
 Why weights_only-safe: unpickling can run arbitrary code, and a checkpoint is exactly the kind of file people
 download and share. So the payload is restricted to plain dicts, lists, tuples, numbers, strings, None and
@@ -33,7 +33,7 @@ from torch import nn
 
 from cs336_basics.compiled import plain_name, unwrap
 from cs336_basics.errors import ConfigError
-from cs336_basics.integrity import save_torch_file, verify_files, verify_zip
+from cs336_basics.files.integrity import save_torch_file, verify_files, verify_zip
 
 __all__ = [
     "CHECKPOINT_FORMAT",

@@ -10,9 +10,9 @@ from typing import Any
 
 import torch
 
-from cs336_basics.atomic import atomic_write, write_text_atomic
 from cs336_basics.config import ModelConfig
 from cs336_basics.errors import ConfigError
+from cs336_basics.files.atomic import atomic_write, write_text_atomic
 
 # Dense BF16 tensor-core peak (no sparsity), FLOP/s, by GPU name fragment. H100 SXM and H200 share the same
 # compute die, hence the same peak; FP8 runs are reported against this BF16 peak too, so MFU stays comparable.

@@ -32,10 +32,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from cs336_basics.atomic import remove_stale_temps
 from cs336_basics.config import MODEL_IDENTITY_FIELDS, RunConfig
 from cs336_basics.errors import ConfigError
-from cs336_basics.output_paths import check_output_path
+from cs336_basics.files.atomic import remove_stale_temps
+from cs336_basics.files.output_paths import check_output_path
 from cs336_basics.parallel.world import World, broadcast_text, refuse_together
 from cs336_basics.training.checkpoint import CHECKPOINT_NAME, SHARDS_DIR, read_checkpoint, remove_stale_shards
 

@@ -28,7 +28,7 @@ from torch import nn
 
 from cs336_basics.config import RunConfig
 from cs336_basics.errors import ConfigError, RunFolderError
-from cs336_basics.integrity import files_crc32, save_torch_file
+from cs336_basics.files.integrity import files_crc32, save_torch_file
 from cs336_basics.parallel.shards import is_sharded, local_tensor, sharded_like
 from cs336_basics.parallel.world import broadcast_text, current_world, main_writes
 from cs336_basics.training.checkpoint import (

@@ -29,7 +29,7 @@ class RunFacts:
     finetune_rows: list[tuple[str, str]] = field(default_factory=list)  # init_from, LoRA layers and parameters
 
 
-# How much slower: benchmarks/results/2026-11-21-sweep-fused-adamw-h200/sweep.md (the eager rows).
+# How much slower: INDEX.md: 2026-11-21-sweep-fused-adamw-h200, its sweep.md (the eager rows).
 FP8_EAGER_WARNING = (
     "FP8 WITHOUT torch.compile: torchao's scaling and casting then run as separate unfused kernels, and FP8 eager "
     "is far slower than compiled BF16 (and than eager BF16). Add --compile_model."

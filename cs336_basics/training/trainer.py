@@ -32,6 +32,7 @@ from cs336_basics.compiled import compiled_submodules, eager, runs_cuda_graphs
 from cs336_basics.config import RunConfig
 from cs336_basics.data import BatchSampler, get_rank_batch
 from cs336_basics.errors import ConfigError, WorkFailed, io_error, writing
+from cs336_basics.measure.timing import StepTimer
 from cs336_basics.optim import MasterWeightAdamW, cosine_lr
 from cs336_basics.parallel import world as dist
 from cs336_basics.parallel.wrap import (
@@ -43,7 +44,6 @@ from cs336_basics.parallel.wrap import (
     parallelize,
 )
 from cs336_basics.precision import NO_CONVERSION, Converter
-from cs336_basics.timing import StepTimer
 from cs336_basics.training.accumulation import GraphGradientAccumulator
 from cs336_basics.training.checkpoint import CHECKPOINT_NAME, remove_stale_shards, save_checkpoint
 from cs336_basics.training.metrics import (

@@ -1,4 +1,4 @@
 """This package's own FP8 training path (`--fp8_path fused`): FP8 linears whose casts are cheap enough to pay at
 course scale. scaling.py: casts, dynamic and delayed scales; linear.py: the FP8 GEMM sites; swiglu.py: the SwiGLU
-block in FP8, its activations written in FP8 by swiglu_triton.py's kernels (swiglu_reference.py: their definition and
-the CPU path); convert.py: the swap."""
+block in FP8, its activations written in FP8 by the kernels of kernels/swiglu_triton.py (kernels/swiglu_reference.py:
+their definition and the CPU path); convert.py: the swap."""

@@ -1,19 +1,20 @@
 """Conversion to this package's FP8 path (`--fp8_path fused`): which linears become FP8, and the swap.
 
-Each nn.Linear that passes the filters becomes an Fp8Linear. The filters, their reasons and the report are the
-TorchAO path's (fp8.py), so both paths convert the same layers by the same rules and report them the same way.
-Layers a model declares as reading one input (a module's SHARED_INPUT, e.g. attention's q/k/v) are run together
-by an Fp8SharedInputLinears, which casts that input once, when every one of them converts; attention's q/k/v group
-also takes over RoPE (Fp8QkvRope, --fp8_fused_rope), so that one kernel writes their gradients in FP8. A SwiGLU
-block whose three linears all convert becomes one Fp8SwiGLU (--fp8_fused_swiglu), whose kernels write its activation
-and the activation's gradients in FP8. Each FP8 linear has its own SiteScaling; with delayed scaling the converter
-keeps one DelayedScalingState that holds their amax histories and updates their scales once per step (the Trainer's
-hooks, precision/converter.py).
+Each nn.Linear that passes the filters becomes an Fp8Linear. The filters, their reasons and the report are the rules
+every FP8 path shares (precision/rules.py), so both paths convert the same layers by the same rules and report them the
+same way. Layers a model declares as reading one input (a module's SHARED_INPUT, e.g. attention's q/k/v) are run
+together by an Fp8SharedInputLinears, which casts that input once, when every one of them converts; attention's q/k/v
+group also takes over RoPE (Fp8QkvRope, --fp8_fused_rope), so that one kernel writes their gradients in FP8. A SwiGLU
+block whose three linears all convert becomes one Fp8SwiGLU (--fp8_fused_swiglu), whose kernels write its activation and
+the activation's gradients in FP8. Each FP8 linear has its own SiteScaling; with delayed scaling the converter keeps one
+DelayedScalingState that holds their amax histories and updates their scales once per step (the Trainer's hooks,
+precision/converter.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -22,12 +23,19 @@ from cs336_basics.config import FP8Config
 from cs336_basics.errors import ConfigError
 from cs336_basics.model.layers import SwiGLU
 from cs336_basics.precision.converter import FP8Converter, delayed_scaling
-from cs336_basics.precision.fp8 import ORDER, FP8ConversionReport, check_model_ready, decide_conversions, is_lm_head
 from cs336_basics.precision.fused.head import Fp8LMHead
 from cs336_basics.precision.fused.linear import Fp8Linear, Fp8SharedInputLinears
 from cs336_basics.precision.fused.qkv_rope import Fp8QkvRope, rope_unit_heads
 from cs336_basics.precision.fused.scaling import E4M3, E5M2, SiteScaling
 from cs336_basics.precision.fused.swiglu import Fp8SwiGLU
+from cs336_basics.precision.rules import (
+    ORDER,
+    FP8ConversionReport,
+    check_keys_unchanged,
+    check_model_ready,
+    decide_conversions,
+    is_lm_head,
+)
 
 FUSED_MODULES = (Fp8Linear, Fp8SharedInputLinears, Fp8QkvRope, Fp8SwiGLU)  # Fp8LMHead is an Fp8Linear
 _NAMES = {E4M3: "E4M3", E5M2: "E5M2"}
@@ -43,7 +51,7 @@ def fast_accum_backward(cfg: FP8Config, linear: nn.Module, fqn: str) -> bool:
     logits' gradient, softmax - onehot, sums to zero, so the head's dx sums vocabulary-many terms that cancel down to
     a result far smaller than they are: with fast accumulation its error outgrew the result (the gradients below the
     head were off by 91-122%, 6-7% without it), and its dW's error doubled
-    (benchmarks/results/2026-11-23-lora-loss-safe-h200/README.md). Left unchosen (None, before
+    (INDEX.md: 2026-11-23-lora-loss-safe-h200). Left unchosen (None, before
     precision.choose_fp8 resolves it), it is off."""
     return bool(cfg.fp8_fast_accum_backward) and not is_lm_head(linear, fqn)
 
@@ -93,6 +101,20 @@ def fp8_units(
 
 class FusedFP8(FP8Converter):
     """This package's FP8 path (`--fp8_path fused`)."""
+
+    path = "fused"
+
+    @staticmethod
+    def defaults(fp8: FP8Config, world_size: int, cuda_graphs: bool) -> tuple[str, dict[str, Any]]:
+        # One amax history per process, which several processes would not agree on: dynamic there. Fast backward
+        # accumulation moved pre-training's loss (docs/fp8.md): off until a loss check says otherwise.
+        scaling = "delayed" if world_size == 1 else "dynamic"
+        return "the fused path's", {
+            "fp8_lm_head": True,
+            "fp8_shape_filter": False,
+            "fp8_scaling": scaling,
+            "fp8_fast_accum_backward": False,
+        }
 
     @staticmethod
     def check_options(fp8: FP8Config, world_size: int = 1) -> None:
@@ -176,8 +198,7 @@ class FusedFP8(FP8Converter):
         report.fused_swiglu_blocks = len(blocks)
         if blocks:
             report.producers = model.get_submodule(blocks[0]).producers
-        if list(model.state_dict().keys()) != keys_before:
-            raise RuntimeError("FP8 conversion changed the model's state-dict keys; BF16/FP8 checkpoints wouldn't load")
+        check_keys_unchanged(model, keys_before)
         return report
 
     def count(self, model: nn.Module) -> int:

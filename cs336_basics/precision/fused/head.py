@@ -14,7 +14,7 @@ scaling would give it, and never saturates.
 The forward writes it, not the backward: softmax - onehot needs no upstream gradient, whose scalar dloss / n_valid
 only enters the GEMMs' scale. So the forward saves that FP8 tensor (half the bytes of the BF16 logits) and frees the
 logits: at the step's peak, in the head's backward, the logits no longer sit beside the gradient's two FP8 layouts
-(benchmarks/results/2026-11-24-head-memory-h200 found them there). The cast is the same up to the sign of dloss,
+(the study INDEX.md: 2026-11-24-head-memory-h200 found them there). The cast is the same up to the sign of dloss,
 which moves into the scale.
 
 Evaluation and sampling, which ask for logits, run the head as an ordinary FP8 linear (Fp8Linear).
@@ -31,7 +31,7 @@ from cs336_basics.precision.fused.scaling import GRAD, INPUT, SiteScaling, cast_
 IGNORE_INDEX = -100  # F.cross_entropy's default, which the model's loss uses
 # A frozen FP8 head makes its logits this many blocks of rows at a time (loss_and_unit_grads_by_rows); the LoRA
 # memory probe found the whole BF16 logits beside their FP8 gradient at the step's peak
-# (benchmarks/results/2026-11-26-lora-fused-rope/README.md).
+# (INDEX.md: 2026-11-26-lora-fused-rope).
 LOGITS_ROW_BLOCKS = 4
 
 

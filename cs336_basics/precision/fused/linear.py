@@ -133,7 +133,7 @@ def joint_dgrad(grads_fp8: torch.Tensor, joint_inv: torch.Tensor, joint_t: torch
 def joint_columns(tensors: list[torch.Tensor]) -> torch.Tensor:
     """FP8 matrices of one height side by side, copied as bytes: traced, inductor turns a copy into a Triton kernel of
     the tensors' dtype, and one of FP8 values failed to build on the H100
-    (benchmarks/results/2026-11-27-lora-defaults-both-gpus/README.md, item 5); one of bytes is any copy."""
+    (INDEX.md: 2026-11-27-lora-defaults-both-gpus, item 5); one of bytes is any copy."""
     return torch.cat([t.view(torch.uint8) for t in tensors], dim=1).view(tensors[0].dtype)
 
 

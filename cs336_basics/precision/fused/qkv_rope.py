@@ -1,13 +1,13 @@
 """Attention's q/k/v projections and RoPE as one FP8 unit (`--fp8_fused_rope`, on by default).
 
-As a shared-input group (linear.py: Fp8SharedInputLinears) q, k and v cast their input once. Here the unit also
-rotates q and k, so that in backward one kernel takes attention's gradients of q, k and v as they come, applies
-RoPE's backward to q's and k's, and writes each straight in FP8, row-major and transposed, with its delayed-scaling
-recordings (rope_triton.py on CUDA; rope_reference.py, the same math in torch, in CPU emulation). Unfused, the rotated
-gradients are written in BF16 and re-read by casts that reduce each token's row across the heads. The three FP8
-gradients sit side by side in one matrix, so the input gradient is one GEMM against the three weights' W^T side by
-side (linear.joint_dgrad), where three GEMMs would each write a BF16 result for a sum to read back. The forward
-rotates with the model's own RotaryEmbedding, so its values are the BF16 module's.
+As a shared-input group (linear.py: Fp8SharedInputLinears) q, k and v cast their input once. Here the unit also rotates
+q and k, so that in backward one kernel takes attention's gradients of q, k and v as they come, applies RoPE's backward
+to q's and k's, and writes each straight in FP8, row-major and transposed, with its delayed-scaling recordings
+(kernels/rope_triton.py on CUDA; kernels/rope_reference.py, the same math in torch, in CPU emulation). Unfused, the
+rotated gradients are written in BF16 and re-read by casts that reduce each token's row across the heads. The three FP8
+gradients sit side by side in one matrix, so the input gradient is one GEMM against the three weights' W^T side by side
+(linear.joint_dgrad), where three GEMMs would each write a BF16 result for a sum to read back. The forward rotates with
+the model's own RotaryEmbedding, so its values are the BF16 module's.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from types import ModuleType
 import torch
 from torch import nn
 
+from cs336_basics.kernels import rope_reference
 from cs336_basics.model.attention import CausalSelfAttention
 from cs336_basics.model.layers import RotaryEmbedding
-from cs336_basics.precision.fused import rope_reference
 from cs336_basics.precision.fused.linear import (
     forward_gemm,
     joint_columns,
@@ -42,7 +42,7 @@ def rope_ops(device: torch.device) -> ModuleType:
     """The producer implementation for `device`: the Triton kernel on CUDA, the torch definition elsewhere."""
     if device.type != "cuda":
         return rope_reference
-    from cs336_basics.precision.fused import rope_triton  # imports triton
+    from cs336_basics.kernels import rope_triton  # imports triton
 
     return rope_triton
 

@@ -20,8 +20,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-E4M3 = torch.float8_e4m3fn
-E5M2 = torch.float8_e5m2
+# The formats are named here too (re-exported): a cast's callers choose one by these names.
+from cs336_basics.kernels.fp8_format import E4M3 as E4M3
+from cs336_basics.kernels.fp8_format import E5M2 as E5M2
+from cs336_basics.kernels.fp8_format import cast_to_fp8, fp8_max
+
 ROLES = ("input", "weight", "grad")
 INPUT, WEIGHT, GRAD = range(3)
 # Buffer names per role, read through nn.Module._buffers: the once-per-step update reads some hundreds of them, and
@@ -32,16 +35,6 @@ _SCALE_INV = tuple(f"scale_inv_{role}" for role in ROLES)
 # torchao's floor on amax before dividing by it (torchao/float8/float8_utils.py: EPS): an all-zero tensor gets a
 # large finite scale instead of inf.
 AMAX_FLOOR = 1e-12
-
-
-def fp8_max(dtype: torch.dtype) -> float:
-    return torch.finfo(dtype).max
-
-
-def cast_to_fp8(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Saturating cast: values whose scaled magnitude exceeds the format's max become +-max, never inf/nan."""
-    limit = fp8_max(dtype)
-    return (x.float() * scale).clamp(-limit, limit).to(dtype)
 
 
 def amax_to_scale(amax: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -74,16 +67,6 @@ def produce_scales(
     if scalings[0].delayed:
         return torch.stack([site.scale[role] for site in scalings]), tuple(site.scale_inv(role) for site in scalings)
     return producer_scales(amax_fn(), scalings[0].dtypes[role])
-
-
-def record_into_entry0(
-    value: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype, amax_rows: torch.Tensor, saturated_rows: torch.Tensor
-) -> None:
-    """The torch references' recording of a whole cast tensor (the Triton kernels file theirs per tile): value's amax
-    max-accumulated and its count of values beyond the scale's range added into entry 0 of a site's row buffers."""
-    magnitude = value.abs().float()
-    amax_rows[:1] = torch.maximum(amax_rows[:1], magnitude.amax())
-    saturated_rows[:1] += (magnitude * scale > fp8_max(dtype)).sum(dtype=torch.int32)
 
 
 # Delayed scaling records a tensor's amax and saturation count row by row. Reducing a tensor row by row runs in the
@@ -126,15 +109,15 @@ class SiteScaling(nn.Module):
         self.delayed = delayed
         # The output gradient's amax is recorded per `grad_row` features instead of per whole row when its producer
         # writes it in such pieces: q/k/v's gradients come from attention one head at a time, and a reduction over
-        # whole token rows across heads compiles into a slow pass of its own (benchmarks/results/
-        # 2026-11-23-lora-delayed-h200/README.md).
+        # whole token rows across heads compiles into a slow pass of its own
+        # (INDEX.md: 2026-11-23-lora-delayed-h200).
         self.grad_row = grad_row
         self._separate_transpose = self._cast_transposed = None  # see transposed() and cast_transposed()
         if not delayed:
             return
         if torch.device(device or "cpu").type == "cuda":
-            from cs336_basics.precision.fused.cast_triton import cast_transposed  # imports triton
-            from cs336_basics.precision.fused.transpose_triton import transpose
+            from cs336_basics.kernels.cast_triton import cast_transposed  # imports triton
+            from cs336_basics.kernels.transpose_triton import transpose
 
             self._separate_transpose, self._cast_transposed = transpose, cast_transposed
         for role in ROLES:
@@ -224,7 +207,8 @@ class SiteScaling(nn.Module):
     def transposed(self, x_fp8: torch.Tensor) -> torch.Tensor:
         """x_fp8 (2-D) transposed, row-major, as a backward GEMM takes it. With delayed scaling on CUDA, a kernel of
         its own: inductor would fold it into the kernel that casts and records x by rows, where it writes badly
-        (transpose_triton.py). Dynamic scaling's casts are plain pointwise kernels that write it well themselves."""
+        (kernels/transpose_triton.py). Dynamic scaling's casts are plain pointwise kernels that write it well
+        themselves."""
         if self._separate_transpose is not None and x_fp8.is_cuda:
             return self._separate_transpose(x_fp8)
         return x_fp8.t().contiguous()
@@ -233,7 +217,7 @@ class SiteScaling(nn.Module):
         self, x: torch.Tensor, role: int, record: bool
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """`cast` and `transposed` of a 2-D x: (FP8 x, FP8 x^T row-major, the inverse of x's scale). With delayed
-        scaling on CUDA one kernel (cast_triton.py) reads x once and writes both, recording into the role's row
+        scaling on CUDA one kernel (kernels/cast_triton.py) reads x once and writes both, recording into the role's row
         buffers itself; a weight, cast every step, needs no other pass. Elsewhere the cast and transpose above."""
         if self._cast_transposed is None or not x.is_cuda:
             x_fp8, scale_inv = self.cast(x, role, record)
@@ -271,10 +255,10 @@ class DelayedScalingState(nn.Module):
         limits = torch.tensor([fp8_max(d) for d in sites[0].dtypes], device=device)
         self.register_buffer("limits", limits, persistent=False)
         # `one_launch` (default: on CUDA): update() as one Triton kernel launch, the same arithmetic as the op-by-op
-        # update below with a fraction of its host time (scaling_update_triton.py).
+        # update below with a fraction of its host time (kernels/scaling_update_triton.py).
         self._launch = None
         if one_launch if one_launch is not None else device.type == "cuda":
-            from cs336_basics.precision.fused.scaling_update_triton import ScaleUpdateLaunch  # imports triton
+            from cs336_basics.kernels.scaling_update_triton import ScaleUpdateLaunch  # imports triton
 
             self._launch = ScaleUpdateLaunch()
 

@@ -1,11 +1,11 @@
 """The whole SwiGLU feed-forward in FP8, its activations produced in FP8 (`--fp8_fused_swiglu`, on by default).
 
-y = W2 (silu(W1 x) * W3 x). With FP8 linears alone, the SwiGLU output g and, in backward, the gradients dh1 and dh3
-are written in BF16 and then re-read by each cast. Here one autograd function runs the block: the kernel that
-computes g (or dh1 and dh3) writes it directly in FP8, with the transposed copy the weight-gradient GEMM needs
-(swiglu_triton.py on CUDA; swiglu_reference.py, the same math in torch, in CPU emulation). x is cast once for W1
-and W3; h1 and h3 are kept in BF16 for backward, as the BF16 module keeps them. dh1 and dh3 are written side by side,
-so x's gradient is one GEMM against W1's and W3's W^T side by side (linear.joint_dgrad).
+y = W2 (silu(W1 x) * W3 x). With FP8 linears alone, the SwiGLU output g and, in backward, the gradients dh1 and dh3 are
+written in BF16 and then re-read by each cast. Here one autograd function runs the block: the kernel that computes g (or
+dh1 and dh3) writes it directly in FP8, with the transposed copy the weight-gradient GEMM needs
+(kernels/swiglu_triton.py on CUDA; kernels/swiglu_reference.py, the same math in torch, in CPU emulation). x is cast
+once for W1 and W3; h1 and h3 are kept in BF16 for backward, as the BF16 module keeps them. dh1 and dh3 are written side
+by side, so x's gradient is one GEMM against W1's and W3's W^T side by side (linear.joint_dgrad).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from types import ModuleType
 import torch
 from torch import nn
 
-from cs336_basics.precision.fused import swiglu_reference
+from cs336_basics.kernels import swiglu_reference
 from cs336_basics.precision.fused.linear import (
     backward_gemms,
     forward_gemm,
@@ -31,7 +31,7 @@ def swiglu_ops(device: torch.device) -> ModuleType:
     """The producer implementation for `device`: Triton kernels on CUDA, the torch definition elsewhere."""
     if device.type != "cuda":
         return swiglu_reference
-    from cs336_basics.precision.fused import swiglu_triton  # imports triton
+    from cs336_basics.kernels import swiglu_triton  # imports triton
 
     return swiglu_triton
 

@@ -1,1 +1,0 @@
-"""Performance benchmarks: the isolated configuration sweep (`sweep`, `worker`) and profiler analyses."""

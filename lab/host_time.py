@@ -1,0 +1,137 @@
+"""Where the host's time goes in a training step, and whether the step waits for it.
+
+A step is GPU-bound when the host queues its kernels faster than the GPU runs them, and host-bound when the GPU
+waits for the next launch: then its speed follows the machine's CPU, not its GPU. For each configuration this
+trains a few steps (compile and warm-up), then times `--steps` steps of the Trainer's own train_step, with no
+synchronisation inside them:
+
+  wall_ms        per step, from the first launch to the GPU finishing the last step (tokens/s from it)
+  host_ms        per step, the host's time to queue it; host_ms close to wall_ms: the step is host-bound
+  batch_ms, forward_ms, optimizer_ms, scaling_update_ms
+                 the host's time in the sampler, the (compiled) forward call, the optimizer step and the
+                 precision's once-per-step hook (delayed scaling's update); the backward and the rest of the step
+                 is what is left, backward_and_rest_ms
+  cudagraph_skips
+                 graphs that a CUDA-graph compile mode could not capture (their reasons are in the log)
+
+Random token arrays (host time does not depend on the text). All configurations run in this process, one after the
+other; compare rows of one run only.
+
+    python -m lab.host_time --presets gpt2-small --precisions bf16,fp8 --json out.json
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import time
+from collections import defaultdict
+from typing import Any
+
+import torch
+
+from cs336_basics.cli import positive_int
+from cs336_basics.config import COMPILE_MODES
+from cs336_basics.diagnostics.measurement import release_memory
+from cs336_basics.measure.results import run_record
+from cs336_basics.measure.timing import StepTimer
+from cs336_basics.sweep.plan import parse_choices
+from lab.probe import probe_parser, run_probe, warmed_up_preset
+
+PHASES = {"batch": ("sampler", "next_batch"), "optimizer": ("optimizer", "step"),
+          "scaling_update": ("converter", "after_optimizer_step")}  # fmt: skip
+
+
+def _timed(totals: dict[str, float], phase: str, fn):
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            totals[phase] += time.perf_counter() - start
+
+    return call
+
+
+def host_and_wall(trainer: Any, steps: int) -> dict[str, float]:
+    """Per step of `steps` warm train steps of `trainer` (a CUDA Trainer), with no synchronisation inside them:
+    wall_ms (the GPU's span), host_ms (the host's time to queue them) and each phase's host time (`<phase>_ms`)."""
+    totals: dict[str, float] = defaultdict(float)
+    # Timing wrappers as instance attributes, removed afterwards: the converter may be a shared object (BF16's).
+    patched = [(getattr(trainer, owner), method) for owner, method in PHASES.values()]
+    for (target, method), phase in zip(patched, PHASES, strict=True):
+        setattr(target, method, _timed(totals, phase, getattr(target, method)))
+    step_model = trainer.step_model
+    trainer.step_model = _timed(totals, "forward", step_model)
+    timer = StepTimer(torch.device("cuda"))  # one span over every timed step: no synchronisation inside it
+    torch.cuda.synchronize()
+    try:
+        started = timer.start()
+        host_start = time.perf_counter()
+        for _ in range(steps):
+            trainer.train_step()
+        host_s = time.perf_counter() - host_start
+        timer.stop(0, started)
+        ((_, wall_s),) = timer.collect()
+    finally:
+        for target, method in patched:
+            delattr(target, method)
+        trainer.step_model = step_model
+    phases = {f"{phase}_ms": totals[phase] * 1e3 / steps for phase in ("forward", *PHASES)}
+    return {"wall_ms": wall_s * 1e3 / steps, "host_ms": host_s * 1e3 / steps, **phases}
+
+
+def measure(preset: str, fp8: bool, compile_mode: str, warmup: int, steps: int) -> dict[str, Any]:
+    compile_counters = torch._dynamo.utils.counters["inductor"]
+    skips_before = compile_counters["cudagraph_skips"]
+    started = time.perf_counter()  # compile_s: the build and warm-up steps, compile included
+    built, trainer = warmed_up_preset(preset, fp8, compile_mode, warmup)
+    compile_s = time.perf_counter() - started
+
+    times = host_and_wall(trainer, steps)
+    phases = {name: ms for name, ms in times.items() if name not in ("wall_ms", "host_ms")}
+    record = run_record(
+        built.config,
+        tokens_per_sec=trainer.tokens_per_step / (times["wall_ms"] / 1e3),
+        **times,
+        backward_and_rest_ms=times["host_ms"] - sum(phases.values()),
+        compile_s=compile_s,
+        peak_mem_gib=torch.cuda.max_memory_allocated() / 2**30,
+        cudagraph_skips=compile_counters["cudagraph_skips"] - skips_before,
+        timed_steps=steps,
+    )
+    del trainer, built
+    release_memory()
+    return record
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = probe_parser("lab.host_time", __doc__)
+    parser.add_argument("--compile", default="default", help=f"compile modes, comma-separated, from {COMPILE_MODES}")
+    parser.add_argument("--warmup", type=positive_int, default=8, help="steps before timing (compile included)")
+    parser.add_argument("--steps", type=positive_int, default=20, help="timed steps")
+    args = parser.parse_args(argv)
+
+    def measure_all(presets: list[str], precisions: list[str]) -> list[dict[str, Any]]:
+        modes = parse_choices(args.compile, COMPILE_MODES, "--compile")
+        runs = []
+        for preset in presets:
+            for mode in modes:
+                for precision in precisions:
+                    record = measure(preset, precision == "fp8", mode, args.warmup, args.steps)
+                    runs.append(record)
+                    print(
+                        f"{preset:>10} {record['precision']:>18} {mode:>15}: {record['tokens_per_sec']:>9,.0f} tok/s, "
+                        f"wall {record['wall_ms']:6.2f} ms, host {record['host_ms']:6.2f} ms (forward "
+                        f"{record['forward_ms']:.2f}, optimizer {record['optimizer_ms']:.2f}, scaling update "
+                        f"{record['scaling_update_ms']:.2f}), cudagraph skips {record['cudagraph_skips']}",
+                        flush=True,
+                    )
+        return runs
+
+    return run_probe(args, "the host-time profile", "it measures CUDA training steps", measure_all)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

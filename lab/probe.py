@@ -1,0 +1,64 @@
+"""The command line every step probe shares (host_time, memory_peak): which presets and precisions to build, where
+the JSON goes, and one frame that refuses a machine without CUDA or an unknown choice before any work, then writes
+the records; and what each probe measures, a preset warmed up."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from cs336_basics.build import Built, build
+from cs336_basics.config_layers import build_config
+from cs336_basics.devices import require_cuda
+from cs336_basics.diagnostics.measurement import train_for_measurement
+from cs336_basics.errors import ConfigError, report_error
+from cs336_basics.measure.results import write_results
+from cs336_basics.sweep.plan import parse_choices
+from cs336_basics.training.trainer import Trainer
+
+PROBE_PRECISIONS = ("bf16", "fp8")  # what warmed_up_preset builds: BF16, or the default FP8 path
+
+
+def probe_parser(module: str, doc: str | None) -> argparse.ArgumentParser:
+    """A probe's parser with the arguments all probes take: --presets, --precisions, --json."""
+    parser = argparse.ArgumentParser(
+        prog=f"python -m {module}", description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--presets", default="gpt2-small", help="comma-separated presets")
+    parser.add_argument("--precisions", default="bf16,fp8", help="bf16, fp8 (the default FP8 path), comma-separated")
+    parser.add_argument("--json", help="write {gpu, torch, torchao, command, runs} here")
+    return parser
+
+
+def run_probe(
+    args: argparse.Namespace, what: str, why: str, measure_all: Callable[[list[str], list[str]], list[dict[str, Any]]]
+) -> int:
+    """`measure_all(presets, precisions)` after the checks (a ConfigError it raises is reported the same way), its
+    records written to --json; the exit code."""
+    try:
+        require_cuda(what, why)
+        precisions = parse_choices(args.precisions, PROBE_PRECISIONS, "--precisions")
+        runs = measure_all(args.presets.split(","), precisions)
+    except ConfigError as exc:
+        return report_error(exc)
+    if args.json:
+        write_results(args.json, runs)
+    return 0
+
+
+def warmed_up_preset(preset: str, fp8: bool, compile_mode: str, warmup: int) -> tuple[Built, Trainer]:
+    """A preset built for CUDA (FP8 by the default path, or BF16) and trained `warmup` steps on random tokens
+    (compile included), its Trainer ready for measured steps. For probes of the step itself (host time, memory),
+    which do not depend on the text."""
+    config = build_config(
+        {"preset": preset, "fp8": {"use_fp8": fp8}, "train": {"max_steps": warmup, "log_every": warmup,
+                                                               "compile_mode": compile_mode}},
+        device_type="cuda",
+    )  # fmt: skip
+    built = build(config)
+    tokens = np.random.default_rng(0).integers(0, config.model.vocab_size, 4_000_000, dtype=np.int64)
+    trainer, _ = train_for_measurement(built, tokens, tokens, log=lambda message: None)
+    return built, trainer
