@@ -137,7 +137,7 @@ def test_gpu_compiled_fused_head_matches_a_bf16_head(upstream):
 @pytest.mark.parametrize("lora_targets", [None, "attn", "attn,lm_head"])
 def test_the_heads_backward_gemms_never_accumulate_fast(lora_targets):
     # --fp8_fast_accum_backward reaches every backward FP8 GEMM but the head's, whose results it ruined on the GPU
-    # (fast_accum_backward in precision/fused/convert.py says why and where it was measured).
+    # (fast_accum_backward in precision/fused/units.py says why and where it was measured).
     torch.manual_seed(0)
     vocab = 112  # no other dimension of the tiny model (joint dx GEMMs: 96, 128): the head's backward GEMMs have it
     model = TransformerLM(tiny_model(vocab_size=vocab)).to(torch.bfloat16)

@@ -32,9 +32,9 @@ from cs336_basics.lora.layers import (
 from cs336_basics.lora.merge import lora_model, merge_adapters, merged_state_dict
 from cs336_basics.model import TransformerLM
 from cs336_basics.precision.fused import head as head_module
-from cs336_basics.precision.fused.convert import fused_dtypes
 from cs336_basics.precision.fused.linear import joint_dgrad_scales
 from cs336_basics.precision.fused.scaling import GRAD, INPUT, SiteScaling
+from cs336_basics.precision.fused.units import fused_dtypes
 from cs336_basics.precision.rules import FAST_ACCUM_BACKWARD_NOTE
 from cs336_basics.programs import export
 from cs336_basics.training.checkpoint import read_checkpoint

@@ -35,9 +35,9 @@ from cs336_basics.lora.layers import (
 )
 from cs336_basics.precision.choice import register_fp8_converter
 from cs336_basics.precision.converter import FP8Converter, delayed_scaling
-from cs336_basics.precision.fused.convert import fast_accum_backward, fp8_units, fused_dtypes, set_child
 from cs336_basics.precision.fused.qkv_rope import rope_unit_heads
 from cs336_basics.precision.fused.scaling import SiteScaling
+from cs336_basics.precision.fused.units import fast_accum_backward, fp8_units, fused_dtypes, set_child
 from cs336_basics.precision.rules import FAST_ACCUM_BACKWARD_NOTE, FP8ConversionReport, is_lm_head, skip_reason
 
 
@@ -155,7 +155,7 @@ class LoRAConverter(FP8Converter):
     def convert(self, model: nn.Module) -> LoRAReport:
         """Convert `model` (built, on its device and dtype, base weights loaded, uncompiled). FP8 layers that share
         an input cast it once (fp8.fp8_share_input_casts), and FP8 SwiGLU blocks without adapters make their
-        activation in FP8 (fp8.fp8_fused_swiglu), as on the fused pretraining path (fused/convert.py: fp8_units).
+        activation in FP8 (fp8.fp8_fused_swiglu), as on the fused pretraining path (fused/units.py: fp8_units).
         Raises ConfigError if the targets match no layer or FP8 was asked for and no layer takes it."""
         ft, fp8 = self.ft, self.fp8
         targets = lora_target_list(ft.lora_targets)

@@ -170,7 +170,7 @@ def check_fp8_tokens(batch_size: int, seq_len: int, cfg: FP8Config) -> None:
 # ---- the conversion, whichever implementation runs it ----
 
 
-# How the summaries name --fp8_fast_accum_backward, which the lm_head does not take (fused/convert.py says why).
+# How the summaries name --fp8_fast_accum_backward, which the lm_head does not take (fused/units.py says why).
 FAST_ACCUM_BACKWARD_NOTE = "fast backward accumulation (not the lm_head's)"
 
 
