@@ -13,6 +13,10 @@ synchronisation inside them:
                  is what is left, backward_and_rest_ms
   cudagraph_skips
                  graphs that a CUDA-graph compile mode could not capture (their reasons are in the log)
+  top_host_ops   with --top_ops N: the N ops (aten ops, custom ops, compiled regions' wrappers) with the most host
+                 time of their own per step, from the profiler's CPU activity over --steps more steps, each step
+                 started on an idle GPU so that no launch waits for a full launch queue: what to cut where the step
+                 is host-bound (compare a BF16 and an FP8 row)
 
 Random token arrays (host time does not depend on the text). All configurations run in this process, one after the
 other; compare rows of one run only.
@@ -26,6 +30,7 @@ import functools
 import sys
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -82,7 +87,19 @@ def host_and_wall(trainer: Any, steps: int) -> dict[str, float]:
     return {"wall_ms": wall_s * 1e3 / steps, "host_ms": host_s * 1e3 / steps, **phases}
 
 
-def measure(preset: str, fp8: bool, compile_mode: str, warmup: int, steps: int) -> dict[str, Any]:
+def top_host_ops(step: Callable[[], Any], steps: int, n: int, synchronize: Callable[[], Any] = lambda: None):
+    """The `n` ops with the most host time of their own over `steps` calls of `step`, per step: (op, self_cpu_ms,
+    calls), most first. `synchronize` runs before each step, outside the totals' meaning: a step that starts on an
+    idle GPU queues its launches without waiting for the queue to drain, so its ops' time is the host's own."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            synchronize()
+            step()
+    ranked = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)[:n]
+    return [{"op": e.key, "self_cpu_ms": e.self_cpu_time_total / 1e3 / steps, "calls": e.count / steps} for e in ranked]
+
+
+def measure(preset: str, fp8: bool, compile_mode: str, warmup: int, steps: int, top_ops: int = 0) -> dict[str, Any]:
     compile_counters = torch._dynamo.utils.counters["inductor"]
     skips_before = compile_counters["cudagraph_skips"]
     started = time.perf_counter()  # compile_s: the build and warm-up steps, compile included
@@ -101,6 +118,8 @@ def measure(preset: str, fp8: bool, compile_mode: str, warmup: int, steps: int) 
         cudagraph_skips=compile_counters["cudagraph_skips"] - skips_before,
         timed_steps=steps,
     )
+    if top_ops:
+        record["top_host_ops"] = top_host_ops(trainer.train_step, steps, top_ops, torch.cuda.synchronize)
     del trainer, built
     release_memory()
     return record
@@ -111,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--compile", default="default", help=f"compile modes, comma-separated, from {COMPILE_MODES}")
     parser.add_argument("--warmup", type=positive_int, default=8, help="steps before timing (compile included)")
     parser.add_argument("--steps", type=positive_int, default=20, help="timed steps")
+    parser.add_argument("--top_ops", type=int, default=0, help="also list the N ops with the most host time per step")
     args = parser.parse_args(argv)
 
     def measure_all(presets: list[str], precisions: list[str]) -> list[dict[str, Any]]:
@@ -119,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         for preset in presets:
             for mode in modes:
                 for precision in precisions:
-                    record = measure(preset, precision == "fp8", mode, args.warmup, args.steps)
+                    record = measure(preset, precision == "fp8", mode, args.warmup, args.steps, args.top_ops)
                     runs.append(record)
                     print(
                         f"{preset:>10} {record['precision']:>18} {mode:>15}: {record['tokens_per_sec']:>9,.0f} tok/s, "
@@ -128,6 +148,8 @@ def main(argv: list[str] | None = None) -> int:
                         f"{record['scaling_update_ms']:.2f}), cudagraph skips {record['cudagraph_skips']}",
                         flush=True,
                     )
+                    for op in record.get("top_host_ops", []):
+                        print(f"    {op['self_cpu_ms']:8.3f} ms/step {op['calls']:8.1f} calls/step  {op['op']}")
         return runs
 
     return run_probe(args, "the host-time profile", "it measures CUDA training steps", measure_all)

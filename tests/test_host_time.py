@@ -25,7 +25,8 @@ def test_refuses_unknown_precisions_and_compile_modes(monkeypatch, capsys, flag,
 
 @pytest.mark.gpu
 def test_a_profile_of_real_steps_accounts_for_the_host_time():
-    record = host_time.measure("cpu-small", fp8=True, compile_mode="default", warmup=3, steps=4)
+    record = host_time.measure("cpu-small", fp8=True, compile_mode="default", warmup=3, steps=4, top_ops=5)
+    assert len(record["top_host_ops"]) == 5 and all(op["calls"] > 0 for op in record["top_host_ops"])
     assert record["status"] == "ok" and record["precision"].startswith("fp8") and record["timed_steps"] == 4
     phases = [record[f"{phase}_ms"] for phase in ("batch", "forward", "optimizer", "scaling_update")]
     assert all(ms > 0 for ms in phases[:3]) and record["wall_ms"] > 0 and record["tokens_per_sec"] > 0
@@ -33,3 +34,18 @@ def test_a_profile_of_real_steps_accounts_for_the_host_time():
     # BF16's converter is one shared object: the timing wrapper put on it is removed afterwards.
     host_time.measure("cpu-small", fp8=False, compile_mode="default", warmup=3, steps=4)
     assert "after_optimizer_step" not in vars(NO_CONVERSION)
+
+
+def test_the_ops_with_the_most_host_time_are_ranked_per_step():
+    a, b = torch.ones(256, 256), torch.ones(8, 8)
+    synchronized = []
+
+    def step():
+        for _ in range(3):
+            a @ a  # three large matmuls a step: the most host time of their own
+        b.add(1)
+
+    ops = host_time.top_host_ops(step, steps=4, n=2, synchronize=lambda: synchronized.append(1))
+    assert len(synchronized) == 4  # before each step
+    assert [op["op"] for op in ops][0] == "aten::mm" and ops[0]["calls"] == 3.0
+    assert ops[0]["self_cpu_ms"] >= ops[1]["self_cpu_ms"] > 0 and len(ops) == 2
