@@ -502,26 +502,21 @@ def verify_fp8(
 
     def before_training(built: Built):
         # Check 3 before training, so that a break is reported even if compile would then fail.
-        shapes = _gemm_shapes(built) if amdahl else []
-        return (
-            _linears_check(built, log),
-            _graph_breaks_check(built.model, batch),
-            built.conversion,
-            built.fp8_line,
-            shapes,
-        )
+        return _linears_check(built, log), _graph_breaks_check(built.model, batch), built.conversion, built.fp8_line
 
     def fp8_evidence(built: Built, trainer: Trainer):
-        # Check 2 in a warm training step, after the training (a LoRA base's weight casts counted across it).
-        profile = profile_step_breakdown(trainer, _gemm_shapes(built)) if amdahl else None
-        return _step_checks(built, trainer, batch, on_gpu), profile
+        # Check 2 in a warm training step, after the training (a LoRA base's weight casts counted across it); the
+        # converted GEMMs' shapes, which the BF16 profile is read by too.
+        shapes = _gemm_shapes(built) if amdahl else []
+        profile = profile_step_breakdown(trainer, shapes) if amdahl else None
+        return _step_checks(built, trainer, batch, on_gpu), profile, shapes
 
     # Checks 4 + 5 compare the same steps, seed and data in both precisions; FP8 first is as fair as BF16 first (both
     # warm up). Each run is built, measured and freed before the next, so that each peak memory is its own.
-    _, fp8_result, checked, (step_checks, fp8_profile) = _measure(
+    _, fp8_result, checked, (step_checks, fp8_profile, shapes) = _measure(
         build(fp8_plan), data, log, "FP8", before_training, fp8_evidence
     )
-    linears, graph_breaks, conversion, fp8_line, shapes = checked
+    linears, graph_breaks, conversion, fp8_line = checked
     other = _other_path(requested, config) if compare_paths else None
     other_run = None
     if isinstance(other, Built):
