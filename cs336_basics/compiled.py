@@ -136,3 +136,40 @@ def auto_compile_mode(train: TrainConfig, use_fp8: bool, device: torch.device, w
     if train.gradient_accumulation_steps > 1:
         why += "; micro-batch gradients summed outside the graphs"
     return "reduce-overhead", why
+
+
+def resolve_compile_wrapper(train: TrainConfig, device: torch.device) -> tuple[str, str]:
+    """--compile_wrapper: (python or cpp, why): the one asked for, or auto's choice (auto_compile_wrapper). Asked for
+    without a compiled step it could not be honoured: an error. Call it with the compile mode resolved."""
+    if train.compile_wrapper == "auto":
+        return auto_compile_wrapper(train, device)
+    if train.compile_wrapper == "cpp" and not train.compile_model:
+        raise ConfigError(
+            "--compile_wrapper cpp is the code torch.compile generates, and this run compiles nothing: "
+            "add --compile_model (or leave --compile_wrapper at auto)."
+        )
+    return train.compile_wrapper, "asked for"
+
+
+def auto_compile_wrapper(train: TrainConfig, device: torch.device) -> tuple[str, str]:
+    """--compile_wrapper auto: (wrapper, why). Inductor's wrapper is the host code that allocates a compiled region's
+    buffers and launches its kernels, once per call. Without CUDA graphs it runs every step, and an FP8 step, with
+    more and smaller kernels than BF16's, waits for it: generated as C++ it launches them with a fraction of Python's
+    host time (INDEX.md: 2026-11-28-cpp-wrapper). Its cost is a longer first compile, once per machine (the C++
+    headers it builds are cached). Under CUDA graphs the replays skip the wrapper, so it stays Python there."""
+    if not (train.compile_model and device.type == "cuda"):
+        return "python", "no compiled CUDA step"
+    if runs_cuda_graphs(train.compile_model, train.compile_mode, device):
+        return "python", "CUDA graphs replay the kernels without the wrapper"
+    return "cpp", "without CUDA graphs the step waits for the host: C++ launches its kernels faster"
+
+
+def compile_options(mode: str, wrapper: str) -> dict:
+    """torch.compile's keyword arguments for a region compiled in `mode` with inductor's `wrapper` (fullgraph: a
+    graph break is a bug we want to hear about). torch.compile takes a mode or inductor options, not both: the C++
+    wrapper is added to the options the mode stands for."""
+    if wrapper == "python":
+        return {"mode": mode, "fullgraph": True}
+    from torch._inductor import list_mode_options
+
+    return {"options": {**list_mode_options(mode), "cpp_wrapper": True}, "fullgraph": True}

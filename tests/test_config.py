@@ -10,7 +10,7 @@ import train_h100
 from cs336_basics import build as build_module
 from cs336_basics.build import build, check_cuda_graphs_request, plan
 from cs336_basics.cli import add_config_arguments, config_from_args, config_parser
-from cs336_basics.compiled import auto_compile_mode
+from cs336_basics.compiled import auto_compile_mode, compile_options, resolve_compile_wrapper
 from cs336_basics.config import PRESETS, ModelConfig, RunConfig
 from cs336_basics.config_layers import build_config
 from cs336_basics.errors import ConfigError
@@ -234,12 +234,47 @@ def test_auto_compile_mode_uses_cuda_graphs_only_for_a_single_process_fp8_step()
         assert mode == "default" and why
 
 
+def test_auto_compile_wrapper_is_cpp_only_for_a_compiled_cuda_step_without_cuda_graphs():
+    train = dataclasses.replace(RunConfig().train, compile_model=True, compile_mode="default")
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert resolve_compile_wrapper(train, cuda)[0] == "cpp"
+    assert (
+        resolve_compile_wrapper(dataclasses.replace(train, compile_mode="max-autotune-no-cudagraphs"), cuda)[0] == "cpp"
+    )
+    for graphs_or_cpu_or_eager, device in (
+        (dataclasses.replace(train, compile_mode="reduce-overhead"), cuda),
+        (dataclasses.replace(train, compile_mode="max-autotune"), cuda),
+        (train, cpu),
+        (dataclasses.replace(train, compile_model=False), cuda),
+    ):
+        wrapper, why = resolve_compile_wrapper(graphs_or_cpu_or_eager, device)
+        assert wrapper == "python" and why
+    # Asked for: honoured as asked, where something is compiled; refused where nothing is.
+    assert resolve_compile_wrapper(dataclasses.replace(train, compile_wrapper="python"), cuda) == (
+        "python",
+        "asked for",
+    )
+    assert resolve_compile_wrapper(dataclasses.replace(train, compile_wrapper="cpp"), cpu) == ("cpp", "asked for")
+    eager = dataclasses.replace(train, compile_model=False, compile_wrapper="cpp")
+    with pytest.raises(ConfigError, match="--compile_wrapper cpp.*compiles nothing"):
+        resolve_compile_wrapper(eager, cuda)
+
+
+def test_compile_options_add_the_cpp_wrapper_to_the_modes_own_options():
+    assert compile_options("reduce-overhead", "python") == {"mode": "reduce-overhead", "fullgraph": True}
+    assert compile_options("default", "cpp") == {"options": {"cpp_wrapper": True}, "fullgraph": True}
+    autotune = compile_options("max-autotune-no-cudagraphs", "cpp")["options"]
+    assert autotune["cpp_wrapper"] and autotune["max_autotune"]
+
+
 def test_the_built_config_names_the_compile_mode_auto_chose():
     config = build_config({"preset": "cpu-small", "model": {"dim": 32, "n_layers": 1}}, device_type="cpu")
     assert config.train.compile_mode == "auto"
     built = build(config)
     assert built.config.train.compile_mode == "default"
     assert "compile_mode=default (no compiled CUDA step)" in built.auto_choices
+    assert built.config.train.compile_wrapper == "python"
+    assert "compile_wrapper=python (no compiled CUDA step)" in built.auto_choices
     explicit = build(config.replace(train={"compile_mode": "max-autotune-no-cudagraphs"}))
     assert explicit.config.train.compile_mode == "max-autotune-no-cudagraphs"
     assert not any(note.startswith("compile_mode=") for note in explicit.auto_choices)
