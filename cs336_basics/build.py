@@ -173,7 +173,7 @@ def plan(config: RunConfig) -> Plan:
         mode, why = resolve_compile_mode(config.train, use_fp8, device, world)
         auto.append(f"compile_mode={mode} ({why})")
         config = config.replace(train={"compile_mode": mode})
-    wrapper, why = resolve_compile_wrapper(config.train, device)
+    wrapper, why = resolve_compile_wrapper(config.train, device, world)
     if t.compile_wrapper == "auto":
         auto.append(f"compile_wrapper={wrapper} ({why})")
     config = config.replace(train={"compile_wrapper": wrapper})

@@ -1,9 +1,9 @@
 """What `auto` gives in each way a user trains, with the record each row rests on: the README's table.
 
-The choices are not written here a second time: each row asks the functions build.plan calls
-(compiled.auto_compile_mode and auto_compile_wrapper, precision/choice.choose_fp8) what they choose for that mode, so the table cannot part
-from what a run does, and tests/test_defaults_table.py holds the README's copy to it. Each mode names the study that
-measured its default against BF16 (benchmarks/results/INDEX.md gives the numbers).
+The choices are not written here a second time: each row asks the functions build.plan calls (compiled.py's
+auto_compile_mode and auto_compile_wrapper, precision/choice.choose_fp8) what they choose for that mode, so the table
+cannot part from what a run does, and tests/test_defaults_table.py holds the README's copy to it. Each mode names the
+study that measured its default against BF16 (benchmarks/results/INDEX.md gives the numbers).
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def choices(mode: Mode) -> tuple[str, str]:
     head = "FP8 head" if chosen.fp8_lm_head else "BF16 head"
     shapes = "its shape rule" if chosen.fp8_shape_filter else "every linear"
     fp8 = f"{chosen.fp8_path}, {chosen.fp8_scaling} scaling, {shapes}, {head}"
-    wrapper, _ = auto_compile_wrapper(dataclasses.replace(train, compile_mode=compile_mode), cuda)
+    wrapper, _ = auto_compile_wrapper(dataclasses.replace(train, compile_mode=compile_mode), cuda, world)
     return f"`{compile_mode}`" + (", C++ wrapper" if wrapper == "cpp" else ""), fp8
 
 

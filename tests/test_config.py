@@ -237,34 +237,39 @@ def test_auto_compile_mode_uses_cuda_graphs_only_for_a_single_process_fp8_step()
 def test_auto_compile_wrapper_is_cpp_only_for_a_compiled_cuda_step_without_cuda_graphs():
     train = dataclasses.replace(RunConfig().train, compile_model=True, compile_mode="default")
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
-    assert resolve_compile_wrapper(train, cuda)[0] == "cpp"
-    assert (
-        resolve_compile_wrapper(dataclasses.replace(train, compile_mode="max-autotune-no-cudagraphs"), cuda)[0] == "cpp"
-    )
-    for graphs_or_cpu_or_eager, device in (
-        (dataclasses.replace(train, compile_mode="reduce-overhead"), cuda),
-        (dataclasses.replace(train, compile_mode="max-autotune"), cuda),
-        (train, cpu),
-        (dataclasses.replace(train, compile_model=False), cuda),
+    torchrun = World(rank=0, local_rank=0, world_size=2, launched=True)
+    assert resolve_compile_wrapper(train, cuda, SINGLE)[0] == "cpp"
+    no_graphs = dataclasses.replace(train, compile_mode="max-autotune-no-cudagraphs")
+    assert resolve_compile_wrapper(no_graphs, cuda, SINGLE)[0] == "cpp"
+    for graphs_or_cpu_or_eager, device, world in (
+        (dataclasses.replace(train, compile_mode="reduce-overhead"), cuda, SINGLE),
+        (dataclasses.replace(train, compile_mode="max-autotune"), cuda, SINGLE),
+        (train, cpu, SINGLE),
+        (dataclasses.replace(train, compile_model=False), cuda, SINGLE),
+        (train, cuda, torchrun),  # not yet measured across processes
     ):
-        wrapper, why = resolve_compile_wrapper(graphs_or_cpu_or_eager, device)
+        wrapper, why = resolve_compile_wrapper(graphs_or_cpu_or_eager, device, world)
         assert wrapper == "python" and why
     # Asked for: honoured as asked, where something is compiled; refused where nothing is.
-    assert resolve_compile_wrapper(dataclasses.replace(train, compile_wrapper="python"), cuda) == (
-        "python",
-        "asked for",
+    python, cpp = (dataclasses.replace(train, compile_wrapper=wrapper) for wrapper in ("python", "cpp"))
+    assert resolve_compile_wrapper(python, cuda, SINGLE) == ("python", "asked for")
+    assert (
+        resolve_compile_wrapper(cpp, cpu, SINGLE)
+        == resolve_compile_wrapper(cpp, cuda, torchrun)
+        == ("cpp", "asked for")
     )
-    assert resolve_compile_wrapper(dataclasses.replace(train, compile_wrapper="cpp"), cpu) == ("cpp", "asked for")
-    eager = dataclasses.replace(train, compile_model=False, compile_wrapper="cpp")
     with pytest.raises(ConfigError, match="--compile_wrapper cpp.*compiles nothing"):
-        resolve_compile_wrapper(eager, cuda)
+        resolve_compile_wrapper(dataclasses.replace(cpp, compile_model=False), cuda, SINGLE)
 
 
 def test_compile_options_add_the_cpp_wrapper_to_the_modes_own_options():
     assert compile_options("reduce-overhead", "python") == {"mode": "reduce-overhead", "fullgraph": True}
-    assert compile_options("default", "cpp") == {"options": {"cpp_wrapper": True}, "fullgraph": True}
+    default = compile_options("default", "cpp")
+    assert default["fullgraph"] and "mode" not in default  # torch.compile takes options or a mode, not both
+    # With the settings inductor pairs with the C++ wrapper, which a later-compiled backward would otherwise miss.
+    assert default["options"]["cpp_wrapper"] and default["options"]["triton.store_cubin"]
     autotune = compile_options("max-autotune-no-cudagraphs", "cpp")["options"]
-    assert autotune["cpp_wrapper"] and autotune["max_autotune"]
+    assert autotune["cpp_wrapper"] and autotune["max_autotune"] and not autotune["triton.cudagraphs"]
 
 
 def test_the_built_config_names_the_compile_mode_auto_chose():

@@ -577,6 +577,7 @@ BF16 = ["--device", "cuda", "--no_use_fp8", "--compile_model"]
 # linear of the tiny model.
 TORCHAO_FP8 = ["--device", "cuda", "--use_fp8", "--compile_model", "--no_fp8_shape_filter"]
 GRAPHS = ["--compile_mode", "reduce-overhead"]  # asked for: auto leaves CUDA graphs out across processes
+CPP = ["--compile_wrapper", "cpp"]  # asked for: auto keeps the Python wrapper across processes
 
 
 @pytest.fixture(scope="module")
@@ -609,6 +610,9 @@ def gpu_runs(tmp_path_factory):
         ),
         "fsdp_fused": torchrun(
             [*two, *TORCHAO_FP8, "--fp8_path", "fused", "--parallel", "fsdp", "--out_dir", root / "fsdp_fused"]
+        ),
+        "ddp_fused_cpp": torchrun(
+            [*two, *TORCHAO_FP8, "--fp8_path", "fused", *CPP, "--parallel", "ddp", "--out_dir", root / "ddp_cpp"]
         ),
         "ddp_fused_graphs": torchrun(
             [*two, *TORCHAO_FP8, "--fp8_path", "fused", *GRAPHS, "--parallel", "ddp", "--out_dir", root / "ddp_graphs"]
@@ -678,3 +682,14 @@ def test_gpu_ddp_under_cuda_graphs_trains_like_ddp_without_them(gpu_runs):
     assert "mode reduce-overhead" in done["ddp_fused_graphs"].stdout  # the summary names the compile mode
     # The same kernels in the same order, replayed or launched: as close as a resumed run to its uninterrupted twin.
     assert_same_losses(metrics(root / "ddp_graphs"), metrics(root / "ddp_fused"), rel=GPU_RESUME_REL)
+
+
+@pytest.mark.gpu
+@needs_two_gpus
+def test_gpu_ddp_with_the_cpp_wrapper_trains_like_the_python_wrapper(gpu_runs):
+    """--compile_wrapper cpp under DDP (asked for; auto keeps Python across processes until measured there): the
+    regions' kernels launched from C++ while DDP's hooks all-reduce the gradients: the same losses as Python's."""
+    root, done = gpu_runs
+    done["ddp_fused_cpp"].assert_succeeded()
+    assert "C++ wrapper" in done["ddp_fused_cpp"].stdout
+    assert_same_losses(metrics(root / "ddp_cpp"), metrics(root / "ddp_fused"), rel=GPU_RESUME_REL)
