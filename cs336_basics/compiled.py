@@ -167,6 +167,17 @@ def auto_compile_wrapper(train: TrainConfig, device: torch.device, world: World)
     return "cpp", "without CUDA graphs the step waits for the host: C++ launches its kernels faster"
 
 
+def hides_ops_from_profiler(train: TrainConfig, device: torch.device) -> str | None:
+    """Why the profiler cannot attribute this compiled step's kernels to the ops that launched them (the GEMMs'
+    shapes, the FP8 GEMM counts), or None where it can: CUDA graph replays launch no op, and the C++ wrapper calls
+    its ops through inductor's C shim, unrecorded. A profile then comes from a twin compiled without them."""
+    if runs_cuda_graphs(train.compile_model, train.compile_mode, device):
+        return f"{train.compile_mode}'s CUDA graph replays hide the step's ops from the profiler"
+    if train.compile_model and train.compile_wrapper == "cpp":
+        return "the C++ wrapper's calls hide the step's ops from the profiler"
+    return None
+
+
 def compile_options(mode: str, wrapper: str) -> dict:
     """torch.compile's keyword arguments for a region compiled in `mode` with inductor's `wrapper` (fullgraph: a
     graph break is a bug we want to hear about). torch.compile takes a mode or inductor options, not both: the C++

@@ -39,7 +39,7 @@ class Mode:
 MODES = (
     Mode("one GPU", "2026-11-27-pretrain-joint-dgrad-both-gpus"),
     Mode("one GPU, `--gradient_accumulation_steps 4`", "2026-11-27-graph-accumulation", accumulation=4),
-    Mode("one GPU, `--compile_mode default`", "2026-11-27-nongraph-host-time", compile_mode="default"),
+    Mode("one GPU, `--compile_mode default`", "2026-11-28-cpp-wrapper", compile_mode="default"),
     Mode("DDP (torchrun)", "2026-11-23-sweep-1.3b-x2-h200x2", world_size=2, parallel="ddp"),
     Mode("FSDP2 (torchrun, `--parallel fsdp`)", "2026-11-23-fsdp-overheads-h200", world_size=2, parallel="fsdp"),
     Mode("LoRA on an FP8 base, one GPU", "2026-11-27-lora-joint-dgrad-both-gpus", lora=True),

@@ -10,7 +10,7 @@ import train_h100
 from cs336_basics import build as build_module
 from cs336_basics.build import build, check_cuda_graphs_request, plan
 from cs336_basics.cli import add_config_arguments, config_from_args, config_parser
-from cs336_basics.compiled import auto_compile_mode, compile_options, resolve_compile_wrapper
+from cs336_basics.compiled import auto_compile_mode, compile_options, hides_ops_from_profiler, resolve_compile_wrapper
 from cs336_basics.config import PRESETS, ModelConfig, RunConfig
 from cs336_basics.config_layers import build_config
 from cs336_basics.errors import ConfigError
@@ -260,6 +260,15 @@ def test_auto_compile_wrapper_is_cpp_only_for_a_compiled_cuda_step_without_cuda_
     )
     with pytest.raises(ConfigError, match="--compile_wrapper cpp.*compiles nothing"):
         resolve_compile_wrapper(dataclasses.replace(cpp, compile_model=False), cuda, SINGLE)
+
+
+def test_a_profile_of_a_step_under_cuda_graphs_or_the_cpp_wrapper_comes_from_a_twin():
+    cuda = torch.device("cuda")
+    train = dataclasses.replace(RunConfig().train, compile_model=True, compile_mode="default", compile_wrapper="python")
+    assert hides_ops_from_profiler(train, cuda) is None
+    assert "CUDA graph" in hides_ops_from_profiler(dataclasses.replace(train, compile_mode="reduce-overhead"), cuda)
+    assert "C++ wrapper" in hides_ops_from_profiler(dataclasses.replace(train, compile_wrapper="cpp"), cuda)
+    assert hides_ops_from_profiler(dataclasses.replace(train, compile_model=False, compile_wrapper="cpp"), cuda) is None
 
 
 def test_compile_options_add_the_cpp_wrapper_to_the_modes_own_options():

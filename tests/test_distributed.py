@@ -576,7 +576,9 @@ BF16 = ["--device", "cuda", "--no_use_fp8", "--compile_model"]
 # Tensorwise. --no_fp8_shape_filter: on a GPU the auto preset (366m) turns the shape rule on, which would skip every
 # linear of the tiny model.
 TORCHAO_FP8 = ["--device", "cuda", "--use_fp8", "--compile_model", "--no_fp8_shape_filter"]
-GRAPHS = ["--compile_mode", "reduce-overhead"]  # asked for: auto leaves CUDA graphs out across processes
+# Asked for: auto leaves CUDA graphs out across processes, which refuse them with gradient accumulation (one micro-batch
+# per step here, the batch of two).
+GRAPHS = ["--compile_mode", "reduce-overhead", "--gradient_accumulation_steps", "1"]
 CPP = ["--compile_wrapper", "cpp"]  # asked for: auto keeps the Python wrapper across processes
 
 
@@ -616,6 +618,9 @@ def gpu_runs(tmp_path_factory):
         ),
         "ddp_fused_graphs": torchrun(
             [*two, *TORCHAO_FP8, "--fp8_path", "fused", *GRAPHS, "--parallel", "ddp", "--out_dir", root / "ddp_graphs"]
+        ),
+        "ddp_fused_one_micro_batch": torchrun(
+            [*two, *TORCHAO_FP8, "--fp8_path", "fused", *GRAPHS[2:], "--parallel", "ddp", "--out_dir", root / "ddp_one"]
         ),
     }
     one_process([*base, *ONE_PROCESS, *BF16, "--out_dir", root / "single_bf16"])
@@ -679,17 +684,20 @@ def test_gpu_ddp_under_cuda_graphs_trains_like_ddp_without_them(gpu_runs):
     its all-reduce read it."""
     root, done = gpu_runs
     done["ddp_fused_graphs"].assert_succeeded()
+    done["ddp_fused_one_micro_batch"].assert_succeeded()
     assert "mode reduce-overhead" in done["ddp_fused_graphs"].stdout  # the summary names the compile mode
     # The same kernels in the same order, replayed or launched: as close as a resumed run to its uninterrupted twin.
-    assert_same_losses(metrics(root / "ddp_graphs"), metrics(root / "ddp_fused"), rel=GPU_RESUME_REL)
+    assert_same_losses(metrics(root / "ddp_graphs"), metrics(root / "ddp_one"), rel=GPU_RESUME_REL)
 
 
 @pytest.mark.gpu
 @needs_two_gpus
 def test_gpu_ddp_with_the_cpp_wrapper_trains_like_the_python_wrapper(gpu_runs):
     """--compile_wrapper cpp under DDP (asked for; auto keeps Python across processes until measured there): the
-    regions' kernels launched from C++ while DDP's hooks all-reduce the gradients: the same losses as Python's."""
+    regions' kernels launched from C++ while DDP's hooks all-reduce the gradients. Not the same kernels to the bit:
+    with the C++ wrapper inductor tunes its kernels at compile time, on random inputs, and may pick another reduction
+    tiling (on 2 H200s a gradient norm moved past GPU_RESUME_REL), so at BF16's bound."""
     root, done = gpu_runs
     done["ddp_fused_cpp"].assert_succeeded()
     assert "C++ wrapper" in done["ddp_fused_cpp"].stdout
-    assert_same_losses(metrics(root / "ddp_cpp"), metrics(root / "ddp_fused"), rel=GPU_RESUME_REL)
+    assert_same_losses(metrics(root / "ddp_cpp"), metrics(root / "ddp_fused"), rel=BF16_REL)
