@@ -382,8 +382,8 @@ class TrainConfig:
     compile_wrapper: str = setting(
         "auto",
         "the code inductor writes to launch a compiled region's kernels; cpp: C++, less host time per launch after a "
-        "longer first compile; python; auto: cpp on a GPU without CUDA graphs (the step waits for its launches), "
-        "python under CUDA graphs and on CPU (compiled.auto_compile_wrapper says why)",
+        "longer first compile; python; auto: cpp for one process on a GPU without CUDA graphs (the step waits for "
+        "its launches), python under CUDA graphs, on CPU and under torchrun (compiled.auto_compile_wrapper says why)",
         choices=COMPILE_WRAPPERS,
     )
     seed: int = setting(0, "seed for the initial weights and the order of batches", check=at_least(0))
