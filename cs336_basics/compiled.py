@@ -174,6 +174,11 @@ def auto_compile_wrapper(train: TrainConfig, device: torch.device, world: World)
     return "cpp", "without CUDA graphs the step waits for the host: C++ launches its kernels faster"
 
 
+# The wrapper of a compiled step that is profiled or whose allocations are traced: its calls are recorded ops, and
+# its generated source lines name the buffers (hides_ops_from_profiler says what the C++ wrapper hides).
+PROFILED_WRAPPER = "python"
+
+
 def hides_ops_from_profiler(train: TrainConfig, device: torch.device) -> str | None:
     """Why the profiler cannot attribute this compiled step's kernels to the ops that launched them (the GEMMs'
     shapes, the FP8 GEMM counts), or None where it can: CUDA graph replays launch no op, and the C++ wrapper calls
