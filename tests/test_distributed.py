@@ -261,12 +261,18 @@ def test_the_fused_fp8_path_with_its_swiglu_blocks_trains_under_ddp_and_fsdp_lik
     """The fused path's own autograd functions (FP8 linears, shared input casts, SwiGLU blocks; their torch reference
     producers on CPU) under DDP and FSDP2: the gradients they return reach DDP's all-reduce and FSDP2's
     reduce-scatter like any other, and under FSDP2 they read the weights FSDP2 has gathered."""
+    assert_fused_runs_train_like_one_process(runs, "fused", says="2 SwiGLU blocks fused")
+
+
+def assert_fused_runs_train_like_one_process(runs, name: str, says: str) -> None:
+    """The fused path's runs `ddp_<name>` and `fsdp_<name>` succeeded, their summaries say `says`, and their losses are
+    one process's (single_fused, whose scaling is delayed: the fused path's default in one process)."""
     root, done = runs
     for mode in ("ddp", "fsdp"):
-        run = done[f"{mode}_fused"]
+        run = done[f"{mode}_{name}"]
         run.assert_succeeded()
-        assert "2 SwiGLU blocks fused" in run.stdout and f"{mode}, world size 2" in run.stdout
-        assert_same_losses(metrics(root / f"{mode}_fused"), metrics(root / "single_fused"), rel=FP8_REL)
+        assert says in run.stdout and f"{mode}, world size 2" in run.stdout
+        assert_same_losses(metrics(root / f"{mode}_{name}"), metrics(root / "single_fused"), rel=FP8_REL)
 
 
 @pytest.mark.slow
@@ -276,13 +282,8 @@ def test_delayed_scaling_on_two_ranks_trains_like_one_process_and_resumes_exactl
     a power of two, the ranks' loss normalisation, which leaves their FP8 values as they are). The checkpoint keeps
     rank 0's state, every rank's: the DDP run cut after step 2 and resumed repeats the uninterrupted run's step 3 bit
     for bit, where rank 1 resuming with rank 0's history of its own (no reduction) would cast with other scales."""
+    assert_fused_runs_train_like_one_process(runs, "delayed", says="delayed scaling")
     root, done = runs
-    for mode in ("ddp", "fsdp"):
-        run = done[f"{mode}_delayed"]
-        run.assert_succeeded()
-        assert "delayed scaling" in run.stdout and f"{mode}, world size 2" in run.stdout
-        # One process's fused path scales with delayed scaling by default.
-        assert_same_losses(metrics(root / f"{mode}_delayed"), metrics(root / "single_fused"), rel=FP8_REL)
     done["ddp_delayed_cut"].assert_succeeded()
     done["ddp_delayed_resumed"].assert_succeeded()
     assert_same_losses(metrics(root / "ddp_delayed_cut"), metrics(root / "ddp_delayed"), rel=None, steps={3})
