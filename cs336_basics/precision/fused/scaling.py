@@ -233,9 +233,9 @@ class SiteScaling(nn.Module):
 
 def max_over_ranks(amax: torch.Tensor) -> None:
     """Each element of `amax` (on the process group's device: the GPU under NCCL, the CPU under gloo) becomes its
-    maximum over the ranks, in place; a NaN on any rank stays a NaN. Collectives disagree on NaN in a maximum, so it
-    travels as +inf and comes back as NaN: an infinite amax keeps its scale, as a NaN does (either stops the run: its
-    loss or gradient norm is not finite)."""
+    maximum over the ranks, in place; a NaN on any rank stays a NaN. A backend's maximum is not promised to keep a NaN
+    (an fmax-style one drops it), so it travels as +inf and comes back as NaN: an infinite amax then keeps its scale,
+    as a NaN does (either stops the run: its loss or gradient norm is not finite)."""
     import torch.distributed as dist
 
     torch.nan_to_num_(amax, nan=math.inf, posinf=math.inf)
