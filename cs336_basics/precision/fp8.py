@@ -205,14 +205,14 @@ class TorchAOFP8(FP8Converter):
 
     path = "torchao"
 
-    def __init__(self, fp8: FP8Config, fsdp_float8_all_gather: bool = False):
-        super().__init__(fp8)
+    def __init__(self, fp8: FP8Config, world_size: int = 1, fsdp_float8_all_gather: bool = False):
+        super().__init__(fp8, world_size)
         self.fsdp_float8_all_gather = fsdp_float8_all_gather
         self.model: nn.Module | None = None
 
     @classmethod
     def for_run(cls, config: RunConfig, world_size: int, fsdp_float8_all_gather: bool) -> TorchAOFP8:
-        return cls(config.fp8, fsdp_float8_all_gather)
+        return cls(config.fp8, world_size, fsdp_float8_all_gather)
 
     @staticmethod
     def defaults(fp8: FP8Config, world_size: int, cuda_graphs: bool) -> tuple[str, dict[str, Any]]:
