@@ -4,7 +4,7 @@ analysis all turn a config into a model here, so each decision is made once, in 
     plan:  probe FP8 support (once per process and device) -> resolve every "auto" setting, each with its reason for
            the summary: dtype, compile on/off, compile scope, the FP8 path and its settings (precision/choice.py),
            FP8 itself (on where the GPU runs it and a layer of the model, built on "meta" for its shapes, passes the
-           filter), the compile mode (compiled.auto_compile_mode) and the data-parallel mode (parallel/wrap.py) ->
+           filter), the compile mode and wrapper (compiled.py) and the data-parallel mode (parallel/wrap.py) ->
            refuse what this machine cannot run (FP8, its batch shape, the attention kernel, a --parallel mode) -> a Plan
     build: build the model, seeded -> move it to its device and dtype -> convert it as planned -> count the FP8
            modules -> a Built
@@ -23,7 +23,12 @@ from dataclasses import dataclass
 
 import torch
 
-from cs336_basics.compiled import resolve_compile_mode, resolve_compile_scope, runs_cuda_graphs
+from cs336_basics.compiled import (
+    resolve_compile_mode,
+    resolve_compile_scope,
+    resolve_compile_wrapper,
+    runs_cuda_graphs,
+)
 from cs336_basics.config import ModelConfig, RunConfig, TrainConfig
 from cs336_basics.errors import ConfigError
 from cs336_basics.lora import LoRAReport, check_finetune_request, load_base
@@ -168,6 +173,10 @@ def plan(config: RunConfig) -> Plan:
         mode, why = resolve_compile_mode(config.train, use_fp8, device, world)
         auto.append(f"compile_mode={mode} ({why})")
         config = config.replace(train={"compile_mode": mode})
+    wrapper, why = resolve_compile_wrapper(config.train, device, world)
+    if t.compile_wrapper == "auto":
+        auto.append(f"compile_wrapper={wrapper} ({why})")
+    config = config.replace(train={"compile_wrapper": wrapper})
     parallel = resolve_parallel(config, world, device, n_params)
     check_finetune_request(config, world)
     check_cuda_graphs_request(config.train, device, world)

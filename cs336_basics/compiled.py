@@ -136,3 +136,60 @@ def auto_compile_mode(train: TrainConfig, use_fp8: bool, device: torch.device, w
     if train.gradient_accumulation_steps > 1:
         why += "; micro-batch gradients summed outside the graphs"
     return "reduce-overhead", why
+
+
+def resolve_compile_wrapper(train: TrainConfig, device: torch.device, world: World) -> tuple[str, str]:
+    """--compile_wrapper: (python or cpp, why): the one asked for, or auto's choice (auto_compile_wrapper). Asked for
+    without a compiled step it could not be honoured: an error. Call it with the compile mode resolved."""
+    if train.compile_wrapper == "auto":
+        return auto_compile_wrapper(train, device, world)
+    if train.compile_wrapper == "cpp" and not train.compile_model:
+        raise ConfigError(
+            "--compile_wrapper cpp is the code torch.compile generates, and this run compiles nothing: "
+            "add --compile_model (or leave --compile_wrapper at auto)."
+        )
+    return train.compile_wrapper, "asked for"
+
+
+def auto_compile_wrapper(train: TrainConfig, device: torch.device, world: World) -> tuple[str, str]:
+    """--compile_wrapper auto: (wrapper, why). Inductor's wrapper is the host code that allocates a compiled region's
+    buffers and launches its kernels, once per call. Without CUDA graphs it runs every step, and an FP8 step, with
+    more and smaller kernels than BF16's, waits for it: generated as C++ it launches them with less host time than
+    Python (INDEX.md: 2026-11-28-cpp-wrapper). Its cost is a longer first compile, the C++ headers it builds once per
+    machine (then cached). Under CUDA graphs the replays skip the wrapper, so it stays Python there; across several
+    processes it stays Python until measured there (--compile_wrapper cpp asks for it)."""
+    if not (train.compile_model and device.type == "cuda"):
+        return "python", "no compiled CUDA step"
+    if runs_cuda_graphs(train.compile_model, train.compile_mode, device):
+        return "python", "CUDA graphs replay the kernels without the wrapper"
+    if world.launched:
+        return "python", "not yet measured across several processes"
+    return "cpp", "without CUDA graphs the step waits for the host: C++ launches its kernels faster"
+
+
+def hides_ops_from_profiler(train: TrainConfig, device: torch.device) -> str | None:
+    """Why the profiler cannot attribute this compiled step's kernels to the ops that launched them (the GEMMs'
+    shapes, the FP8 GEMM counts), or None where it can: CUDA graph replays launch no op, and the C++ wrapper calls
+    its ops through inductor's C shim, unrecorded. A profile then comes from a twin compiled without them."""
+    if runs_cuda_graphs(train.compile_model, train.compile_mode, device):
+        return f"{train.compile_mode}'s CUDA graph replays hide the step's ops from the profiler"
+    if train.compile_model and train.compile_wrapper == "cpp":
+        return "the C++ wrapper's calls hide the step's ops from the profiler"
+    return None
+
+
+def compile_options(mode: str, wrapper: str) -> dict:
+    """torch.compile's keyword arguments for a region compiled in `mode` with inductor's `wrapper` (fullgraph: a
+    graph break is a bug we want to hear about). torch.compile takes a mode or inductor options, not both: the C++
+    wrapper is added to the options the mode stands for, with the settings inductor pairs with it
+    (get_cpp_wrapper_config: its kernels' binaries kept for the C++ code to load). Inductor applies those itself
+    where `cpp_wrapper` is set process-wide, but not to a backward compiled later, outside torch.compile's options:
+    given as options, they reach the backward too (without them its compile stopped at "CudaKernelParamCache not
+    populated")."""
+    if wrapper == "python":
+        return {"mode": mode, "fullgraph": True}
+    from torch._inductor import list_mode_options
+    from torch._inductor.compile_fx import get_cpp_wrapper_config
+
+    options = {**list_mode_options(mode), "cpp_wrapper": True, **get_cpp_wrapper_config()}
+    return {"options": options, "fullgraph": True}

@@ -24,6 +24,7 @@ DATASETS = ("stdlib", "tinystories")
 DTYPES = ("auto", "bfloat16", "float32")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 COMPILE_SCOPES = ("auto", "blocks", "model")
+COMPILE_WRAPPERS = ("auto", "python", "cpp")
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")  # the modes that run the compiled step under CUDA graphs
 FP8_RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
 FP8_FORMATS = ("auto", "e4m3", "hybrid")
@@ -377,6 +378,13 @@ class TrainConfig:
         "longer compile (README, Compile and attention); auto: blocks for this package's model, model for a Hugging "
         "Face one",
         choices=COMPILE_SCOPES,
+    )
+    compile_wrapper: str = setting(
+        "auto",
+        "the code inductor writes to launch a compiled region's kernels; cpp: C++, less host time per launch after a "
+        "longer first compile; python; auto: cpp for one process on a GPU without CUDA graphs (the step waits for "
+        "its launches), python under CUDA graphs, on CPU and under torchrun (compiled.auto_compile_wrapper says why)",
+        choices=COMPILE_WRAPPERS,
     )
     seed: int = setting(0, "seed for the initial weights and the order of batches", check=at_least(0))
     out_dir: str = setting("runs/default", "the run folder (config, metrics, plot, checkpoint)", check=not_empty)

@@ -127,9 +127,15 @@ def _run_locked(config: RunConfig, folder: RunFolder, world, results_json, log) 
         log(built.plan.fp8_support.format())
     log(format_summary(config, _facts(built, data.description, notes)))
     # The run's settings, as a later --resume reads them: how this invocation started is not one of them, and the FP8
-    # settings and the compile mode left automatic stay automatic (a resume chooses again, as for --parallel auto).
+    # settings, the compile mode and the wrapper left automatic stay automatic (a resume chooses again, as for
+    # --parallel auto: on another world size the choice may differ).
     saved = config.replace(
-        train={"resume": False, "overwrite": False, "compile_mode": t.compile_mode},
+        train={
+            "resume": False,
+            "overwrite": False,
+            "compile_mode": t.compile_mode,
+            "compile_wrapper": t.compile_wrapper,
+        },
         fp8={name: getattr(requested_fp8, name) for name in AUTO_SETTINGS},
     )
     before = "Nothing was trained." + (f" {folder.checkpoint_path} is intact." if resume_state is not None else "")

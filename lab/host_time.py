@@ -22,11 +22,13 @@ Random token arrays (host time does not depend on the text). All configurations 
 other; compare rows of one run only.
 
     python -m lab.host_time --presets gpt2-small --precisions bf16,fp8 --json out.json
+    python -m lab.host_time --presets 366m --compile default --compile_wrappers python,cpp   # inductor's wrappers
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
 import sys
 import time
 from collections import defaultdict
@@ -36,7 +38,7 @@ from typing import Any
 import torch
 
 from cs336_basics.cli import positive_int
-from cs336_basics.config import COMPILE_MODES
+from cs336_basics.config import COMPILE_MODES, COMPILE_WRAPPERS
 from cs336_basics.diagnostics.measurement import release_memory
 from cs336_basics.measure.results import run_record
 from cs336_basics.measure.timing import StepTimer
@@ -99,11 +101,13 @@ def top_host_ops(step: Callable[[], Any], steps: int, n: int, synchronize: Calla
     return [{"op": e.key, "self_cpu_ms": e.self_cpu_time_total / 1e3 / steps, "calls": e.count / steps} for e in ranked]
 
 
-def measure(preset: str, fp8: bool, compile_mode: str, warmup: int, steps: int, top_ops: int = 0) -> dict[str, Any]:
+def measure(
+    preset: str, fp8: bool, compile_mode: str, warmup: int, steps: int, top_ops: int = 0, compile_wrapper: str = "auto"
+) -> dict[str, Any]:
     compile_counters = torch._dynamo.utils.counters["inductor"]
     skips_before = compile_counters["cudagraph_skips"]
     started = time.perf_counter()  # compile_s: the build and warm-up steps, compile included
-    built, trainer = warmed_up_preset(preset, fp8, compile_mode, warmup)
+    built, trainer = warmed_up_preset(preset, fp8, compile_mode, warmup, compile_wrapper)
     compile_s = time.perf_counter() - started
 
     times = host_and_wall(trainer, steps)
@@ -131,25 +135,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=positive_int, default=8, help="steps before timing (compile included)")
     parser.add_argument("--steps", type=positive_int, default=20, help="timed steps")
     parser.add_argument("--top_ops", type=int, default=0, help="also list the N ops with the most host time per step")
+    parser.add_argument(
+        "--compile_wrappers", default="auto", help=f"inductor's wrappers, comma-separated, from {COMPILE_WRAPPERS}"
+    )
     args = parser.parse_args(argv)
 
     def measure_all(presets: list[str], precisions: list[str]) -> list[dict[str, Any]]:
         modes = parse_choices(args.compile, COMPILE_MODES, "--compile")
+        wrappers = parse_choices(args.compile_wrappers, COMPILE_WRAPPERS, "--compile_wrappers")
         runs = []
-        for preset in presets:
-            for mode in modes:
-                for precision in precisions:
-                    record = measure(preset, precision == "fp8", mode, args.warmup, args.steps, args.top_ops)
-                    runs.append(record)
-                    print(
-                        f"{preset:>10} {record['precision']:>18} {mode:>15}: {record['tokens_per_sec']:>9,.0f} tok/s, "
-                        f"wall {record['wall_ms']:6.2f} ms, host {record['host_ms']:6.2f} ms (forward "
-                        f"{record['forward_ms']:.2f}, optimizer {record['optimizer_ms']:.2f}, scaling update "
-                        f"{record['scaling_update_ms']:.2f}), cudagraph skips {record['cudagraph_skips']}",
-                        flush=True,
-                    )
-                    for op in record.get("top_host_ops", []):
-                        print(f"    {op['self_cpu_ms']:8.3f} ms/step {op['calls']:8.1f} calls/step  {op['op']}")
+        for preset, mode, wrapper, precision in itertools.product(presets, modes, wrappers, precisions):
+            record = measure(preset, precision == "fp8", mode, args.warmup, args.steps, args.top_ops, wrapper)
+            runs.append(record)
+            print(
+                f"{preset:>10} {record['precision']:>18} {mode:>15} {record['compile_wrapper']:>6}: "
+                f"{record['tokens_per_sec']:>9,.0f} tok/s, "
+                f"wall {record['wall_ms']:6.2f} ms, host {record['host_ms']:6.2f} ms (forward "
+                f"{record['forward_ms']:.2f}, optimizer {record['optimizer_ms']:.2f}, scaling update "
+                f"{record['scaling_update_ms']:.2f}), cudagraph skips {record['cudagraph_skips']}",
+                flush=True,
+            )
+            for op in record.get("top_host_ops", []):
+                print(f"    {op['self_cpu_ms']:8.3f} ms/step {op['calls']:8.1f} calls/step  {op['op']}")
         return runs
 
     return run_probe(args, "the host-time profile", "it measures CUDA training steps", measure_all)

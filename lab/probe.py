@@ -49,15 +49,14 @@ def run_probe(
     return 0
 
 
-def warmed_up_preset(preset: str, fp8: bool, compile_mode: str, warmup: int) -> tuple[Built, Trainer]:
+def warmed_up_preset(
+    preset: str, fp8: bool, compile_mode: str, warmup: int, compile_wrapper: str = "auto"
+) -> tuple[Built, Trainer]:
     """A preset built for CUDA (FP8 by the default path, or BF16) and trained `warmup` steps on random tokens
     (compile included), its Trainer ready for measured steps. For probes of the step itself (host time, memory),
     which do not depend on the text."""
-    config = build_config(
-        {"preset": preset, "fp8": {"use_fp8": fp8}, "train": {"max_steps": warmup, "log_every": warmup,
-                                                               "compile_mode": compile_mode}},
-        device_type="cuda",
-    )  # fmt: skip
+    train = {"max_steps": warmup, "log_every": warmup, "compile_mode": compile_mode, "compile_wrapper": compile_wrapper}
+    config = build_config({"preset": preset, "fp8": {"use_fp8": fp8}, "train": train}, device_type="cuda")
     built = build(config)
     tokens = np.random.default_rng(0).integers(0, config.model.vocab_size, 4_000_000, dtype=np.int64)
     trainer, _ = train_for_measurement(built, tokens, tokens, log=lambda message: None)

@@ -10,7 +10,7 @@ import train_h100
 from cs336_basics import build as build_module
 from cs336_basics.build import build, check_cuda_graphs_request, plan
 from cs336_basics.cli import add_config_arguments, config_from_args, config_parser
-from cs336_basics.compiled import auto_compile_mode
+from cs336_basics.compiled import auto_compile_mode, compile_options, hides_ops_from_profiler, resolve_compile_wrapper
 from cs336_basics.config import PRESETS, ModelConfig, RunConfig
 from cs336_basics.config_layers import build_config
 from cs336_basics.errors import ConfigError
@@ -234,12 +234,61 @@ def test_auto_compile_mode_uses_cuda_graphs_only_for_a_single_process_fp8_step()
         assert mode == "default" and why
 
 
+def test_auto_compile_wrapper_is_cpp_only_for_a_compiled_cuda_step_without_cuda_graphs():
+    train = dataclasses.replace(RunConfig().train, compile_model=True, compile_mode="default")
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    torchrun = World(rank=0, local_rank=0, world_size=2, launched=True)
+    assert resolve_compile_wrapper(train, cuda, SINGLE)[0] == "cpp"
+    no_graphs = dataclasses.replace(train, compile_mode="max-autotune-no-cudagraphs")
+    assert resolve_compile_wrapper(no_graphs, cuda, SINGLE)[0] == "cpp"
+    for graphs_or_cpu_or_eager, device, world in (
+        (dataclasses.replace(train, compile_mode="reduce-overhead"), cuda, SINGLE),
+        (dataclasses.replace(train, compile_mode="max-autotune"), cuda, SINGLE),
+        (train, cpu, SINGLE),
+        (dataclasses.replace(train, compile_model=False), cuda, SINGLE),
+        (train, cuda, torchrun),  # not yet measured across processes
+    ):
+        wrapper, why = resolve_compile_wrapper(graphs_or_cpu_or_eager, device, world)
+        assert wrapper == "python" and why
+    # Asked for: honoured as asked, where something is compiled; refused where nothing is.
+    python, cpp = (dataclasses.replace(train, compile_wrapper=wrapper) for wrapper in ("python", "cpp"))
+    assert resolve_compile_wrapper(python, cuda, SINGLE) == ("python", "asked for")
+    assert (
+        resolve_compile_wrapper(cpp, cpu, SINGLE)
+        == resolve_compile_wrapper(cpp, cuda, torchrun)
+        == ("cpp", "asked for")
+    )
+    with pytest.raises(ConfigError, match="--compile_wrapper cpp.*compiles nothing"):
+        resolve_compile_wrapper(dataclasses.replace(cpp, compile_model=False), cuda, SINGLE)
+
+
+def test_a_profile_of_a_step_under_cuda_graphs_or_the_cpp_wrapper_comes_from_a_twin():
+    cuda = torch.device("cuda")
+    train = dataclasses.replace(RunConfig().train, compile_model=True, compile_mode="default", compile_wrapper="python")
+    assert hides_ops_from_profiler(train, cuda) is None
+    assert "CUDA graph" in hides_ops_from_profiler(dataclasses.replace(train, compile_mode="reduce-overhead"), cuda)
+    assert "C++ wrapper" in hides_ops_from_profiler(dataclasses.replace(train, compile_wrapper="cpp"), cuda)
+    assert hides_ops_from_profiler(dataclasses.replace(train, compile_model=False, compile_wrapper="cpp"), cuda) is None
+
+
+def test_compile_options_add_the_cpp_wrapper_to_the_modes_own_options():
+    assert compile_options("reduce-overhead", "python") == {"mode": "reduce-overhead", "fullgraph": True}
+    default = compile_options("default", "cpp")
+    assert default["fullgraph"] and "mode" not in default  # torch.compile takes options or a mode, not both
+    # With the settings inductor pairs with the C++ wrapper, which a later-compiled backward would otherwise miss.
+    assert default["options"]["cpp_wrapper"] and default["options"]["triton.store_cubin"]
+    autotune = compile_options("max-autotune-no-cudagraphs", "cpp")["options"]
+    assert autotune["cpp_wrapper"] and autotune["max_autotune"] and not autotune["triton.cudagraphs"]
+
+
 def test_the_built_config_names_the_compile_mode_auto_chose():
     config = build_config({"preset": "cpu-small", "model": {"dim": 32, "n_layers": 1}}, device_type="cpu")
     assert config.train.compile_mode == "auto"
     built = build(config)
     assert built.config.train.compile_mode == "default"
     assert "compile_mode=default (no compiled CUDA step)" in built.auto_choices
+    assert built.config.train.compile_wrapper == "python"
+    assert "compile_wrapper=python (no compiled CUDA step)" in built.auto_choices
     explicit = build(config.replace(train={"compile_mode": "max-autotune-no-cudagraphs"}))
     assert explicit.config.train.compile_mode == "max-autotune-no-cudagraphs"
     assert not any(note.startswith("compile_mode=") for note in explicit.auto_choices)

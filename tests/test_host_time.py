@@ -16,7 +16,9 @@ def test_refuses_without_a_gpu(capsys):
     assert "needs a CUDA GPU" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize(("flag", "value"), [("--precisions", "bf16,fp7"), ("--compile", "fastest")])
+@pytest.mark.parametrize(
+    ("flag", "value"), [("--precisions", "bf16,fp7"), ("--compile", "fastest"), ("--compile_wrappers", "python,rust")]
+)
 def test_refuses_unknown_precisions_and_compile_modes(monkeypatch, capsys, flag, value):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the check comes before any CUDA work
     assert host_time.main([flag, value]) != 0
@@ -28,11 +30,15 @@ def test_a_profile_of_real_steps_accounts_for_the_host_time():
     record = host_time.measure("cpu-small", fp8=True, compile_mode="default", warmup=3, steps=4, top_ops=5)
     assert len(record["top_host_ops"]) == 5 and all(op["calls"] > 0 for op in record["top_host_ops"])
     assert record["status"] == "ok" and record["precision"].startswith("fp8") and record["timed_steps"] == 4
+    assert record["compile_wrapper"] == "cpp"  # auto's choice without CUDA graphs on a GPU
     phases = [record[f"{phase}_ms"] for phase in ("batch", "forward", "optimizer", "scaling_update")]
     assert all(ms > 0 for ms in phases[:3]) and record["wall_ms"] > 0 and record["tokens_per_sec"] > 0
     assert record["backward_and_rest_ms"] >= 0 and sum(phases) <= record["host_ms"]
     # BF16's converter is one shared object: the timing wrapper put on it is removed afterwards.
-    host_time.measure("cpu-small", fp8=False, compile_mode="default", warmup=3, steps=4)
+    python = host_time.measure(
+        "cpu-small", fp8=False, compile_mode="default", warmup=3, steps=4, compile_wrapper="python"
+    )
+    assert python["compile_wrapper"] == "python"
     assert "after_optimizer_step" not in vars(NO_CONVERSION)
 
 

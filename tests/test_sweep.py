@@ -456,7 +456,7 @@ FAKE_WORKER = textwrap.dedent(
         pid_file = pathlib.Path(snapshot_to).with_name(f"pid-{os.environ.get('RANK', 0)}")
         pid_file.write_text(str(os.getpid()))
         time.sleep(60)
-    caches = [os.environ.get(name) for name in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")]
+    caches = [os.environ.get(name) for name in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TMPDIR")]
     if all(caches):  # --cold: note each cache folder and whether it started empty, then fill it as a compile would
         with open(pathlib.Path(snapshot_to).with_name("caches.txt"), "a") as f:
             for cache in caches:
@@ -542,7 +542,8 @@ def test_repeats_report_the_median_run_and_the_range_each_run_with_empty_caches(
     turns = [line.split(":")[0] for line in log if "running (run" in line]
     assert [t.split()[0] for t in turns] == ["[1/2]", "[2/2]"] * 3  # the configurations took turns
     caches = [line.split() for line in (tmp_path / "caches.txt").read_text().splitlines()]
-    assert len(caches) == 2 * 5 and len({folder for folder, _ in caches}) == 10  # a new folder for every run
+    # Inductor's, Triton's and the temporary folder (inductor's C++ headers): new folders for every run.
+    assert len(caches) == 3 * 5 and len({folder for folder, _ in caches}) == 15
     assert all(empty == "True" for _, empty in caches)
     assert not any(Path(folder).exists() for folder, _ in caches)  # and removed afterwards
 

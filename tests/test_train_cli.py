@@ -54,7 +54,10 @@ def test_smoke_run_writes_every_artifact_and_learns(tmp_path, token_files, capsy
         assert key in records[0]
     result = json.loads((out / "result.json").read_text())
     assert result["status"] == "ok" and result["precision"] == "fp32" and result["tokens_per_sec"] > 0
-    assert json.loads((out / "config.json").read_text())["model"]["dim"] == 32
+    saved = json.loads((out / "config.json").read_text())
+    assert saved["model"]["dim"] == 32
+    # What auto chose is chosen again on resume (another machine or world size may choose otherwise).
+    assert saved["train"]["compile_mode"] == saved["train"]["compile_wrapper"] == "auto"
     for name in ("metrics.jsonl", "loss_curve.png", "checkpoint.pt", "result.json", "config.json"):
         assert str(out / name) in stdout  # the end of the run says where everything is
 
@@ -189,12 +192,34 @@ def test_gpu_compiled_run(tmp_path, token_files, capsys, precision):
     result = json.loads((out / "result.json").read_text())
     # --compile_mode auto: CUDA graphs for the FP8 step, not for BF16's (compiled.auto_compile_mode)
     assert result["compile"] == ("reduce-overhead" if precision == ["--use_fp8"] else "default")
+    # --compile_wrapper auto: C++ where the step runs without CUDA graphs (compiled.auto_compile_wrapper)
+    assert result["compile_wrapper"] == ("python" if precision == ["--use_fp8"] else "cpp")
     assert result["compile_s"] > 0 and result["peak_mem_gib"] > 0
     # --use_fp8 alone: the default FP8, the fused path with delayed scaling and the FP8 lm_head (precision/choice.py)
     assert result["precision"] == ("fp8-fused-delayed" if precision == ["--use_fp8"] else "bf16")
     assert result["fp8_lm_head"] == (precision == ["--use_fp8"])
     verdict = "FP8 + Compilation" if precision == ["--use_fp8"] else "SUB-OPTIMAL"
     assert verdict in stdout
+
+
+@pytest.mark.gpu
+def test_gpu_cpp_wrapper_trains_like_the_python_wrapper(tmp_path, token_files, capsys):
+    """FP8 without CUDA graphs: auto generates inductor's wrapper in C++ (the summary says so); the same kernels in
+    the same order as the Python wrapper's, so the losses agree (to the embedding backward's atomics)."""
+    gpu = ["--device", "cuda", "--dim", "64", "--intermediate_size", "128", "--use_fp8", "--no_fp8_shape_filter"]
+    base = [*TINY, *token_files, *gpu, "--compile_model", "--compile_mode", "default", "--max_steps", "6"]
+    losses = {}
+    for wrapper in ("auto", "python"):
+        out = tmp_path / wrapper
+        code, stdout, err = run([*base, "--compile_wrapper", wrapper, "--log_every", "1", "--out_dir", out], capsys)
+        assert code == 0, err
+        assert ("C++ wrapper" in stdout) == (wrapper == "auto")
+        assert json.loads((out / "result.json").read_text())["compile_wrapper"] == (
+            "cpp" if wrapper == "auto" else wrapper
+        )
+        losses[wrapper] = [r["loss"] for r in read_metrics(out / "metrics.jsonl")]
+    assert len(losses["auto"]) == 6
+    assert losses["auto"] == pytest.approx(losses["python"], rel=1e-3)
 
 
 def run_straight_and_split(tmp_path, token_files, capsys, flags) -> str:
@@ -233,7 +258,8 @@ def test_gpu_fp8_under_auto_cuda_graphs_evaluates_checkpoints_and_resumes_exactl
     stdout = run_straight_and_split(tmp_path, token_files, capsys, gpu)
     assert "compile_mode=reduce-overhead" in stdout
     assert json.loads((tmp_path / "straight" / "result.json").read_text())["compile"] == "reduce-overhead"
-    assert json.loads((tmp_path / "split" / "config.json").read_text())["train"]["compile_mode"] == "auto"
+    saved = json.loads((tmp_path / "split" / "config.json").read_text())["train"]
+    assert saved["compile_mode"] == saved["compile_wrapper"] == "auto"
 
 
 @pytest.mark.gpu

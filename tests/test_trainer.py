@@ -32,7 +32,7 @@ def tiny_config(tmp_path, model=None, **train):
     defaults = dict(batch_size=4, max_steps=6, log_every=1, eval_every=0, checkpoint_every=2)
     # Concrete compile settings, as build.plan leaves them (the Trainer refuses "auto").
     defaults |= dict(out_dir=str(tmp_path), device="cpu", dtype="float32", compile_model=False)
-    defaults |= dict(compile_mode="default", compile_scope="blocks")
+    defaults |= dict(compile_mode="default", compile_scope="blocks", compile_wrapper="python")
     return build_config(
         {
             "model": TINY_MODEL | (model or {}),
@@ -199,10 +199,13 @@ def test_a_model_the_trainer_compiled_is_refused_by_the_next_trainer(tmp_path):
 
 def test_the_trainer_compiles_as_planned_and_decides_nothing(tmp_path):
     unplanned = tiny_config(tmp_path, compile_model=True, compile_mode="auto")
-    with pytest.raises(ConfigError, match="mode and scope build.plan chose"):
+    with pytest.raises(ConfigError, match="mode, scope and wrapper build.plan chose"):
         make_trainer(unplanned)
+    with pytest.raises(ConfigError, match="mode, scope and wrapper build.plan chose"):
+        make_trainer(tiny_config(tmp_path, compile_model=True, compile_wrapper="auto"))
     planned = build(unplanned)
-    assert planned.config.train.compile_mode == "default" and planned.config.train.compile_scope == "blocks"
+    t = planned.config.train
+    assert (t.compile_mode, t.compile_scope, t.compile_wrapper) == ("default", "blocks", "python")
     make_trainer(planned.config)
 
 

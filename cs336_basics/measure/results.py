@@ -99,6 +99,7 @@ def run_record(config: RunConfig, status: str = "ok", **measured: Any) -> dict[s
         "precision": precision_label(config),
         "compile": t.compile_mode if t.compile_model else False,
         "compile_scope": t.compile_scope if t.compile_model else None,
+        "compile_wrapper": t.compile_wrapper if t.compile_model else None,
         "attention": m.attention,
         "gradient_checkpointing": m.gradient_checkpointing,
         "world_size": 1,

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from cs336_basics.compiled import write_shared_fp8_gemm_inputs_once
+from cs336_basics.compiled import compile_options, write_shared_fp8_gemm_inputs_once
 from cs336_basics.config import RunConfig
 from cs336_basics.errors import ConfigError
 from cs336_basics.parallel.world import World
@@ -164,9 +164,9 @@ def _unused(config: RunConfig, mode: str) -> tuple[str, ...]:
     return tuple(unused)
 
 
-def compile_for_training(model: nn.Module, plan: ParallelPlan, mode: str, scope: str) -> nn.Module:
-    """`model` compiled (fullgraph: a graph break is a bug we want to hear about) for the training step, before it is
-    parallelized. `scope` "model" (compiled.resolve_compile_scope refuses it under FSDP2): one graph, in a
+def compile_for_training(model: nn.Module, plan: ParallelPlan, mode: str, scope: str, wrapper: str) -> nn.Module:
+    """`model` compiled for the training step in `mode` with inductor's `wrapper` (compiled.compile_options), before
+    it is parallelized. `scope` "model" (compiled.resolve_compile_scope refuses it under FSDP2): one graph, in a
     torch.compile wrapper. "blocks", for this package's TransformerLM: compiled by region, in place: each block's
     forward and, but under FSDP2, the embedding and the output (final norm, lm_head and loss). The blocks are one
     class of one shape, so dynamo compiles the first and reuses its code for the rest: compile time no longer grows
@@ -175,7 +175,7 @@ def compile_for_training(model: nn.Module, plan: ParallelPlan, mode: str, scope:
     (INDEX.md: 2026-11-26-regional-compile). Under FSDP2 the root's forward stays eager as it must: it
     calls the blocks, whose hooks a fullgraph compile could not trace."""
     write_shared_fp8_gemm_inputs_once()
-    options = dict(mode=mode, fullgraph=True)
+    options = compile_options(mode, wrapper)
     if scope == "model":
         return torch.compile(model, **options)
     for block in model.layers:

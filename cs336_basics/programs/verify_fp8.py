@@ -10,9 +10,9 @@ Five checks, each PASS / FAIL / SKIP with the evidence:
   3. no_graph_breaks     dynamo traces the FP8 model's forward (and loss) as one graph.
   4. loss_matches_bf16   after the same steps from the same seed and data, FP8 loss is within a tolerance of BF16.
   5. fp8_speedup         FP8 + compile tokens/s over BF16 + compile tokens/s, measured in this process (GPU only), each
-                         in the compile mode its run would use (auto: CUDA graphs for FP8 where they apply). Under CUDA
-                         graphs the profiler sees a graph's replay, not its ops: check 2 and the Amdahl profile then
-                         run on a twin of the FP8 model, same settings, compiled without CUDA graphs.
+                         in the compile mode and wrapper its run would use (auto: CUDA graphs for FP8 where they
+                         apply, else the C++ wrapper). Both hide the step's ops from the profiler: check 2 and the
+                         Amdahl profile then run on a twin, same settings, compiled without them.
 
 Then why, the doctor's part (diagnostics/doctor.py): before anything is built, what each conversion policy
 (Accelerate's default filter, TorchAO's shape rule, every linear) would convert and the FLOP share and bound it gives,
@@ -49,7 +49,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from cs336_basics.build import Built, build, plan
-from cs336_basics.compiled import eager, runs_cuda_graphs
+from cs336_basics.compiled import eager, hides_ops_from_profiler
 from cs336_basics.config import RunConfig
 from cs336_basics.data import PreparedData, get_batch, prepare_data, require_windows
 from cs336_basics.devices import resolve_device
@@ -334,13 +334,14 @@ def _for_this_machine(config: RunConfig, on_gpu: bool) -> RunConfig:
 PROFILED_TWIN_STEPS = 3  # compile, then warm steps: the profiled steps come after these
 
 
-def _profiled_twin(timed: RunConfig, data: PreparedData, log, then: Callable[[Built, Trainer], Any]) -> Any:
+def _profiled_twin(timed: RunConfig, data: PreparedData, log, then: Callable[[Built, Trainer], Any], why: str) -> Any:
     """`then` of the timed run's model built again with its settings (every FP8 default as resolved for the timed run)
-    but compiled without CUDA graphs, and trained a few steps: its profiled steps show the ops a graph's replay hides.
-    Its memory is handed back before returning."""
-    log(f"profiling without CUDA graphs ({timed.train.compile_mode}'s replays hide the step's ops from the profiler)")
+    but compiled without CUDA graphs, with the Python wrapper, and trained a few steps: its profiled steps show the
+    ops that the timed run's step hides (`why`). Its memory is handed back before returning."""
+    log(f"profiling a twin without CUDA graphs, with the Python wrapper ({why})")
     steps = PROFILED_TWIN_STEPS
-    twin_config = timed.replace(train={"compile_mode": "default", "max_steps": steps, "log_every": steps})
+    twin = {"compile_mode": "default", "compile_wrapper": "python", "max_steps": steps, "log_every": steps}
+    twin_config = timed.replace(train=twin)
     twin = build(plan(twin_config))
     trainer, _ = train_for_measurement(twin, data.train, data.val, log=lambda message: None)
     after = then(twin, trainer)
@@ -385,18 +386,18 @@ def _measure(
 ) -> tuple[RunConfig, TrainResult, Any, Any]:
     """Train `built` as a measurement in its own compile mode: (its config, its result, `before(built)` taken before
     training, `evidence(built, trainer)` from more steps the profiler can see into). Those steps are the timed
-    trainer's own, or where it replays CUDA graphs (whose replays hide the ops from the profiler) a twin's
+    trainer's own, or where its step hides them from the profiler (CUDA graphs, the C++ wrapper) a twin's
     (_profiled_twin). The memory is handed back before returning: pass `built` without keeping it."""
     seen = before(built)
     log(f"training {label} ...")
     config = built.config
     trainer, result = train_for_measurement(built, data.train, data.val, log)
-    graphs = runs_cuda_graphs(config.train.compile_model, config.train.compile_mode, built.device)
-    after = evidence(built, trainer) if evidence is not None and not graphs else None
+    hidden = hides_ops_from_profiler(config.train, built.device)
+    after = evidence(built, trainer) if evidence is not None and hidden is None else None
     del trainer, built
     release_memory()
-    if evidence is not None and graphs:
-        after = _profiled_twin(config, data, log, evidence)
+    if evidence is not None and hidden is not None:
+        after = _profiled_twin(config, data, log, evidence, hidden)
     return config, result, seen, after
 
 

@@ -115,8 +115,16 @@ def run_logged(
 
 def cold_cache_env(cache_dir: Path) -> dict[str, str]:
     """Compile caches in `cache_dir`, a new empty folder: inductor's and Triton's (both otherwise persist across
-    processes, so a run after the first compiles from the cache, faster than a user's first run)."""
-    return {"TORCHINDUCTOR_CACHE_DIR": str(cache_dir / "inductor"), "TRITON_CACHE_DIR": str(cache_dir / "triton")}
+    processes, so a run after the first compiles from the cache, faster than a user's first run), and the temporary
+    folder, made here, under which inductor keeps the C++ headers its C++ wrapper precompiles, once per machine
+    (codecache's precompiled_headers, outside TORCHINDUCTOR_CACHE_DIR)."""
+    temporary = cache_dir / "tmp"
+    temporary.mkdir(parents=True, exist_ok=True)  # a TMPDIR that does not exist is ignored
+    return {
+        "TORCHINDUCTOR_CACHE_DIR": str(cache_dir / "inductor"),
+        "TRITON_CACHE_DIR": str(cache_dir / "triton"),
+        "TMPDIR": str(temporary),
+    }
 
 
 def run_isolated(

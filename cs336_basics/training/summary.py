@@ -121,7 +121,8 @@ def _compile_line(config: RunConfig, par: ParallelPlan) -> str:
         scope = "per block, the root eager"
     else:
         scope = "per block (one graph for all blocks), the embedding and the output apart"
-    return f"on (mode {t.compile_mode}, fullgraph, {scope})"
+    wrapper = ", C++ wrapper" if t.compile_wrapper == "cpp" else ""
+    return f"on (mode {t.compile_mode}, fullgraph, {scope}{wrapper})"
 
 
 def _optimizer_line(config: RunConfig) -> str:

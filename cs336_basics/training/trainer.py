@@ -143,14 +143,14 @@ class Trainer:
         # Compile after any precision conversion (done by the build stage), then parallelize (a no-op on one process):
         # DDP wraps the compiled model, FSDP2 shards the model whose blocks were compiled (parallel/wrap.py says why
         # in this order). fullgraph=True: a graph break in the model is a bug we want to hear about, not a silent
-        # slowdown. `step_model` is what the training step calls. The mode and the scope are build.plan's.
-        mode, scope = t.compile_mode, t.compile_scope
-        if t.compile_model and "auto" in (mode, scope):
+        # slowdown. `step_model` is what the training step calls. The mode, the scope and the wrapper are build.plan's.
+        mode, scope, wrapper = t.compile_mode, t.compile_scope, t.compile_wrapper
+        if t.compile_model and "auto" in (mode, scope, wrapper):
             raise ConfigError(
-                "the Trainer compiles in the mode and scope build.plan chose; pass a planned config "
-                "(build.build(config).config), not one with --compile_mode or --compile_scope auto."
+                "the Trainer compiles in the mode, scope and wrapper build.plan chose; pass a planned config "
+                "(build.build(config).config), not one with --compile_mode, --compile_scope or --compile_wrapper auto."
             )
-        compiled = compile_for_training(model, self.parallel, mode, scope) if t.compile_model else model
+        compiled = compile_for_training(model, self.parallel, mode, scope, wrapper) if t.compile_model else model
         # Under CUDA graphs each compiled region replays into memory of its own, which the next step's replay
         # overwrites; with several regions torch cannot tell where a step begins, so each step says so.
         self._marks_steps = runs_cuda_graphs(t.compile_model, mode, device)
