@@ -140,13 +140,20 @@ def auto_compile_mode(train: TrainConfig, use_fp8: bool, device: torch.device, w
 
 def resolve_compile_wrapper(train: TrainConfig, device: torch.device, world: World) -> tuple[str, str]:
     """--compile_wrapper: (python or cpp, why): the one asked for, or auto's choice (auto_compile_wrapper). Asked for
-    without a compiled step it could not be honoured: an error. Call it with the compile mode resolved."""
+    where it cannot be honoured, an error: without a compiled step, or with CUDA graphs, which inductor switches off
+    under its C++ wrapper (get_cpp_wrapper_config). Call it with the compile mode resolved."""
     if train.compile_wrapper == "auto":
         return auto_compile_wrapper(train, device, world)
     if train.compile_wrapper == "cpp" and not train.compile_model:
         raise ConfigError(
             "--compile_wrapper cpp is the code torch.compile generates, and this run compiles nothing: "
             "add --compile_model (or leave --compile_wrapper at auto)."
+        )
+    if train.compile_wrapper == "cpp" and runs_cuda_graphs(train.compile_model, train.compile_mode, device):
+        raise ConfigError(
+            f"--compile_wrapper cpp cannot run with --compile_mode {train.compile_mode}: inductor turns CUDA graphs "
+            "off under its C++ wrapper. Use --compile_mode default (or max-autotune-no-cudagraphs) with it, or "
+            "--compile_wrapper python (or auto) with CUDA graphs."
         )
     return train.compile_wrapper, "asked for"
 
@@ -165,6 +172,11 @@ def auto_compile_wrapper(train: TrainConfig, device: torch.device, world: World)
     if world.launched:
         return "python", "not yet measured across several processes"
     return "cpp", "without CUDA graphs the step waits for the host: C++ launches its kernels faster"
+
+
+# The wrapper of a compiled step that is profiled or whose allocations are traced: its calls are recorded ops, and
+# its generated source lines name the buffers (hides_ops_from_profiler says what the C++ wrapper hides).
+PROFILED_WRAPPER = "python"
 
 
 def hides_ops_from_profiler(train: TrainConfig, device: torch.device) -> str | None:

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from cs336_basics.cli import positive_int
+from cs336_basics.compiled import PROFILED_WRAPPER
 from cs336_basics.diagnostics.measurement import release_memory
 from cs336_basics.measure.results import run_record
 from lab.probe import probe_parser, run_probe, warmed_up_preset
@@ -91,8 +92,7 @@ def allocation_trace(work: Callable[[], Any], max_entries: int = 1_000_000) -> t
 
 
 def measure(preset: str, fp8: bool, compile_mode: str, warmup: int, top: int) -> dict[str, Any]:
-    # The Python wrapper: its generated source lines name the buffers; the C++ wrapper's allocations have no frame.
-    built, trainer = warmed_up_preset(preset, fp8, compile_mode, warmup, compile_wrapper="python")
+    built, trainer = warmed_up_preset(preset, fp8, compile_mode, warmup, compile_wrapper=PROFILED_WRAPPER)
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     start, trace, _ = allocation_trace(trainer.train_step)

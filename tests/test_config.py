@@ -260,6 +260,10 @@ def test_auto_compile_wrapper_is_cpp_only_for_a_compiled_cuda_step_without_cuda_
     )
     with pytest.raises(ConfigError, match="--compile_wrapper cpp.*compiles nothing"):
         resolve_compile_wrapper(dataclasses.replace(cpp, compile_model=False), cuda, SINGLE)
+    # Inductor would silently drop CUDA graphs under the C++ wrapper: refused instead.
+    for graphs in ("reduce-overhead", "max-autotune"):
+        with pytest.raises(ConfigError, match=f"--compile_wrapper cpp cannot run with --compile_mode {graphs}"):
+            resolve_compile_wrapper(dataclasses.replace(cpp, compile_mode=graphs), cuda, SINGLE)
 
 
 def test_a_profile_of_a_step_under_cuda_graphs_or_the_cpp_wrapper_comes_from_a_twin():

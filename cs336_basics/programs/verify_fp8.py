@@ -49,7 +49,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from cs336_basics.build import Built, build, plan
-from cs336_basics.compiled import eager, hides_ops_from_profiler
+from cs336_basics.compiled import PROFILED_WRAPPER, eager, hides_ops_from_profiler
 from cs336_basics.config import RunConfig
 from cs336_basics.data import PreparedData, get_batch, prepare_data, require_windows
 from cs336_basics.devices import resolve_device
@@ -340,7 +340,7 @@ def _profiled_twin(timed: RunConfig, data: PreparedData, log, then: Callable[[Bu
     ops that the timed run's step hides (`why`). Its memory is handed back before returning."""
     log(f"profiling a twin without CUDA graphs, with the Python wrapper ({why})")
     steps = PROFILED_TWIN_STEPS
-    twin = {"compile_mode": "default", "compile_wrapper": "python", "max_steps": steps, "log_every": steps}
+    twin = {"compile_mode": "default", "compile_wrapper": PROFILED_WRAPPER, "max_steps": steps, "log_every": steps}
     twin_config = timed.replace(train=twin)
     twin = build(plan(twin_config))
     trainer, _ = train_for_measurement(twin, data.train, data.val, log=lambda message: None)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from cs336_basics.compiled import PROFILED_WRAPPER
 from cs336_basics.config import FP8_RECIPES, FP8Config, ModelConfig, RunConfig
 from cs336_basics.devices import require_cuda
 from cs336_basics.diagnostics.amdahl.law import (
@@ -490,12 +491,12 @@ def profiled_steps(trainer: Any, steps: int = 1) -> list[Any]:
 def measurement_plan(config: RunConfig, steps: int, device: torch.device | str | None = None) -> Plan:
     """The build plan of a measurement of both precisions: `steps` training steps (logged at the last), FP8 on, so
     that planning makes the FP8 checks train_h100.py makes; `.with_fp8(False)` gives its BF16 twin. Its steps are
-    profiled: inductor's wrapper is Python unless asked otherwise (compiled.hides_ops_from_profiler)."""
+    profiled: inductor's wrapper is compiled.PROFILED_WRAPPER unless asked otherwise."""
     from cs336_basics.build import plan
 
     train = {"max_steps": steps, "log_every": steps}
     if config.train.compile_wrapper == "auto":
-        train["compile_wrapper"] = "python"
+        train["compile_wrapper"] = PROFILED_WRAPPER
     if device is not None:
         train["device"] = str(device)
     return plan(config.replace(train=train).with_fp8(True))
