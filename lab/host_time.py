@@ -43,7 +43,7 @@ from cs336_basics.diagnostics.measurement import release_memory
 from cs336_basics.measure.results import run_record
 from cs336_basics.measure.timing import StepTimer
 from cs336_basics.sweep.plan import parse_choices
-from lab.probe import probe_parser, run_probe, warmed_up_preset
+from lab.probe import Keep, probe_parser, run_probe, warmed_up_preset
 
 PHASES = {"batch": ("sampler", "next_batch"), "optimizer": ("optimizer", "step"),
           "scaling_update": ("converter", "after_optimizer_step")}  # fmt: skip
@@ -140,13 +140,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
 
-    def measure_all(presets: list[str], precisions: list[str]) -> list[dict[str, Any]]:
+    def measure_all(presets: list[str], precisions: list[str], keep: Keep) -> None:
         modes = parse_choices(args.compile, COMPILE_MODES, "--compile")
         wrappers = parse_choices(args.compile_wrappers, COMPILE_WRAPPERS, "--compile_wrappers")
-        runs = []
         for preset, mode, wrapper, precision in itertools.product(presets, modes, wrappers, precisions):
             record = measure(preset, precision == "fp8", mode, args.warmup, args.steps, args.top_ops, wrapper)
-            runs.append(record)
+            keep(record)
             print(
                 f"{preset:>10} {record['precision']:>18} {mode:>15} {record['compile_wrapper']:>6}: "
                 f"{record['tokens_per_sec']:>9,.0f} tok/s, "
@@ -157,7 +156,6 @@ def main(argv: list[str] | None = None) -> int:
             )
             for op in record.get("top_host_ops", []):
                 print(f"    {op['self_cpu_ms']:8.3f} ms/step {op['calls']:8.1f} calls/step  {op['op']}")
-        return runs
 
     return run_probe(args, "the host-time profile", "it measures CUDA training steps", measure_all)
 

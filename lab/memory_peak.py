@@ -24,7 +24,7 @@ from cs336_basics.cli import positive_int
 from cs336_basics.compiled import PROFILED_WRAPPER
 from cs336_basics.diagnostics.measurement import release_memory
 from cs336_basics.measure.results import run_record
-from lab.probe import probe_parser, run_probe, warmed_up_preset
+from lab.probe import Keep, probe_parser, run_probe, warmed_up_preset
 
 MIB = 2**20
 TORCH_INTERNALS = ("/torch/", "/site-packages/triton/")  # frames that say how, not where
@@ -119,12 +119,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--top", type=positive_int, default=12, help="groups of live blocks to report")
     args = parser.parse_args(argv)
 
-    def measure_all(presets: list[str], precisions: list[str]) -> list[dict[str, Any]]:
-        runs = []
+    def measure_all(presets: list[str], precisions: list[str], keep: Keep) -> None:
         for preset in presets:
             for precision in precisions:
                 record = measure(preset, precision == "fp8", args.compile_mode, args.warmup, args.top)
-                runs.append(record)
+                keep(record)
                 print(
                     f"\n{preset} {record['precision']}: peak {record['peak_mem_gib']:.3f} GiB; "
                     f"{record['before_step_gib']:.3f} allocated before the step, {record['in_step_at_peak_gib']:.3f} "
@@ -134,7 +133,6 @@ def main(argv: list[str] | None = None) -> int:
                     print(
                         f"  {row['total_mib']:9.1f} MiB = {row['count']:3d} x {row['size_mib']:8.2f} MiB  {row['site']}"
                     )
-        return runs
 
     return run_probe(args, "the memory-peak probe", "it records CUDA allocations", measure_all)
 

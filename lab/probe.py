@@ -33,19 +33,28 @@ def probe_parser(module: str, doc: str | None) -> argparse.ArgumentParser:
     return parser
 
 
+Keep = Callable[[dict[str, Any]], None]
+
+
 def run_probe(
-    args: argparse.Namespace, what: str, why: str, measure_all: Callable[[list[str], list[str]], list[dict[str, Any]]]
+    args: argparse.Namespace, what: str, why: str, measure_all: Callable[[list[str], list[str], Keep], None]
 ) -> int:
-    """`measure_all(presets, precisions)` after the checks (a ConfigError it raises is reported the same way), its
-    records written to --json; the exit code."""
+    """`measure_all(presets, precisions, keep)` after the checks (a ConfigError it raises is reported the same way);
+    it hands each record to `keep` as soon as it is measured, which writes every record so far to --json: a probe
+    stopped part way (a time limit, a crash in a later configuration) keeps what it finished. The exit code."""
+    runs = []
+
+    def keep(record: dict[str, Any]) -> None:
+        runs.append(record)
+        if args.json:
+            write_results(args.json, runs)
+
     try:
         require_cuda(what, why)
         precisions = parse_choices(args.precisions, PROBE_PRECISIONS, "--precisions")
-        runs = measure_all(args.presets.split(","), precisions)
+        measure_all(args.presets.split(","), precisions, keep)
     except ConfigError as exc:
         return report_error(exc)
-    if args.json:
-        write_results(args.json, runs)
     return 0
 
 

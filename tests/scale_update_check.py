@@ -3,6 +3,7 @@ and run under Triton's interpreter on the CPU (test_fused_fp8.py)."""
 
 from __future__ import annotations
 
+import itertools
 from unittest.mock import patch
 
 import torch
@@ -12,11 +13,13 @@ from cs336_basics.precision.fused.scaling import E4M3, E5M2, DelayedScalingState
 SETTINGS = [("max", 0, 3), ("most_recent", 2, 4), ("max", 1, 20)]  # (algo, margin, history_len)
 
 
-def _twins(device: str, algo: str, margin: int, history_len: int):
+def _twins(device: str, algo: str, margin: int, history_len: int, reduce_amax=None):
     twins = []
     for one_launch in (False, True):
         sites = [SiteScaling((E4M3, E4M3, E5M2), delayed=True, device=device, weight_rows=24) for _ in range(3)]
-        state = DelayedScalingState(sites, history_len=history_len, algo=algo, margin=margin, one_launch=one_launch)
+        state = DelayedScalingState(
+            sites, history_len=history_len, algo=algo, margin=margin, one_launch=one_launch, reduce_amax=reduce_amax
+        )
         state.size_row_buffers(2500)  # more rows than the kernel reads in one block
         twins.append(state)
     return twins
@@ -37,18 +40,43 @@ def _record(states: list[DelayedScalingState], gen: torch.Generator, step: int) 
                 buffer.copy_(values)
 
 
+class OtherRank:
+    """A stand-in for the all-reduce over ranks (DelayedScalingState's reduce_amax): the max with another rank's
+    amaxes, drawn anew each step; the NaN it holds once must come through."""
+
+    def __init__(self, rows: int, device: str):
+        self.rows, self.device = rows, device
+        self.amax = None
+
+    def draw(self, gen: torch.Generator, step: int) -> None:
+        self.amax = torch.rand(self.rows, generator=gen) * 10 ** (1 - (step + 2) % 4)
+        if step == 3:
+            self.amax[4] = float("nan")
+        self.amax = self.amax.to(self.device)
+
+    def __call__(self, amax: torch.Tensor) -> None:
+        amax.copy_(torch.maximum(amax, self.amax))
+
+
 def check(device: str) -> None:
     same = dict(rtol=0, atol=0, equal_nan=True)
-    for algo, margin, history_len in SETTINGS:
-        states = _twins(device, algo, margin, history_len)
+    for (algo, margin, history_len), reduced in itertools.product(SETTINGS, (False, True)):
+        other = OtherRank(3 * 3, device) if reduced else None
+        states = _twins(device, algo, margin, history_len, reduce_amax=other)
         gen = torch.Generator().manual_seed(0)
         for step in range(history_len + 3):  # past the history's wrap-around
             _record(states, gen, step)
+            own = torch.stack([site.amax for site in states[0].sites]).flatten()  # this process's amaxes
+            if other is not None:
+                other.draw(gen, step)
             for state in states:
                 state.update()
             reference, launched = states
             assert reference.cursor == launched.cursor
             torch.testing.assert_close(launched.history, reference.history, **same)
+            # What was filed: this process's amaxes, or their max with the other rank's.
+            filed = reference.history[:, :, (reference.cursor - 1) % history_len].flatten()
+            torch.testing.assert_close(filed, torch.maximum(own, other.amax) if other else own, **same)
             for want, got in zip(reference.sites, launched.sites, strict=True):
                 torch.testing.assert_close(got.scale, want.scale, **same)
                 torch.testing.assert_close(

@@ -59,6 +59,8 @@ FP8 = ["--use_fp8", "--fp8_emulate", "--max_steps", "3"]
 FP8_REL = 1e-2
 FP8_GATHER_KEPT = ["--fp8_all_gather", "--no_fsdp_reshard_after_forward"]
 FUSED = ["--fp8_path", "fused"]  # this package's FP8 path; its FP8 SwiGLU blocks are on by default
+DELAYED = ["--fp8_scaling", "delayed"]  # asked for: on several processes the fused path's auto scaling is dynamic
+CUT_AFTER_2 = ["--max_steps", "2", "--lr_decay_steps", "3"]  # an FP8 run stopped after step 2 of its 3
 ONE_PROCESS = ["--batch_size", "4"]
 
 
@@ -187,6 +189,14 @@ def runs(tmp_path_factory):
         ),
         "ddp_fused": torchrun([*two, *FP8, *FUSED, "--parallel", "ddp", "--out_dir", root / "ddp_fused"]),
         "fsdp_fused": torchrun([*two, *FP8, *FUSED, "--parallel", "fsdp", "--out_dir", root / "fsdp_fused"]),
+        "ddp_delayed": torchrun([*two, *FP8, *FUSED, *DELAYED, "--parallel", "ddp", "--out_dir", root / "ddp_delayed"]),
+        "fsdp_delayed": torchrun(
+            [*two, *FP8, *FUSED, *DELAYED, "--parallel", "fsdp", "--out_dir", root / "fsdp_delayed"]
+        ),
+        # The same DDP run cut after step 2 (its schedule the whole run's), then resumed below to step 3.
+        "ddp_delayed_cut": torchrun(
+            [*two, *FP8, *FUSED, *DELAYED, *CUT_AFTER_2, "--parallel", "ddp", "--out_dir", root / "ddp_delayed_cut"]
+        ),
     }
     one_process([*base, *ONE_PROCESS, "--out_dir", root / "single"])
     one_process([*base, *ONE_PROCESS, *FP8, "--out_dir", root / "single_fp8"])
@@ -196,7 +206,8 @@ def runs(tmp_path_factory):
     launches["one_then_two"] = torchrun(
         ["--resume", "--max_steps", STEPS, *TWO_RANKS, "--parallel", "fsdp", "--out_dir", root / "one"]
     )
-    done = {"failed": launches.pop("failed").wait()}
+    done = {"failed": launches.pop("failed").wait(), "ddp_delayed_cut": launches.pop("ddp_delayed_cut").wait()}
+    launches["ddp_delayed_resumed"] = torchrun(["--resume", "--max_steps", "3", "--out_dir", root / "ddp_delayed_cut"])
     done["failed_checkpoint_step"] = read_checkpoint(root / "failed" / CHECKPOINT_NAME)["step"]
     shutil.copytree(root / "failed", root / "two_then_one")
     # The failed run resumed as it was launched (its config.json has every setting) ...
@@ -250,12 +261,32 @@ def test_the_fused_fp8_path_with_its_swiglu_blocks_trains_under_ddp_and_fsdp_lik
     """The fused path's own autograd functions (FP8 linears, shared input casts, SwiGLU blocks; their torch reference
     producers on CPU) under DDP and FSDP2: the gradients they return reach DDP's all-reduce and FSDP2's
     reduce-scatter like any other, and under FSDP2 they read the weights FSDP2 has gathered."""
+    assert_fused_runs_train_like_one_process(runs, "fused", says="2 SwiGLU blocks fused")
+
+
+def assert_fused_runs_train_like_one_process(runs, name: str, says: str) -> None:
+    """The fused path's runs `ddp_<name>` and `fsdp_<name>` succeeded, their summaries say `says`, and their losses are
+    one process's (single_fused, whose scaling is delayed: the fused path's default in one process)."""
     root, done = runs
     for mode in ("ddp", "fsdp"):
-        run = done[f"{mode}_fused"]
+        run = done[f"{mode}_{name}"]
         run.assert_succeeded()
-        assert "2 SwiGLU blocks fused" in run.stdout and f"{mode}, world size 2" in run.stdout
-        assert_same_losses(metrics(root / f"{mode}_fused"), metrics(root / "single_fused"), rel=FP8_REL)
+        assert says in run.stdout and f"{mode}, world size 2" in run.stdout
+        assert_same_losses(metrics(root / f"{mode}_{name}"), metrics(root / "single_fused"), rel=FP8_REL)
+
+
+@pytest.mark.slow
+def test_delayed_scaling_on_two_ranks_trains_like_one_process_and_resumes_exactly(runs):
+    """The fused path's delayed scaling under DDP and FSDP2: the ranks reduce each step's amaxes to their maximum, so
+    every rank keeps the history and scales of the global batch, one process's (the output gradients' amaxes scaled by
+    a power of two, the ranks' loss normalisation, which leaves their FP8 values as they are). The checkpoint keeps
+    rank 0's state, every rank's: the DDP run cut after step 2 and resumed repeats the uninterrupted run's step 3 bit
+    for bit, where rank 1 resuming with rank 0's history of its own (no reduction) would cast with other scales."""
+    assert_fused_runs_train_like_one_process(runs, "delayed", says="delayed scaling")
+    root, done = runs
+    done["ddp_delayed_cut"].assert_succeeded()
+    done["ddp_delayed_resumed"].assert_succeeded()
+    assert_same_losses(metrics(root / "ddp_delayed_cut"), metrics(root / "ddp_delayed"), rel=None, steps={3})
 
 
 @pytest.mark.slow
@@ -417,12 +448,36 @@ def test_a_parallel_mode_without_torchrun_is_refused(mode):
         wrap.check_parallel_request(config(parallel=mode), World())
 
 
-def test_the_fused_fp8_path_with_delayed_scaling_is_refused_on_several_processes():
+def test_the_fused_path_scales_dynamically_on_several_processes_unless_delayed_is_asked_for():
     fused = config(parallel="fsdp").replace(fp8={"use_fp8": True, "fp8_path": "fused", "fp8_emulate": True})
     for mode in ("ddp", "fsdp"):
-        choose_fp8(fused.fp8, parallel_mode=mode, world_size=2)  # automatic scaling: dynamic there, allowed
-        with pytest.raises(ConfigError, match="delayed on several processes"):
-            choose_fp8(fused.replace(fp8={"fp8_scaling": "delayed"}).fp8, parallel_mode=mode, world_size=2)
+        auto = choose_fp8(fused.fp8, parallel_mode=mode, world_size=2)
+        assert auto.config.fp8_scaling == "dynamic"  # delayed scaling is not measured on several processes yet
+        delayed = fused.replace(fp8={"fp8_scaling": "delayed"}).fp8
+        assert choose_fp8(delayed, parallel_mode=mode, world_size=2).config.fp8_scaling == "delayed"
+
+
+def _reduce_amaxes_on_rank(rank: int, init_file: str, out: str) -> None:
+    import torch.distributed as dist
+
+    from cs336_basics.precision.fused.scaling import max_over_ranks
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    try:
+        amax = torch.tensor([[1.0, float("nan"), 3.0, 0.0], [2.0, 0.5, 1.0, 0.0]][rank])
+        max_over_ranks(amax)
+        torch.save(amax, f"{out}.{rank}")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_amaxes_reduce_to_their_max_over_ranks_and_a_nan_stays_a_nan(tmp_path):
+    """Delayed scaling's reduction over ranks (gloo, 2 processes): each row's max, a NaN on either rank kept."""
+    out = str(tmp_path / "amax")
+    torch.multiprocessing.spawn(_reduce_amaxes_on_rank, args=(str(tmp_path / "init"), out), nprocs=2)
+    want = torch.tensor([2.0, float("nan"), 3.0, 0.0])
+    for rank in range(2):
+        torch.testing.assert_close(torch.load(f"{out}.{rank}"), want, rtol=0, atol=0, equal_nan=True)
 
 
 def test_ddp_all_reduces_in_buckets_of_the_configured_size(monkeypatch):
@@ -620,6 +675,12 @@ def gpu_runs(tmp_path_factory):
         "fsdp_fused": torchrun(
             [*two, *TORCHAO_FP8, "--fp8_path", "fused", "--parallel", "fsdp", "--out_dir", root / "fsdp_fused"]
         ),
+        "ddp_fused_delayed": torchrun(
+            [*two, *TORCHAO_FP8, *FUSED, *DELAYED, "--parallel", "ddp", "--out_dir", root / "ddp_fused_delayed"]
+        ),
+        "fsdp_fused_delayed": torchrun(
+            [*two, *TORCHAO_FP8, *FUSED, *DELAYED, "--parallel", "fsdp", "--out_dir", root / "fsdp_fused_delayed"]
+        ),
         "ddp_fused_cpp": torchrun(
             [*two, *TORCHAO_FP8, "--fp8_path", "fused", *CPP, "--parallel", "ddp", "--out_dir", root / "ddp_cpp"]
         ),
@@ -684,6 +745,18 @@ def test_gpu_fp8_under_ddp_and_fsdp(gpu_runs):
 
 @pytest.mark.gpu
 @needs_two_gpus
+def test_gpu_delayed_scaling_under_ddp_and_fsdp_trains_like_one_gpu(gpu_runs):
+    """The fused path's delayed scaling on 2 GPUs, the ranks' amaxes reduced over NCCL once per step (the Triton
+    update in its two launches around the all-reduce): the losses of one GPU's run, which scales the same way."""
+    root, done = gpu_runs
+    for mode in ("ddp", "fsdp"):
+        done[f"{mode}_fused_delayed"].assert_succeeded()
+        assert "delayed scaling" in done[f"{mode}_fused_delayed"].stdout
+        assert_same_losses(metrics(root / f"{mode}_fused_delayed"), metrics(root / "single_fused"), rel=BF16_REL)
+
+
+@pytest.mark.gpu
+@needs_two_gpus
 def test_gpu_ddp_under_cuda_graphs_trains_like_ddp_without_them(gpu_runs):
     """--compile_mode reduce-overhead under DDP (asked for; auto leaves CUDA graphs out across processes until they are
     measured there): each block's compiled forward and backward replay as CUDA graphs while DDP's reducer all-reduces
@@ -720,8 +793,8 @@ def gpu_resume_chains(tmp_path_factory):
     """Each precision trained two steps at a time, one world size after another, from the same global batch: down
     (4 ranks, then 2, then one process) and up (one process, then 2 ranks, then 4), the ranks sharding with FSDP2;
     beside them the uninterrupted one-process run. FP8 by TorchAO's path, kept on every leg (auto would give one
-    process the fused path). Its dynamic scaling has no state to carry; delayed scaling, which has, is refused on
-    several processes (test_the_fused_fp8_path_with_delayed_scaling_is_refused_on_several_processes)."""
+    process the fused path). Its dynamic scaling has no state to carry; the fused path's delayed scaling, which has,
+    is resumed exactly across ranks in test_delayed_scaling_on_two_ranks_trains_like_one_process_and_resumes_exactly."""
     root = tmp_path_factory.mktemp("resume_chains_gpu")
     # The schedule of the whole run from the first leg; an evaluation every 2 steps, where each leg ends (a run
     # evaluates where it stops), so that the uninterrupted run evaluates at the same steps.

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import json
 from pathlib import Path
 
 import pytest
@@ -46,3 +47,21 @@ def test_no_package_module_imports_the_lab_or_the_programs():
                 f"{path.relative_to(package)}: {name}" for name in names if name.startswith("cs336_basics.programs")
             ]
     assert not wrong, wrong
+
+
+def test_a_probe_stopped_part_way_keeps_the_records_it_finished(tmp_path, monkeypatch):
+    """A probe writes its JSON after each configuration: one stopped in its second (a time limit, a crash) keeps the
+    first's record."""
+    from lab import probe
+
+    monkeypatch.setattr(probe, "require_cuda", lambda what, why: None)  # this test measures nothing on a GPU
+    out = tmp_path / "probe.json"
+    args = probe.probe_parser("lab.test", None).parse_args(["--presets", "a,b", "--json", str(out)])
+
+    def measure_all(presets, precisions, keep):
+        keep({"preset": presets[0], "precision": precisions[0]})
+        raise KeyboardInterrupt  # stopped during the next configuration
+
+    with pytest.raises(KeyboardInterrupt):
+        probe.run_probe(args, "a probe", "it measures", measure_all)
+    assert [(r["preset"], r["precision"]) for r in json.loads(out.read_text())["runs"]] == [("a", "bf16")]

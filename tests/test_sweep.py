@@ -185,8 +185,8 @@ def test_quick_plan_and_dry_run_runs_nothing(tmp_path, capsys, monkeypatch):
         (["--world_sizes", "2", "--parallel", "ddp,zero"], "--parallel: unknown value(s) 'zero'; choose from ddp"),
         # what the ranks would refuse is refused before anything runs, naming the configuration
         (
-            ["--world_sizes", "2", "--parallel", "fsdp", "--precisions", "bf16,fp8-fused-delayed"],
-            "fp8-fused-delayed/eager/sdpa/ac-off/fsdp-x2: --fp8_scaling delayed on several processes",
+            ["--world_sizes", "2", "--parallel", "fsdp", "--precisions", "bf16,fp8-fused-dynamic", "--fp8_all_gather"],
+            "fp8-fused-dynamic/eager/sdpa/ac-off/fsdp-x2: --fp8_all_gather is TorchAO's FP8 all-gather under FSDP2",
         ),
     ],
 )

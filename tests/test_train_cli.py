@@ -54,6 +54,10 @@ def test_smoke_run_writes_every_artifact_and_learns(tmp_path, token_files, capsy
         assert key in records[0]
     result = json.loads((out / "result.json").read_text())
     assert result["status"] == "ok" and result["precision"] == "fp32" and result["tokens_per_sec"] > 0
+    tokens_per_step = result["batch_size"] * result["seq_len"] * result["gradient_accumulation_steps"]
+    median_ms = 1e3 * tokens_per_step / result["tokens_per_sec"]
+    assert 0 < result["step_ms_p10"] <= result["step_ms_p90"]
+    assert result["step_ms_p10"] - 1e-6 <= median_ms <= result["step_ms_p90"] + 1e-6  # the spread of that median
     saved = json.loads((out / "config.json").read_text())
     assert saved["model"]["dim"] == 32
     # What auto chose is chosen again on resume (another machine or world size may choose otherwise).

@@ -15,7 +15,7 @@ from typing import Any
 from torch import nn
 
 from cs336_basics.config import FP8Config, RunConfig
-from cs336_basics.precision.fused.scaling import DelayedScalingState, SiteScaling
+from cs336_basics.precision.fused.scaling import DelayedScalingState, SiteScaling, max_over_ranks
 
 
 class Converter:
@@ -72,6 +72,7 @@ class FP8Converter(Converter):
     def __init__(self, fp8: FP8Config, world_size: int = 1):
         self.check_options(fp8, world_size)
         self.fp8 = fp8
+        self.world_size = world_size
 
     @staticmethod
     def defaults(fp8: FP8Config, world_size: int, cuda_graphs: bool) -> tuple[str, dict[str, Any]]:
@@ -92,6 +93,10 @@ class FP8Converter(Converter):
         return cls(config.fp8, world_size)
 
 
-def delayed_scaling(sites: list[SiteScaling], fp8: FP8Config) -> DelayedScalingState:
-    """The amax histories of these delayed-scaling sites, with the history settings fp8 gives."""
-    return DelayedScalingState(sites, fp8.fp8_amax_history_len, fp8.fp8_amax_compute_algo, fp8.fp8_margin)
+def delayed_scaling(sites: list[SiteScaling], fp8: FP8Config, world_size: int = 1) -> DelayedScalingState:
+    """The amax histories of these delayed-scaling sites, with the history settings fp8 gives; on several processes
+    their amaxes are reduced over the ranks once per step, so that every rank keeps the same history and scales."""
+    return DelayedScalingState(
+        sites, fp8.fp8_amax_history_len, fp8.fp8_amax_compute_algo, fp8.fp8_margin,
+        reduce_amax=max_over_ranks if world_size > 1 else None,
+    )  # fmt: skip

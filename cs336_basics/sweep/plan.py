@@ -292,7 +292,7 @@ def plan_sweep(options: SweepOptions) -> list[Planned]:
     for point in expand_grid(options.grid):
         overrides = point.overrides(options.base_overrides, options.steps)
         config = build_config(overrides, options.from_file)
-        # What the ranks would refuse (e.g. delayed FP8 scaling on several processes), before any run.
+        # What the ranks would refuse (e.g. the fused path's FP8 all-gather under FSDP2), before any run.
         try:
             if point.world_size > 1:
                 check_parallel_request(config, World(world_size=point.world_size, launched=True))

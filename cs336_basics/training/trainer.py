@@ -91,6 +91,10 @@ class TrainResult:
     metrics_path: str
     plot_path: str
     checkpoint_path: str | None  # None when the run writes no checkpoints (checkpoint_every 0)
+    # The spread of the timed steps' times (tokens_per_sec is from their median): 10th and 90th percentiles, in ms.
+    # Apart, they tell slow steps among fast ones (a pause, another process) from every step being slow.
+    step_ms_p10: float | None = None
+    step_ms_p90: float | None = None
 
 
 @dataclass
@@ -435,6 +439,7 @@ class Trainer:
         on_cuda = self.device.type == "cuda"
         times = progress.step_times
         tok_s = self.tokens_per_step / statistics.median(times) if times else None
+        spread = statistics.quantiles(times, n=10, method="inclusive") if len(times) > 1 else times * 2
         return TrainResult(
             steps=self.step,
             tokens=self.tokens,
@@ -447,6 +452,8 @@ class Trainer:
             metrics_path=str(metrics_path),
             plot_path=str(plot_path),
             checkpoint_path=str(self.checkpoint_path) if self.saved_step is not None else None,
+            step_ms_p10=1e3 * spread[0] if spread else None,
+            step_ms_p90=1e3 * spread[-1] if spread else None,
         )
 
     def _stop(self, stop: GracefulStop) -> None:

@@ -53,8 +53,9 @@ class FusedFP8(FP8Converter):
 
     @staticmethod
     def defaults(fp8: FP8Config, world_size: int, cuda_graphs: bool) -> tuple[str, dict[str, Any]]:
-        # One amax history per process, which several processes would not agree on: dynamic there. Fast backward
-        # accumulation moved pre-training's loss (docs/fp8.md): off until a loss check says otherwise.
+        # Delayed scaling was measured on one process. On several it runs (the ranks reduce their amaxes once per
+        # step) but is not measured there yet: dynamic until it is. Fast backward accumulation moved pre-training's
+        # loss (docs/fp8.md): off until a loss check says otherwise.
         scaling = "delayed" if world_size == 1 else "dynamic"
         return "the fused path's", {
             "fp8_lm_head": True,
@@ -76,12 +77,6 @@ class FusedFP8(FP8Converter):
                 "--fp8_all_gather is TorchAO's FP8 all-gather under FSDP2; --fp8_path fused has no FP8 all-gather of "
                 "sharded weights (under FSDP2 it all-gathers them in BF16). Use --fp8_path torchao, or drop "
                 "--fp8_all_gather."
-            )
-        if world_size > 1 and fp8.fp8_scaling == "delayed":
-            raise ConfigError(
-                "--fp8_scaling delayed on several processes: each rank would keep its own amax history and scales "
-                "(they are not reduced across ranks), and the checkpoint would keep rank 0's only, so resume would "
-                "not be exact. Use --fp8_scaling dynamic, or one process."
             )
 
     def convert(self, model: nn.Module) -> FP8ConversionReport:
@@ -140,7 +135,7 @@ class FusedFP8(FP8Converter):
                 set_child(model, name, (Fp8LMHead if head else Fp8Linear)(linear, scalings[name]))
                 report.fused_loss_head |= head
         if delayed:
-            self.scaling = delayed_scaling([scalings[name] for name in report.converted], cfg)
+            self.scaling = delayed_scaling([scalings[name] for name in report.converted], cfg, self.world_size)
         report.shared_input_groups = len(groups)
         report.fused_swiglu_blocks = len(blocks)
         if blocks:

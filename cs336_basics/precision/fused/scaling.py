@@ -15,6 +15,7 @@ Every GEMM site has three operands that are cast, its *roles*: the input, the we
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -230,6 +231,18 @@ class SiteScaling(nn.Module):
         return "delayed" if self.delayed else "dynamic"
 
 
+def max_over_ranks(amax: torch.Tensor) -> None:
+    """Each element of `amax` (on the process group's device: the GPU under NCCL, the CPU under gloo) becomes its
+    maximum over the ranks, in place; a NaN on any rank stays a NaN. A backend's maximum is not promised to keep a NaN
+    (an fmax-style one drops it), so it travels as +inf and comes back as NaN: an infinite amax then keeps its scale,
+    as a NaN does (either stops the run: its loss or gradient norm is not finite)."""
+    import torch.distributed as dist
+
+    torch.nan_to_num_(amax, nan=math.inf, posinf=math.inf)
+    dist.all_reduce(amax, op=dist.ReduceOp.MAX)
+    amax.masked_fill_(amax == math.inf, math.nan)
+
+
 class DelayedScalingState(nn.Module):
     """The amax histories of a model's delayed-scaling linears, and the once-per-step update of their scales.
 
@@ -238,10 +251,15 @@ class DelayedScalingState(nn.Module):
     scales, as Transformer Engine's DelayedScaling does. The history is not part of the model's state dict (so
     checkpoints interchange across FP8 paths and BF16); `scaling_state()` / `load_scaling_state()` carry it in a
     checkpoint's extras for exact resume.
+
+    On several processes (`reduce_amax=max_over_ranks`) each step's amaxes are reduced to their maximum over the ranks
+    before they are filed, once per step, as Transformer Engine reduces its amaxes: every rank then keeps the same
+    history and scales (those of the global batch), so any rank's state, the one a checkpoint keeps, is every rank's.
     """
 
     def __init__(self, sites: list[SiteScaling], history_len: int = 16, algo: str = "max", margin: int = 0,
-                 one_launch: bool | None = None):  # fmt: skip
+                 one_launch: bool | None = None,
+                 reduce_amax: Callable[[torch.Tensor], object] | None = None):  # fmt: skip
         super().__init__()
         if algo not in ("max", "most_recent"):
             raise ValueError(f"amax compute algo must be max or most_recent, got {algo!r}")
@@ -250,6 +268,7 @@ class DelayedScalingState(nn.Module):
         self.algo = algo
         self.margin = margin
         self.cursor = 0  # the history column the next update writes
+        self.reduce_amax = reduce_amax  # reduces a step's amaxes (one per history row) in place; None: this process's
         device = sites[0].scale.device
         self.register_buffer("history", torch.zeros(len(sites), 3, history_len, device=device), persistent=False)
         limits = torch.tensor([fp8_max(d) for d in sites[0].dtypes], device=device)
@@ -276,14 +295,17 @@ class DelayedScalingState(nn.Module):
             scales = [site.scale for site in self.sites]
             inverses = [buffer for site in self.sites for buffer in site.scale_inv_buffers()]
             self._launch(rows, scales, inverses, self.history, self.limits, self.cursor, self.margin,
-                         most_recent=self.algo == "most_recent")  # fmt: skip
+                         most_recent=self.algo == "most_recent", reduce=self.reduce_amax)  # fmt: skip
         else:
             self._update_op_by_op(rows)
         self.cursor = (self.cursor + 1) % self.history_len
 
     def _update_op_by_op(self, rows: list[torch.Tensor]) -> None:
         """The update in torch ops: the CPU path, and the reference the kernel is tested against."""
-        self.history[:, :, self.cursor] = torch.stack(torch._foreach_max(rows)).view(len(self.sites), 3)
+        amax = torch.stack(torch._foreach_max(rows))
+        if self.reduce_amax is not None:
+            self.reduce_amax(amax)
+        self.history[:, :, self.cursor] = amax.view(len(self.sites), 3)
         amax = self.history.amax(dim=-1) if self.algo == "max" else self.history[:, :, self.cursor]
         old = torch.stack([site.scale for site in self.sites])
         # A role with no amax recorded yet (all-zero history) keeps its scale.
