@@ -114,12 +114,13 @@ def test_gpu_rope_gradient_producer_stores_every_tile_right(monkeypatch, tile, d
     from cs336_basics.model.layers import RotaryEmbedding
 
     monkeypatch.setattr(rope_triton, "ROPE_GRAD_TILE", tile)
-    batch, heads, seq, head_dim = 2, 4, 300, 64
+    batch, heads, seq, head_dim = 2, (4, 2, 2), 300, 64
     rope = RotaryEmbedding(head_dim, 512).cuda()
     gen = torch.Generator("cuda").manual_seed(0)
-    # As attention hands them back: (batch, heads, seq, head_dim) views of token-major storage.
-    grads = [torch.randn(batch, seq, heads, head_dim, device="cuda", generator=gen).to(torch.bfloat16).transpose(1, 2)
-             for _ in range(3)]  # fmt: skip
+    # As attention hands them back: (batch, heads, seq, head_dim) views of token-major storage; k and v with fewer
+    # heads (GQA), so that the launch's column tiles beyond their width are skipped at every tile size.
+    grads = [torch.randn(batch, seq, n, head_dim, device="cuda", generator=gen).to(torch.bfloat16).transpose(1, 2)
+             for n in heads]  # fmt: skip
     scales = torch.cat([
         amax_to_scale(rope_reference.rope_grad_amax(g, rope.cos, rope.sin, None, i < 2) / 2, dtype)
         for i, g in enumerate(grads)

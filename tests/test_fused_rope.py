@@ -5,6 +5,8 @@ kernel is compared with it on the GPU (marked)."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from numerics import assert_recorded, sqnr_db
@@ -141,8 +143,12 @@ def gpu_row_buffers(rows: int, sites: int = 3) -> list[tuple[torch.Tensor, torch
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("layout", ["bshd", "bhsd"])
-@pytest.mark.parametrize("shape, with_positions", [((2, 14, 300, 64), False), ((3, 4, 128, 128), True)])
-def test_gpu_triton_producer_matches_the_reference(layout, shape, with_positions):
+@pytest.mark.parametrize(
+    "shape, kv_heads, with_positions",
+    # k's and v's gradients as wide as q's, then narrower (GQA): the one launch's column tiles beyond their width
+    [((2, 14, 300, 64), 14, False), ((3, 4, 128, 128), 4, True), ((2, 14, 300, 64), 2, True)],
+)
+def test_gpu_triton_producer_matches_the_reference(layout, shape, kv_heads, with_positions):
     from cs336_basics.kernels import rope_triton as triton_ops
 
     batch, heads, seq, head_dim = shape
@@ -154,7 +160,8 @@ def test_gpu_triton_producer_matches_the_reference(layout, shape, with_positions
         torch.testing.assert_close(triton_ops.rope_grad_amax(*args), reference.rope_grad_amax(*args), rtol=1e-2, atol=0)
     # As q's (rotated back), k's (rotated back, four times larger) and v's gradients, each cast by its own scale, for
     # half its amax: some values saturate.
-    grads = (grad, grad * 4, grad)
+    kv = attention_grad(batch, kv_heads, seq, head_dim, device="cuda", layout=layout)
+    grads = (grad, kv * 4, kv)
     scales = torch.cat([
         amax_to_scale(reference.rope_grad_amax(g, rope.cos, rope.sin, positions, i < 2) / 2, E5M2)
         for i, g in enumerate(grads)
@@ -183,21 +190,25 @@ def test_gpu_triton_producer_matches_the_reference(layout, shape, with_positions
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("with_positions", [False, True])
 @pytest.mark.parametrize("keep_bf16", [[True, True, True], [True, False, True], [False, False, False]])
-def test_gpu_frozen_base_producer_writes_the_same_fp8_side_by_side_and_keeps_the_bf16_gradients(keep_bf16):
+def test_gpu_frozen_base_producer_writes_the_same_fp8_side_by_side_and_keeps_the_bf16_gradients(
+    keep_bf16, with_positions
+):
     # A frozen base's form (lora/layers.py): no transposes, the rotated BF16 gradients where asked.
     from cs336_basics.kernels import rope_triton as triton_ops
 
     batch, seq, head_dim, heads = 2, 300, 64, (14, 2, 2)
     rope = RotaryEmbedding(head_dim, 512).cuda()
     grads = [attention_grad(batch, n, seq, head_dim, device="cuda") * 4**i for i, n in enumerate(heads)]
+    positions = torch.randint(0, 512, (1, seq), device="cuda") if with_positions else None  # one row for the batch
     scales = torch.cat([
-        amax_to_scale(reference.rope_grad_amax(grad, rope.cos, rope.sin, None, i < 2) / 2, E5M2)
+        amax_to_scale(reference.rope_grad_amax(grad, rope.cos, rope.sin, positions, i < 2) / 2, E5M2)
         for i, grad in enumerate(grads)
     ])  # fmt: skip
     rows = [[(torch.zeros(batch * seq, device="cuda"), torch.zeros(batch * seq, device="cuda", dtype=torch.int32))
              for _ in grads] for _ in range(2)]  # fmt: skip
-    cast_args = (*grads, rope.cos, rope.sin, None, scales, scales / 8, E5M2, True, keep_bf16, False)
+    cast_args = (*grads, rope.cos, rope.sin, positions, scales, scales / 8, E5M2, True, keep_bf16, False)
     tested = triton_ops.rope_grad_cast_qkv(*cast_args, *[b for site in rows[0] for b in site])
     expected = reference.rope_grad_cast_qkv(*cast_args, *[b for site in rows[1] for b in site])
     assert tested[0].shape == (batch * seq, sum(heads) * head_dim) and tested[0].is_contiguous()
@@ -208,6 +219,44 @@ def test_gpu_frozen_base_producer_writes_the_same_fp8_side_by_side_and_keeps_the
         else:
             assert tested[1 + i].numel() == 0
         assert rows[0][i][0].max() == rows[1][i][0].max()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "record, keep_bf16, transposed", [(True, [False] * 3, True), (False, [True, False, True], False)]
+)
+def test_gpu_compiled_producer_is_one_launch_that_copies_nothing(record, keep_bf16, transposed):
+    # Compiled, the op is traced (a triton_op) and inductor launches its one kernel from its own wrapper. Three
+    # launches into the joint matrix were three functional mutations, between which inductor copied the matrix: any
+    # copy would be a kernel of inductor's and a second FP8 buffer of the joint matrix's shape.
+    from torch._inductor.utils import run_and_get_code
+
+    from cs336_basics.kernels import rope_triton as triton_ops
+
+    batch, seq, head_dim, heads = 2, 300, 64, (14, 2, 2)
+    rope = RotaryEmbedding(head_dim, 512).cuda()
+    grads = [attention_grad(batch, n, seq, head_dim, device="cuda") * 4**i for i, n in enumerate(heads)]
+    positions = torch.randint(0, 512, (batch, seq), device="cuda")
+    scales = torch.cat([
+        amax_to_scale(reference.rope_grad_amax(grad, rope.cos, rope.sin, positions, i < 2) / 2, E5M2)
+        for i, grad in enumerate(grads)
+    ])  # fmt: skip
+    cast_args = (*grads, rope.cos, rope.sin, positions, scales, scales / 8, E5M2, record, keep_bf16, transposed)
+    rows = [b for site in gpu_row_buffers(batch * seq) for b in site]
+    compiled_rows = [b.clone() for b in rows]
+
+    def produce(*rows):
+        return triton_ops.rope_grad_cast_qkv(*cast_args, *rows)
+
+    expected = produce(*rows)
+    with torch._inductor.config.patch(force_disable_caches=True):
+        tested, (code, *_) = run_and_get_code(torch.compile(produce, fullgraph=True, dynamic=False), *compiled_rows)
+    launches = re.findall(r"^\s*(\w+)\.run\(", code, flags=re.MULTILINE)
+    assert len(launches) == 1 and launches[0].startswith("_rope_grad_qkv_kernel"), launches
+    joint_shape = f"({batch * seq}, {sum(heads) * head_dim})"
+    assert len([line for line in code.splitlines() if "= empty_strided_" in line and joint_shape in line]) == 1
+    for test, ref in zip((*tested, *compiled_rows), (*expected, *rows), strict=True):  # the same kernel as eager
+        assert test.shape == ref.shape and torch.equal(test.view(torch.uint8), ref.view(torch.uint8))
 
 
 @pytest.mark.gpu

@@ -7,10 +7,10 @@ two into one kernel that ran at a fraction of the memory bandwidth, then a separ
 (INDEX.md: 2026-11-25-kernel-profiles-h200). Here each program reads a tile of tokens x channels
 of the gradient (any strides but a contiguous last axis), rotates it back, and writes it in FP8 row-major and
 transposed; with delayed scaling each tile's amax and saturation count go straight into the site's own row buffers
-(tiles.record_tile), with no kernel of their own.
+(tiles.record_tile), with no kernel of their own. One launch casts q's, k's and v's gradients (the grid's third axis).
 The operations, their signatures and numerics are rope_reference.py's; tests compare the two on the GPU. They are
-torch custom ops, so torch.compile keeps them in its graph (fullgraph): the amax pass a triton_op, the cast an opaque
-custom op (its comment says why).
+torch custom ops whose kernels torch.compile traces (torch.library.triton_op), so a compiled graph keeps them
+(fullgraph) and inductor launches the kernels from its own wrapper.
 
 Imported only on CUDA machines: triton ships with torch's Linux CUDA wheels.
 """
@@ -78,58 +78,93 @@ def _rope_grad_kernel(
         tl.store(amax_ptr + tl.program_id(0) * tl.num_programs(1) + tl.program_id(1), tl.max(magnitude))
 
 
-def _launch(kernel, grad, cos, sin, positions, outputs, scales, dtype: torch.dtype, rotate: bool, recorded=None,
-            keep_bf16: bool = False, out_col: int = 0):  # fmt: skip
-    """Runs the kernel over `grad` (batch, heads, seq, head_dim), tiled by ROPE_GRAD_TILE: casting into `outputs` (a
-    wider row-major FP8 tensor written from column `out_col` on, by the second of `scales` (the site's own scale, the
-    joint GEMM's), and a second tensor: the (F, M) FP8 transpose by the first; with `keep_bf16` the (M, F) rotated
-    gradient in grad's dtype instead; or None) and recording into `recorded` (a site's amax and saturation row
-    buffers, counted against the site's own scale) if given; without `outputs`, returns the amax per tile. `kernel`:
-    _rope_grad_kernel, wrapped by wrap_triton inside a triton_op (which torch.compile traces), launched as it is inside
-    the opaque custom op: there wrap_triton's eager path (a higher-order op dispatched per launch) cost about a
-    millisecond of host time per launch, most of a non-graph FP8 step's host time at 366m
-    (INDEX.md: 2026-11-27-nongraph-host-time)."""
+@triton.jit
+def _rope_grad_qkv_kernel(
+    gq_ptr, gk_ptr, gv_ptr, cos_ptr, sin_ptr, pos_ptr, out_ptr, second_q_ptr, second_k_ptr, second_v_ptr, scales_ptr,
+    joint_scales_ptr, amax_q_ptr, sat_q_ptr, amax_k_ptr, sat_k_ptr, amax_v_ptr, sat_v_ptr, M, seq, pos_stride_b,
+    F_q, stride_qb, stride_qh, stride_qs, rows_q, F_k, stride_kb, stride_kh, stride_ks, rows_k,
+    F_v, stride_vb, stride_vh, stride_vs, rows_v,
+    HEAD_DIM: tl.constexpr, LIMIT: tl.constexpr, POSITIONS: tl.constexpr, TRANSPOSE: tl.constexpr,
+    KEEP_Q: tl.constexpr, KEEP_K: tl.constexpr, KEEP_V: tl.constexpr, RECORD: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_F: tl.constexpr,
+):  # fmt: skip
+    # One launch for the three gradients: axis 2 of the grid picks q's, k's or v's, of which this program casts one
+    # tile as _rope_grad_kernel does (by element i of `scales` and `joint_scales`, into the joint matrix's columns
+    # after those of the gradients before it). Axis 1 spans the widest gradient; a narrower one's (k's and v's with
+    # GQA) tiles beyond its width do nothing. One call per gradient rather than one call on arguments picked by the
+    # branch: Triton makes an integer argument equal to 1 a constant, and a branch may not give a variable two types.
+    which, first_col, width = tl.program_id(2), tl.program_id(1) * BLOCK_F, F_q + F_k + F_v
+    if (which == 0) & (first_col < F_q):
+        _rope_grad_kernel(
+            gq_ptr, cos_ptr, sin_ptr, pos_ptr, out_ptr, second_q_ptr, scales_ptr, joint_scales_ptr, amax_q_ptr,
+            sat_q_ptr, M, F_q, seq, stride_qb, stride_qh, stride_qs, pos_stride_b, rows_q, width, 0, HEAD_DIM, LIMIT,
+            ROTATE=True, POSITIONS=POSITIONS, CAST=True, TRANSPOSE=TRANSPOSE, KEEP_BF16=KEEP_Q, RECORD=RECORD,
+            BLOCK_M=BLOCK_M, BLOCK_F=BLOCK_F,
+        )  # fmt: skip
+    elif (which == 1) & (first_col < F_k):
+        _rope_grad_kernel(
+            gk_ptr, cos_ptr, sin_ptr, pos_ptr, out_ptr, second_k_ptr, scales_ptr + 1, joint_scales_ptr + 1,
+            amax_k_ptr, sat_k_ptr, M, F_k, seq, stride_kb, stride_kh, stride_ks, pos_stride_b, rows_k, width, F_q,
+            HEAD_DIM, LIMIT, ROTATE=True, POSITIONS=POSITIONS, CAST=True, TRANSPOSE=TRANSPOSE, KEEP_BF16=KEEP_K,
+            RECORD=RECORD, BLOCK_M=BLOCK_M, BLOCK_F=BLOCK_F,
+        )  # fmt: skip
+    elif (which == 2) & (first_col < F_v):
+        _rope_grad_kernel(
+            gv_ptr, cos_ptr, sin_ptr, pos_ptr, out_ptr, second_v_ptr, scales_ptr + 2, joint_scales_ptr + 2,
+            amax_v_ptr, sat_v_ptr, M, F_v, seq, stride_vb, stride_vh, stride_vs, pos_stride_b, rows_v, width,
+            F_q + F_k, HEAD_DIM, LIMIT, ROTATE=False, POSITIONS=POSITIONS, CAST=True, TRANSPOSE=TRANSPOSE,
+            KEEP_BF16=KEEP_V, RECORD=RECORD, BLOCK_M=BLOCK_M, BLOCK_F=BLOCK_F,
+        )  # fmt: skip
+
+
+def _layout(grad: torch.Tensor) -> tuple[torch.Tensor, int, list[int]]:
+    """(grad, with its last axis contiguous; its width heads * head_dim; its strides along batch, heads and seq) of a
+    (batch, heads, seq, head_dim) gradient, as the kernels take it."""
     if grad.dim() != 4 or not grad.is_cuda:
-        raise ValueError("the RoPE gradient kernel takes a 4-D (batch, heads, seq, head_dim) CUDA tensor")
+        raise ValueError("the RoPE gradient kernels take 4-D (batch, heads, seq, head_dim) CUDA tensors")
     if grad.stride(-1) != 1:
         grad = grad.contiguous()
-    batch, heads, seq, head_dim = grad.shape
-    m, f = batch * seq, heads * head_dim
-    tile = ROPE_GRAD_TILE  # read at each launch, as the other kernels' tiles are (the store guard test sweeps them)
-    grid = tile.grid(m, f)
-    cast = outputs is not None
-    tile_amax = None if cast else torch.empty(grid, device=grad.device, dtype=torch.float32)
-    unused = grad  # the pointer a launch passes for what it does not read or write
-    amax, saturated = recorded if recorded is not None else (tile_amax if tile_amax is not None else unused, unused)
-    pos = positions if positions is not None else unused
-    pos_stride = positions.stride(0) if positions is not None and positions.shape[0] > 1 else 0
-    stride_b, stride_h, stride_s, _ = grad.stride()
-    out, second = outputs if cast else (unused, None)
-    out_stride = out.shape[1] if cast else f
-    kernel[grid](
-        grad, cos, sin, pos, out, unused if second is None else second, *(scales if cast else (unused, unused)), amax,
-        saturated,
-        m, f, seq, stride_b, stride_h, stride_s, pos_stride, amax.numel(), out_stride, out_col, HEAD_DIM=head_dim,
-        LIMIT=fp8_max(dtype), ROTATE=rotate, POSITIONS=positions is not None, CAST=cast,
-        TRANSPOSE=second is not None and not keep_bf16, KEEP_BF16=keep_bf16, RECORD=recorded is not None,
-        **tile.launch_options(),
-    )  # fmt: skip
-    return tile_amax
+    return grad, _width(grad), list(grad.stride()[:3])
+
+
+def _width(grad: torch.Tensor) -> int:
+    """Channels of a (batch, heads, seq, head_dim) gradient: heads * head_dim."""
+    return grad.shape[1] * grad.shape[3]
+
+
+def _positions(positions: torch.Tensor | None, unused: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """The kernels' positions pointer (`unused` for none: never read) and its batch stride (0 if one row for all)."""
+    if positions is None:
+        return unused, 0
+    return positions, positions.stride(0) if positions.shape[0] > 1 else 0
 
 
 @triton_op("cs336_fp8::rope_grad_amax", mutates_args={})
 def rope_grad_amax(
     grad: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor | None, rotate: bool
 ) -> torch.Tensor:
-    return (
-        _launch(wrap_triton(_rope_grad_kernel), grad, cos, sin, positions, None, None, E5M2, rotate).amax().reshape(1)
-    )
+    grad, f, strides = _layout(grad)
+    batch, _, seq, head_dim = grad.shape
+    tile = ROPE_GRAD_TILE  # read at each launch, as the other kernels' tiles are (the store guard test sweeps them)
+    grid = tile.grid(batch * seq, f)
+    tile_amax = torch.empty(grid, device=grad.device, dtype=torch.float32)
+    pos, pos_stride = _positions(positions, grad)
+    # The pointers this pass neither reads nor writes (outputs, scales, saturation counts) are given grad.
+    wrap_triton(_rope_grad_kernel)[grid](
+        grad, cos, sin, pos, grad, grad, grad, grad, tile_amax, grad, batch * seq, f, seq, *strides, pos_stride,
+        tile_amax.numel(), f, 0, HEAD_DIM=head_dim, LIMIT=fp8_max(E5M2), ROTATE=rotate,
+        POSITIONS=positions is not None, CAST=False, TRANSPOSE=False, KEEP_BF16=False, RECORD=False,
+        **tile.launch_options(),
+    )  # fmt: skip
+    return tile_amax.amax().reshape(1)
 
 
-# An opaque custom op, not a triton_op: traced, its three launches into one matrix became three functional mutations,
-# and inductor copied the matrix between them. It returns a fixed tuple and mutates single tensors: functionalization
-# refused a list returned beside mutated arguments. Nothing traces inside it, so it launches the kernel itself.
-@torch.library.custom_op(
+# One launch for the three gradients, so that torch.compile traces the op and inductor launches the kernel from its
+# own wrapper: as an opaque custom op, three launches from Python cost host time in every step that is not a CUDA
+# graph (INDEX.md: 2026-11-27-nongraph-host-time), and traced, three launches into one matrix became three functional
+# mutations, between which inductor copied the matrix. It returns a fixed tuple and mutates single tensors:
+# functionalization refused a list returned beside mutated arguments.
+@triton_op(
     "cs336_fp8::rope_grad_cast_qkv",
     mutates_args={"amax_q", "saturated_q", "amax_k", "saturated_k", "amax_v", "saturated_v"},
 )
@@ -154,21 +189,33 @@ def rope_grad_cast_qkv(
     saturated_v: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     check_second_outputs(keep_bf16, transposed)
-    grads = (grad_q, grad_k, grad_v)
-    recorded = ((amax_q, saturated_q), (amax_k, saturated_k), (amax_v, saturated_v))
+    layouts = [_layout(grad) for grad in (grad_q, grad_k, grad_v)]
+    grads = [grad for grad, _, _ in layouts]
+    batch, _, seq, head_dim = grad_q.shape
+    if any((grad.shape[0], *grad.shape[2:], grad.dtype) != (batch, seq, head_dim, grad_q.dtype) for grad in grads):
+        raise ValueError("q's, k's and v's gradients must share their batch, seq, head_dim and dtype")
     joint, seconds = _outputs(grads, dtype, keep_bf16, transposed)
-    start = 0
-    for i, grad in enumerate(grads):
-        second = seconds[i] if seconds[i].numel() else None
-        own_and_joint = (scales[i : i + 1], joint_scales[i : i + 1])
-        _launch(_rope_grad_kernel, grad, cos, sin, positions, (joint, second), own_and_joint, dtype, i < 2,
-                recorded[i] if record else None, keep_bf16=keep_bf16[i], out_col=start)  # fmt: skip
-        start += _width(grad)
+    # What the launch neither reads nor writes (the row buffers without `record`, an empty second output) is given
+    # q's gradient in its place.
+    unused = grads[0]
+    rows = (amax_q, saturated_q, amax_k, saturated_k, amax_v, saturated_v) if record else (unused,) * 6
+    per_grad = []  # each gradient's F, stride_b, stride_h, stride_s and recorded rows
+    for (_, width, strides), amax in zip(layouts, rows[::2], strict=True):
+        per_grad += [width, *strides, amax.numel()]
+    pos, pos_stride = _positions(positions, unused)
+    tile = ROPE_GRAD_TILE  # read at each launch, as the other kernels' tiles are (the store guard test sweeps them)
+    grid = (*tile.grid(batch * seq, max(width for _, width, _ in layouts)), 3)
+    wrap_triton(_rope_grad_qkv_kernel)[grid](
+        *grads, cos, sin, pos, joint, *(second if second.numel() else unused for second in seconds), scales,
+        joint_scales, *rows, batch * seq, seq, pos_stride, *per_grad, HEAD_DIM=head_dim, LIMIT=fp8_max(dtype),
+        POSITIONS=positions is not None, TRANSPOSE=transposed, KEEP_Q=keep_bf16[0], KEEP_K=keep_bf16[1],
+        KEEP_V=keep_bf16[2], RECORD=record, **tile.launch_options(),
+    )  # fmt: skip
     return joint, *seconds
 
 
 def _outputs(grads, dtype: torch.dtype, keep_bf16: list[bool], transposed: bool):
-    """rope_grad_cast_qkv's outputs, to be written (also its fake implementation's, under the fake tensor mode)."""
+    """rope_grad_cast_qkv's outputs, to be written: the joint FP8 matrix and the three second outputs."""
     batch, _, seq, _ = grads[0].shape
     tokens, device = batch * seq, grads[0].device
     joint = torch.empty((tokens, sum(_width(grad) for grad in grads)), device=device, dtype=dtype)
@@ -179,14 +226,3 @@ def _outputs(grads, dtype: torch.dtype, keep_bf16: list[bool], transposed: bool)
         for grad, keep in zip(grads, keep_bf16, strict=True)
     ]
     return joint, seconds
-
-
-def _width(grad: torch.Tensor) -> int:
-    """Channels of a (batch, heads, seq, head_dim) gradient: heads * head_dim."""
-    return grad.shape[1] * grad.shape[3]
-
-
-@rope_grad_cast_qkv.register_fake
-def _(grad_q, grad_k, grad_v, cos, sin, positions, scales, joint_scales, dtype, record, keep_bf16, transposed, *rows):
-    joint, seconds = _outputs((grad_q, grad_k, grad_v), dtype, keep_bf16, transposed)
-    return joint, *seconds

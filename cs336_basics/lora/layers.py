@@ -275,8 +275,8 @@ def join_fp8_weights_t(owner: nn.Module, linears: tuple[FrozenLinear, ...]) -> N
 class _FrozenFp8QkvRope(torch.autograd.Function):
     """(q, k, v) as (batch, heads, seq, head_dim), q and k rotated, from frozen FP8 q/k/v weights (cached operands as
     _FrozenFp8Linears'): x cast once; each output its base's FP8 GEMM plus its adapters' contribution (a `delta`
-    computed outside by autograd, or None), then RoPE as the model applies it. In backward one kernel per output
-    (rope_ops' rope_grad_cast_qkv) rotates attention's gradient back and writes it in FP8 as columns of one
+    computed outside by autograd, or None), then RoPE as the model applies it. In backward one kernel launch
+    (rope_ops' rope_grad_cast_qkv) rotates attention's gradients back and writes each in FP8 as columns of one
     matrix, and where there is a delta also in BF16, as the delta's gradient; then one GEMM with the joint W^T gives
     dx (joint_dgrad_scales), where three GEMMs would each write a BF16 dx for a sum to read back. Unfused, RoPE's
     backward writes the BF16 gradient and a separate cast reads it back (see precision/fused/qkv_rope.py)."""
