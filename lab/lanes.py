@@ -1,0 +1,144 @@
+"""Run a list of GPU jobs on one host's GPUs, as many at once as the GPUs allow, each on GPUs of its own.
+
+A device session's time counts by the clock, whatever the number of GPUs: on a 4-GPU host, four one-GPU jobs that
+each need the GPU but little of the host (steps under CUDA graphs, tests) cost what one does. A jobs file has one
+job per line, `NAME GPUS COMMAND`:
+
+    graphs-bf16   1   python3 optimize_performance.py --presets 366m --precisions bf16 --out_dir $JOB_OUT
+    ddp2          2   python3 optimize_performance.py --presets 1.3b --world_sizes 2 --parallel ddp --out_dir $JOB_OUT
+    nographs-fp8  1!  python3 optimize_performance.py --presets 366m --compile default --out_dir $JOB_OUT
+
+GPUS is how many GPUs the job takes; with `!` it also runs alone on the host: a step that waits for the host (no CUDA
+graphs) is slowed by what else runs on the host, so its timing compares only with the host to itself
+(2026-11-28-rope-one-launch-ab: beside other jobs, one compiled graph's host time differed by a quarter between two
+processes). Jobs start
+in file order, each when its GPUs are free (a later job never overtakes an earlier one that waits). Each runs with
+bash in the current folder, `CUDA_VISIBLE_DEVICES` set to its GPUs and `JOB_OUT` to its own folder under `--out`,
+its output in `--out/NAME.log`; `lanes.json` there records each job's GPUs, start, end and exit status. Blank lines
+and lines starting with # are skipped. Each job is stopped at `--timeout_s`; a Ctrl-C stops the lanes from starting
+more but leaves the started jobs to that limit (on a device machine the command's own limit ends them all).
+
+    python -m lab.lanes --gpus 4 --out $OUT/lanes jobs.txt
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from cs336_basics.cli import positive_int
+from cs336_basics.errors import ConfigError, run_program
+from cs336_basics.sweep.run import run_logged
+
+_NAME = re.compile(r"[A-Za-z0-9._-]+")
+
+
+@dataclass
+class Job:
+    name: str
+    gpus: int
+    alone: bool
+    command: str
+    assigned: list[int] = field(default_factory=list)
+    started_s: float | None = None  # seconds since the lanes began
+    ended_s: float | None = None
+    returncode: int | None = None
+    timed_out: bool = False
+
+
+def parse_jobs(text: str, gpus: int) -> list[Job]:
+    """The jobs of a jobs file (see the module's docstring); ConfigError naming the line for a malformed one."""
+    jobs, names = [], set()
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        parts = line.split(None, 2)
+        if len(parts) < 3 or not re.fullmatch(r"[1-9][0-9]*!?", parts[1]) or not _NAME.fullmatch(parts[0]):
+            raise ConfigError(
+                f"jobs line {number}: expected 'NAME GPUS COMMAND' (GPUS a count, ! to run alone), not {line!r}"
+            )
+        name, count = parts[0], int(parts[1].rstrip("!"))
+        if name in names:
+            raise ConfigError(f"jobs line {number}: the name {name!r} is taken (each job's log and folder carry it)")
+        if count > gpus:
+            raise ConfigError(f"jobs line {number}: {name} needs {count} GPUs; this host has {gpus} (--gpus)")
+        names.add(name)
+        jobs.append(Job(name, count, parts[1].endswith("!"), parts[2].strip()))
+    if not jobs:
+        raise ConfigError("the jobs file holds no job")
+    return jobs
+
+
+def run_lanes(jobs: list[Job], gpus: int, out: Path, timeout_s: float, log=print, poll_s: float = 0.2) -> list[Job]:
+    """Run `jobs` on GPUs 0..gpus-1 as described in the module's docstring; returns them with their outcome."""
+    out.mkdir(parents=True, exist_ok=True)
+    free = list(range(gpus))
+    running: dict[str, threading.Thread] = {}
+    lock = threading.Lock()
+    t0 = time.perf_counter()
+
+    def run(job: Job) -> None:
+        job_out = out / job.name
+        job_out.mkdir(exist_ok=True)
+        env = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, job.assigned)), "JOB_OUT": str(job_out)}
+        job.returncode, job.timed_out = run_logged(["bash", "-c", job.command], out / f"{job.name}.log", timeout_s,
+                                                   env=env)  # fmt: skip
+        with lock:
+            job.ended_s = time.perf_counter() - t0
+            free.extend(job.assigned)
+            free.sort()
+            del running[job.name]
+        log(f"[lanes] {job.name} ended: exit {job.returncode}{' (timed out)' if job.timed_out else ''}, "
+            f"{job.ended_s - job.started_s:.0f} s")  # fmt: skip
+
+    for job in jobs:
+        while True:
+            with lock:
+                alone_running = any(j.alone for j in jobs if j.name in running)
+                fits = len(free) >= job.gpus and not alone_running and not (job.alone and running)
+                if fits:
+                    job.assigned, free[:] = free[: job.gpus], free[job.gpus :]
+                    job.started_s = time.perf_counter() - t0
+                    thread = threading.Thread(target=run, args=(job,), daemon=True)
+                    running[job.name] = thread
+                    break
+            time.sleep(poll_s)
+        log(f"[lanes] {job.name} started on GPU {','.join(map(str, job.assigned))}{' alone' if job.alone else ''}")
+        thread.start()
+    while True:
+        with lock:
+            threads = list(running.values())
+        if not threads:
+            break
+        threads[0].join()
+    (out / "lanes.json").write_text(json.dumps({"gpus": gpus, "jobs": [asdict(j) for j in jobs]}, indent=2) + "\n")
+    return jobs
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m lab.lanes", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser.add_argument("jobs", type=Path, help="the jobs file")
+    parser.add_argument("--gpus", type=positive_int, required=True, help="the host's GPUs to use: 0..N-1")
+    parser.add_argument("--out", type=Path, required=True, help="folder for each job's log, folder and lanes.json")
+    parser.add_argument("--timeout_s", type=float, default=600.0, help="each job's limit")
+    args = parser.parse_args(argv)
+
+    def body() -> int:
+        done = run_lanes(parse_jobs(args.jobs.read_text(), args.gpus), args.gpus, args.out, args.timeout_s)
+        for job in done:
+            print(f"{job.name:>24}  GPU {','.join(map(str, job.assigned)):<8} {job.started_s:7.0f} -> "
+                  f"{job.ended_s:7.0f} s  exit {job.returncode}{' (timed out)' if job.timed_out else ''}")  # fmt: skip
+        return 0 if all(job.returncode == 0 for job in done) else 1
+
+    return run_program(body)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

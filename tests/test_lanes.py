@@ -1,0 +1,76 @@
+"""lab.lanes: jobs on GPUs of their own, as many at once as fit, a job marked alone with nothing beside it. Stand-in
+jobs (shell commands that record CUDA_VISIBLE_DEVICES and sleep), so this runs on the CPU."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from cs336_basics.errors import ConfigError
+from lab.lanes import main, parse_jobs, run_lanes
+
+RECORD = 'echo "$CUDA_VISIBLE_DEVICES" > "$JOB_OUT/gpus"; sleep 0.4'
+
+
+def _overlap(a, b) -> bool:
+    return a.started_s < b.ended_s and b.started_s < a.ended_s
+
+
+def _run(text: str, gpus: int, tmp_path):
+    return run_lanes(parse_jobs(text, gpus), gpus, tmp_path, timeout_s=30, log=lambda line: None, poll_s=0.01)
+
+
+def test_jobs_overlap_on_gpus_of_their_own_in_file_order(tmp_path):
+    jobs = _run(f"# four GPUs\na 1 {RECORD}\nb 2 {RECORD}\nc 1 {RECORD}\nd 4 {RECORD}\ne 1 exit 3\n", 4, tmp_path)
+    a, b, c, d, e = jobs
+    assert _overlap(a, b) and _overlap(a, c) and _overlap(b, c)  # 1 + 2 + 1 GPUs fit on four at once
+    assert d.started_s >= max(a.ended_s, b.ended_s, c.ended_s)  # d needs all four; e, which would fit, waits behind it
+    assert e.started_s >= d.started_s
+    for job in jobs:
+        assert len(job.assigned) == job.gpus
+        if job is not e:
+            assert (tmp_path / job.name / "gpus").read_text().split()[0] == ",".join(map(str, job.assigned))
+        for other in jobs:
+            if other is not job and _overlap(job, other):
+                assert not set(job.assigned) & set(other.assigned), (job.name, other.name)
+    assert [job.returncode for job in jobs] == [0, 0, 0, 0, 3]
+    recorded = json.loads((tmp_path / "lanes.json").read_text())
+    assert [job["name"] for job in recorded["jobs"]] == ["a", "b", "c", "d", "e"]
+
+
+def test_a_job_marked_alone_waits_for_the_host_to_be_free_and_keeps_it(tmp_path):
+    before, alone, after = _run(f"before 1 {RECORD}\nalone 1! {RECORD}\nafter 1 {RECORD}\n", 4, tmp_path)
+    assert alone.started_s >= before.ended_s  # GPUs were free: it waited for the host
+    assert after.started_s >= alone.ended_s
+
+
+def test_a_job_past_its_limit_is_stopped_and_the_run_exits_1(tmp_path, capsys):
+    jobs_file = tmp_path / "jobs.txt"
+    jobs_file.write_text("quick 1 true\nslow 1 sleep 30\n")
+    assert main([str(jobs_file), "--gpus", "2", "--out", str(tmp_path / "out"), "--timeout_s", "0.5"]) == 1
+    recorded = {job["name"]: job for job in json.loads((tmp_path / "out" / "lanes.json").read_text())["jobs"]}
+    assert recorded["quick"]["returncode"] == 0 and not recorded["quick"]["timed_out"]
+    assert recorded["slow"]["timed_out"] and recorded["slow"]["ended_s"] < 10
+    assert "slow" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("a 1", "expected 'NAME GPUS COMMAND'"),
+        ("a two echo", "expected 'NAME GPUS COMMAND'"),
+        ("a/b 1 echo", "expected 'NAME GPUS COMMAND'"),
+        ("a 1 echo\na 1 echo", "the name 'a' is taken"),
+        ("a 3 echo", "a needs 3 GPUs; this host has 2"),
+        ("# only a comment\n\n", "holds no job"),
+    ],
+)
+def test_a_malformed_jobs_file_is_one_error_naming_its_line(text, message):
+    with pytest.raises(ConfigError, match=message):
+        parse_jobs(text, 2)
+
+
+def test_an_unreadable_jobs_file_is_one_line_and_exit_1(tmp_path, capsys):
+    assert main([str(tmp_path / "missing.txt"), "--gpus", "1", "--out", str(tmp_path)]) == 1
+    assert "missing.txt" in capsys.readouterr().err
