@@ -94,19 +94,20 @@ def _check_fp8_request(config: RunConfig, support: FP8Support) -> None:
     check_fp8_tokens(config.train.batch_size, config.model.context_length, config.fp8)
 
 
-def check_cuda_graphs_request(train: TrainConfig, device: torch.device, world: World = SINGLE) -> None:
-    """Refuse CUDA graphs with gradient accumulation across several processes. In one process the Trainer sums the
+def check_cuda_graphs_request(train: TrainConfig, device: torch.device, parallel_mode: str = NONE) -> None:
+    """Refuse CUDA graphs with gradient accumulation under FSDP2. In one process, and under DDP, the Trainer sums the
     micro-batches' gradients outside the graphs' memory (training/accumulation.py), where a replay would otherwise
-    overwrite them (pytorch/pytorch#169545); DDP's and FSDP2's gradient hooks under CUDA graphs are not measured."""
+    overwrite them (pytorch/pytorch#169545), and under DDP averages the sums over the ranks after the last; FSDP2
+    reduce-scatters each micro-batch's gradients from inside backward, which that design does not cover."""
     graphs = runs_cuda_graphs(train.compile_model, train.compile_mode, device)
-    if graphs and train.gradient_accumulation_steps > 1 and world.launched:
+    if graphs and train.gradient_accumulation_steps > 1 and parallel_mode == FSDP:
         raise ConfigError(
             f"--compile_mode {train.compile_mode} runs the step under CUDA graphs, whose gradient accumulation is "
-            f"supported in one process only, so --gradient_accumulation_steps {train.gradient_accumulation_steps} "
-            "under torchrun cannot be honoured. Use --compile_mode default (or max-autotune-no-cudagraphs) with "
-            "gradient accumulation on several GPUs, or --gradient_accumulation_steps 1 with a larger --batch_size."
+            f"supported in one process and under DDP, so --gradient_accumulation_steps "
+            f"{train.gradient_accumulation_steps} under FSDP2 cannot be honoured. Use --compile_mode default (or "
+            "max-autotune-no-cudagraphs) with gradient accumulation under FSDP2, --parallel ddp, or "
+            "--gradient_accumulation_steps 1 with a larger --batch_size."
         )
-
 
 def plan(config: RunConfig) -> Plan:
     """Resolve every "auto" setting for this machine and refuse, with the fix, what it cannot run. Builds nothing
@@ -179,7 +180,7 @@ def plan(config: RunConfig) -> Plan:
     config = config.replace(train={"compile_wrapper": wrapper})
     parallel = resolve_parallel(config, world, device, n_params)
     check_finetune_request(config, world)
-    check_cuda_graphs_request(config.train, device, world)
+    check_cuda_graphs_request(config.train, device, parallel.mode)
     m = config.model
     kernel = check_attention_backend(m.attention, device, torch_dtype(dtype), head_dim=m.head_dim)
     return Plan(config, device, support, kernel, tuple(auto), world, parallel, request)

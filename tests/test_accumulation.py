@@ -51,6 +51,26 @@ def test_sums_equal_eager_accumulation_though_each_replay_rewrites_the_same_memo
             p.grad = None  # the optimizer's zero_grad(set_to_none=True)
 
 
+def test_the_sums_are_reduced_once_after_the_last_micro_batch_before_they_become_the_grads():
+    params = [torch.nn.Parameter(torch.zeros(3)) for _ in range(3)]
+    calls = []
+
+    def halve(sums):  # a stand-in for the average over two ranks
+        calls.append([s.clone() for s in sums])
+        torch._foreach_mul_(sums, 0.5)
+
+    accumulator = GraphGradientAccumulator([params[0], params[1], params[0], params[2]], reduce=halve)
+    micro = [[torch.ones(3), torch.full((3,), 2.0), None], [torch.ones(3), torch.full((3,), 2.0), None]]
+    for i, grads in enumerate(micro):
+        for p, g in zip(params, grads, strict=True):
+            p.grad = None if g is None else g.clone()
+        accumulator.take(first=i == 0, last=i == len(micro) - 1)
+        assert len(calls) == (1 if i == len(micro) - 1 else 0)
+    # Once, on the step's sums in the parameters' order (a tied weight once, one never reached left out).
+    assert [c.tolist() for c in calls[0]] == [[2.0] * 3, [4.0] * 3]
+    assert params[0].grad.tolist() == [1.0] * 3 and params[1].grad.tolist() == [2.0] * 3 and params[2].grad is None
+
+
 def tiny_cuda_config(tmp_path, mode: str, accum: int):
     train = dict(batch_size=4, gradient_accumulation_steps=accum, max_steps=1, log_every=1, eval_every=0,
                  checkpoint_every=0, out_dir=str(tmp_path / mode), device="cuda", compile_model=True,

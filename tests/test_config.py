@@ -198,24 +198,24 @@ def test_help_shows_the_values_a_run_here_uses(monkeypatch):
 
 
 @pytest.mark.parametrize("mode", ["reduce-overhead", "max-autotune"])
-def test_cuda_graphs_with_gradient_accumulation_are_refused_under_torchrun_only(mode):
-    # One process sums the micro-batches' gradients outside the graphs (training/accumulation.py); several are not
-    # measured under CUDA graphs.
+def test_cuda_graphs_with_gradient_accumulation_are_refused_under_fsdp_only(mode):
+    # One process and DDP sum the micro-batches' gradients outside the graphs (training/accumulation.py); FSDP2
+    # reduce-scatters them inside backward.
     train = RunConfig().train
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
-    torchrun = World(rank=0, local_rank=0, world_size=2, launched=True)
     accumulating = dataclasses.replace(train, compile_model=True, compile_mode=mode, gradient_accumulation_steps=4)
-    with pytest.raises(ConfigError, match=r"CUDA graphs.*--gradient_accumulation_steps 4.*--compile_mode default"):
-        check_cuda_graphs_request(accumulating, cuda, torchrun)
-    check_cuda_graphs_request(accumulating, cuda, SINGLE)
-    # Allowed under torchrun: no accumulation, a mode without CUDA graphs, no compile, or the CPU.
+    with pytest.raises(ConfigError, match=r"CUDA graphs.*--gradient_accumulation_steps 4 under FSDP2.*--parallel ddp"):
+        check_cuda_graphs_request(accumulating, cuda, "fsdp")
+    for parallel_mode in ("none", "ddp"):
+        check_cuda_graphs_request(accumulating, cuda, parallel_mode)
+    # Allowed under FSDP2: no accumulation, a mode without CUDA graphs, no compile, or the CPU.
     for allowed in (
         dataclasses.replace(accumulating, gradient_accumulation_steps=1),
         dataclasses.replace(accumulating, compile_mode="max-autotune-no-cudagraphs"),
         dataclasses.replace(accumulating, compile_model=False),
     ):
-        check_cuda_graphs_request(allowed, cuda, torchrun)
-    check_cuda_graphs_request(accumulating, cpu, torchrun)
+        check_cuda_graphs_request(allowed, cuda, "fsdp")
+    check_cuda_graphs_request(accumulating, cpu, "fsdp")
 
 
 def test_auto_compile_mode_uses_cuda_graphs_only_for_a_single_process_fp8_step():
@@ -300,7 +300,7 @@ def test_the_built_config_names_the_compile_mode_auto_chose():
 
 def test_planning_applies_the_cuda_graphs_check(monkeypatch):
     seen = []
-    check = lambda train, device, world: seen.append((train, device, world))  # noqa: E731
+    check = lambda train, device, parallel_mode: seen.append((train, device, parallel_mode))  # noqa: E731
     monkeypatch.setattr(build_module, "check_cuda_graphs_request", check)
     planned = plan(build_config({"preset": "cpu-small", "train": {"gradient_accumulation_steps": 2}}))
-    assert seen == [(planned.config.train, planned.device, planned.world)]
+    assert seen == [(planned.config.train, planned.device, planned.parallel.mode)]

@@ -480,6 +480,64 @@ def test_amaxes_reduce_to_their_max_over_ranks_and_a_nan_stays_a_nan(tmp_path):
         torch.testing.assert_close(torch.load(f"{out}.{rank}"), want, rtol=0, atol=0, equal_nan=True)
 
 
+def _accumulate_on_rank(rank: int, init_file: str, out: str) -> None:
+    """Three micro-batches on this rank (its own data) through a DDP replica, accumulated three ways: eagerly as the
+    Trainer does without CUDA graphs; as under CUDA graphs, each micro-batch's gradients taken out of `.grad` and
+    averaged over the ranks after the last; and the same without that average (DDP's all-reduce in the last
+    micro-batch's backward: what graph accumulation under DDP would give without it)."""
+    import torch.distributed as dist
+
+    from cs336_basics.training.accumulation import GraphGradientAccumulator
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    try:
+        torch.manual_seed(0)  # the same initial weights on both ranks
+        model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+        plan = wrap.ParallelPlan(wrap.DDP, World(rank, rank, 2, launched=True), "test", 0.0, None)
+        replica = wrap.parallelize(model, model, plan, torch.device("cpu"))
+        gen = torch.Generator().manual_seed(1 + rank)
+        batches = [torch.randn(3, 4, generator=gen) for _ in range(3)]
+
+        def accumulate(accumulator: GraphGradientAccumulator | None, averaged_after: bool) -> list[torch.Tensor]:
+            for i, x in enumerate(batches):
+                with wrap.gradient_sync(replica, plan, i == len(batches) - 1, averaged_after):
+                    (replica(x).square().mean() / len(batches)).backward()
+                if accumulator is not None:
+                    accumulator.take(first=i == 0, last=i == len(batches) - 1)
+            grads = [p.grad.clone() for p in model.parameters()]
+            model.zero_grad(set_to_none=True)
+            return grads
+
+        eager = accumulate(None, averaged_after=False)
+        graphs = accumulate(GraphGradientAccumulator(model.parameters(), wrap.graph_accumulation_reduce(plan)), True)
+        unaveraged = accumulate(GraphGradientAccumulator(model.parameters()), averaged_after=False)
+        # Buckets: two tensors of 24 bytes fit in one of 48, a third starts another, a change of dtype another.
+        mixed = [torch.full((6,), float(rank)), torch.full((6,), 2.0 * rank), torch.full((2, 3), 4.0 * rank),
+                 torch.full((3,), 8.0 * rank, dtype=torch.bfloat16)]  # fmt: skip
+        wrap.average_over_ranks(mixed, bucket_bytes=48)
+        torch.save({"eager": eager, "graphs": graphs, "unaveraged": unaveraged, "mixed": mixed}, f"{out}.{rank}")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_graph_accumulation_under_ddp_averages_the_sums_as_eager_ddp_accumulation_does(tmp_path):
+    """Gradient accumulation under CUDA graphs with DDP (gloo, 2 processes, no graphs on the CPU: the accumulator
+    and the synchronisation are what is tested): every rank ends with eager DDP accumulation's gradients. Without
+    the average after the last micro-batch, the earlier micro-batches would stay each rank's own."""
+    out = str(tmp_path / "grads")
+    torch.multiprocessing.spawn(_accumulate_on_rank, args=(str(tmp_path / "init"), out), nprocs=2)
+    ranks = [torch.load(f"{out}.{rank}") for rank in range(2)]
+    for got in ranks:
+        for graphs, eager in zip(got["graphs"], got["eager"], strict=True):
+            torch.testing.assert_close(graphs, eager, rtol=1e-6, atol=1e-7)
+        assert any(not torch.allclose(u, e) for u, e in zip(got["unaveraged"], got["eager"], strict=True))
+        torch.testing.assert_close(got["mixed"][:3], [torch.full((6,), 0.5), torch.full((6,), 1.0),
+                                                      torch.full((2, 3), 2.0)])  # fmt: skip
+        assert got["mixed"][3].dtype == torch.bfloat16 and torch.equal(got["mixed"][3].float(), torch.full((3,), 4.0))
+    for a, b in zip(ranks[0]["graphs"], ranks[1]["graphs"], strict=True):
+        assert torch.equal(a, b)
+
+
 def test_ddp_all_reduces_in_buckets_of_the_configured_size(monkeypatch):
     import torch.nn.parallel
 
@@ -633,8 +691,8 @@ BF16 = ["--device", "cuda", "--no_use_fp8", "--compile_model"]
 # Tensorwise. --no_fp8_shape_filter: on a GPU the auto preset (366m) turns the shape rule on, which would skip every
 # linear of the tiny model.
 TORCHAO_FP8 = ["--device", "cuda", "--use_fp8", "--compile_model", "--no_fp8_shape_filter"]
-# Asked for: auto leaves CUDA graphs out across processes, which refuse them with gradient accumulation (one micro-batch
-# per step here, the batch of two).
+# Asked for: auto leaves CUDA graphs out across processes. One micro-batch per step here, the batch of two; without
+# the last two flags, COMMON's two micro-batches.
 GRAPHS = ["--compile_mode", "reduce-overhead", "--gradient_accumulation_steps", "1"]
 CPP = ["--compile_wrapper", "cpp"]  # asked for: auto keeps the Python wrapper across processes
 
@@ -686,6 +744,9 @@ def gpu_runs(tmp_path_factory):
         ),
         "ddp_fused_graphs": torchrun(
             [*two, *TORCHAO_FP8, "--fp8_path", "fused", *GRAPHS, "--parallel", "ddp", "--out_dir", root / "ddp_graphs"]
+        ),
+        "ddp_fused_graphs_accumulating": torchrun(
+            [*two, *TORCHAO_FP8, *FUSED, *GRAPHS[:2], "--parallel", "ddp", "--out_dir", root / "ddp_graphs_accum"]
         ),
         "ddp_fused_one_micro_batch": torchrun(
             [*two, *TORCHAO_FP8, "--fp8_path", "fused", *GRAPHS[2:], "--parallel", "ddp", "--out_dir", root / "ddp_one"]
@@ -768,6 +829,20 @@ def test_gpu_ddp_under_cuda_graphs_trains_like_ddp_without_them(gpu_runs):
     assert "mode reduce-overhead" in done["ddp_fused_graphs"].stdout  # the summary names the compile mode
     # The same kernels in the same order, replayed or launched: as close as a resumed run to its uninterrupted twin.
     assert_same_losses(metrics(root / "ddp_graphs"), metrics(root / "ddp_one"), rel=GPU_RESUME_REL)
+
+
+@pytest.mark.gpu
+@needs_two_gpus
+def test_gpu_ddp_under_cuda_graphs_with_accumulation_trains_like_ddp_without_them(gpu_runs):
+    """--compile_mode reduce-overhead under DDP with two micro-batches per step: each micro-batch's gradients leave
+    the graphs' memory, every micro-batch skips DDP's all-reduce, and the sums are averaged over the ranks after the
+    last (training/accumulation.py). DDP without CUDA graphs averages them in the last micro-batch's backward: the
+    same sums, rounded in another order (BF16 gradients), so at BF16's bound. Averaging only the last micro-batch, or
+    none, would leave each rank's own gradients and part the replicas."""
+    root, done = gpu_runs
+    done["ddp_fused_graphs_accumulating"].assert_succeeded()
+    assert "mode reduce-overhead" in done["ddp_fused_graphs_accumulating"].stdout
+    assert_same_losses(metrics(root / "ddp_graphs_accum"), metrics(root / "ddp_fused"), rel=BF16_REL)
 
 
 @pytest.mark.gpu

@@ -12,7 +12,9 @@ place (each block's forward and, but under FSDP2, the embedding and the output: 
   the graph at DDP's own forward (torch 2.15, fullgraph: "Dynamo does not know how to trace method
   `_rebuild_buckets` of class `Reducer`"). Each block's backward is a graph of its own, so its parameters'
   gradients are ready, and their buckets all-reduced, while the blocks below it still run backward.
-  With gradient accumulation, micro-batches but the last skip the all-reduce (`no_sync`).
+  With gradient accumulation, micro-batches but the last skip the all-reduce (`no_sync`). Under CUDA graphs every
+  micro-batch skips it, and each rank's sums, kept outside the graphs' memory, are averaged once after the last
+  (`graph_accumulation_reduce`; training/accumulation.py says why).
 - FSDP2 shards each block's parameters (and so its gradients, fp32 masters and AdamW moments, which the optimizer
   keeps per local shard) over the ranks, all-gathering a block's weights just before it runs. The parameters stay
   in the weight dtype (BF16 on GPU): all-gathers move BF16 and gradients are reduce-scattered in BF16, as DDP
@@ -31,7 +33,9 @@ place (each block's forward and, but under FSDP2, the embedding and the output: 
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -40,7 +44,7 @@ from torch import nn
 from cs336_basics.compiled import compile_options, write_shared_fp8_gemm_inputs_once
 from cs336_basics.config import RunConfig
 from cs336_basics.errors import ConfigError
-from cs336_basics.parallel.world import World
+from cs336_basics.parallel.world import World, all_reduce_
 
 NONE, DDP, FSDP = "none", "ddp", "fsdp"
 
@@ -232,10 +236,41 @@ def parallelize(model: nn.Module, compiled: nn.Module, plan: ParallelPlan, devic
     return compiled
 
 
-def gradient_sync(train_model: nn.Module, plan: ParallelPlan, last_micro_batch: bool):
+def gradient_sync(train_model: nn.Module, plan: ParallelPlan, last_micro_batch: bool, averaged_after: bool = False):
     """The context a micro-batch's forward and backward run in: under DDP, all micro-batches but the last skip the
-    all-reduce and accumulate locally. FSDP2 reduce-scatters every micro-batch, keeping only sharded gradients
-    between them (its memory saving), so it needs nothing here."""
-    if plan.mode == DDP and not last_micro_batch:
+    all-reduce and accumulate locally; with `averaged_after` (the sums kept outside CUDA graphs' memory and averaged
+    after the last micro-batch: graph_accumulation_reduce) every one does. FSDP2 reduce-scatters every micro-batch,
+    keeping only sharded gradients between them (its memory saving), so it needs nothing here."""
+    if plan.mode == DDP and (averaged_after or not last_micro_batch):
         return train_model.no_sync()
     return contextlib.nullcontext()
+
+
+def graph_accumulation_reduce(plan: ParallelPlan) -> Callable[[list[torch.Tensor]], None] | None:
+    """What averages a step's gradient sums over the ranks when they are accumulated outside CUDA graphs' memory
+    (training/accumulation.py): under DDP, `average_over_ranks` in buckets of the run's DDP bucket size; None in one
+    process. (FSDP2 with CUDA graphs and accumulation is refused: build.check_cuda_graphs_request.)"""
+    if plan.mode != DDP:
+        return None
+    return functools.partial(average_over_ranks, bucket_bytes=plan.ddp_bucket_mb * 2**20)
+
+
+@torch.no_grad()
+def average_over_ranks(tensors: list[torch.Tensor], bucket_bytes: int) -> None:
+    """Average `tensors` over the ranks in place, the same list (shapes, dtypes, order) on every rank: consecutive
+    tensors of one dtype flattened into buckets of about `bucket_bytes`, one all-reduce per bucket."""
+    bucket: list[torch.Tensor] = []
+
+    def flush() -> None:
+        if bucket:
+            flat = all_reduce_(torch.cat([t.reshape(-1) for t in bucket]), "avg")
+            parts = flat.split([t.numel() for t in bucket])
+            torch._foreach_copy_(bucket, [part.view_as(t) for part, t in zip(parts, bucket, strict=True)])
+            bucket.clear()
+
+    for tensor in tensors:
+        full = sum(t.nbytes for t in bucket) + tensor.nbytes > bucket_bytes
+        if bucket and (tensor.dtype != bucket[0].dtype or full):
+            flush()
+        bucket.append(tensor)
+    flush()

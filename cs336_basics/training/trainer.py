@@ -41,6 +41,7 @@ from cs336_basics.parallel.wrap import (
     ParallelPlan,
     compile_for_training,
     gradient_sync,
+    graph_accumulation_reduce,
     parallelize,
 )
 from cs336_basics.precision import NO_CONVERSION, Converter
@@ -159,9 +160,14 @@ class Trainer:
         # overwrites; with several regions torch cannot tell where a step begins, so each step says so.
         self._marks_steps = runs_cuda_graphs(t.compile_model, mode, device)
         # Under CUDA graphs a replay overwrites the previous micro-batch's gradients: they are summed outside the
-        # graphs' memory (training/accumulation.py).
+        # graphs' memory (training/accumulation.py), and under DDP averaged over the ranks after the last.
         accumulating = self._marks_steps and t.gradient_accumulation_steps > 1
-        self._graph_gradients = GraphGradientAccumulator(model.parameters()) if accumulating else None
+        self._graph_gradients = (
+            GraphGradientAccumulator(model.parameters(), reduce=graph_accumulation_reduce(self.parallel))
+            if accumulating
+            else None
+        )
+        self._sums_averaged_after = self._graph_gradients is not None and self._graph_gradients.reduce is not None
         self.step_model = parallelize(model, compiled, self.parallel, device)
         # BF16 keeps FP32's exponent range and torchao scales FP8 tensors itself, so no loss scaling: no AMP
         # GradScaler here on purpose (only fp16 training would need one). Under FSDP2 it steps each rank's shards.
@@ -291,7 +297,7 @@ class Trainer:
             x, y = self.sampler.next_batch()
             if self._marks_steps:
                 torch.compiler.cudagraph_mark_step_begin()
-            with gradient_sync(self.step_model, self.parallel, last_micro_batch=i == accum - 1):
+            with gradient_sync(self.step_model, self.parallel, i == accum - 1, self._sums_averaged_after):
                 loss = self.step_model(x, targets=y)
                 (loss / accum).backward()
             total += loss.detach().float()
