@@ -6,7 +6,12 @@ trains a few steps (compile and warm-up), then times `--steps` steps of the Trai
 synchronisation inside them:
 
   wall_ms        per step, from the first launch to the GPU finishing the last step (tokens/s from it)
-  host_ms        per step, the host's time to queue it; host_ms close to wall_ms: the step is host-bound
+  host_ms        per step, the host's time to queue it. Near wall_ms does not by itself say the step is
+                 host-bound: when the GPU is the slower, the launch queue fills and the host waits in it too
+  gpu_busy_ms, gpu_idle_ms
+                 per step, the time some kernel ran on the GPU (the union of the kernels' intervals, from the
+                 profiler's CUDA activity over --steps more steps) and the rest of wall_ms: where gpu_idle_ms is a
+                 real share of wall_ms, the GPU waits for the host and the step is host-bound
   batch_ms, forward_ms, optimizer_ms, scaling_update_ms
                  the host's time in the sampler, the (compiled) forward call, the optimizer step and the
                  precision's once-per-step hook (delayed scaling's update); the backward and the rest of the step
@@ -39,6 +44,7 @@ import torch
 
 from cs336_basics.cli import positive_int
 from cs336_basics.config import COMPILE_MODES, COMPILE_WRAPPERS
+from cs336_basics.diagnostics.amdahl.measure import gpu_timeline, profiled_steps
 from cs336_basics.diagnostics.measurement import release_memory
 from cs336_basics.measure.results import run_record
 from cs336_basics.measure.timing import StepTimer
@@ -112,11 +118,15 @@ def measure(
 
     times = host_and_wall(trainer, steps)
     phases = {name: ms for name, ms in times.items() if name not in ("wall_ms", "host_ms")}
+    # Kernel times from a profile (the profiler's own host cost does not change them), against the unprofiled wall.
+    gpu_busy_ms = gpu_timeline(profiled_steps(trainer, steps), steps).busy_ms
     record = run_record(
         built.config,
         tokens_per_sec=trainer.tokens_per_step / (times["wall_ms"] / 1e3),
         **times,
         backward_and_rest_ms=times["host_ms"] - sum(phases.values()),
+        gpu_busy_ms=gpu_busy_ms,
+        gpu_idle_ms=max(times["wall_ms"] - gpu_busy_ms, 0.0),
         compile_s=compile_s,
         peak_mem_gib=torch.cuda.max_memory_allocated() / 2**30,
         cudagraph_skips=compile_counters["cudagraph_skips"] - skips_before,
@@ -149,7 +159,8 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"{preset:>10} {record['precision']:>18} {mode:>15} {record['compile_wrapper']:>6}: "
                 f"{record['tokens_per_sec']:>9,.0f} tok/s, "
-                f"wall {record['wall_ms']:6.2f} ms, host {record['host_ms']:6.2f} ms (forward "
+                f"wall {record['wall_ms']:6.2f} ms, GPU idle {record['gpu_idle_ms']:5.2f} ms, "
+                f"host {record['host_ms']:6.2f} ms (forward "
                 f"{record['forward_ms']:.2f}, optimizer {record['optimizer_ms']:.2f}, scaling update "
                 f"{record['scaling_update_ms']:.2f}), cudagraph skips {record['cudagraph_skips']}",
                 flush=True,

@@ -34,6 +34,7 @@ def test_a_profile_of_real_steps_accounts_for_the_host_time():
     phases = [record[f"{phase}_ms"] for phase in ("batch", "forward", "optimizer", "scaling_update")]
     assert all(ms > 0 for ms in phases[:3]) and record["wall_ms"] > 0 and record["tokens_per_sec"] > 0
     assert record["backward_and_rest_ms"] >= 0 and sum(phases) <= record["host_ms"]
+    assert record["gpu_busy_ms"] > 0 and record["gpu_idle_ms"] == max(record["wall_ms"] - record["gpu_busy_ms"], 0)
     # BF16's converter is one shared object: the timing wrapper put on it is removed afterwards.
     python = host_time.measure(
         "cpu-small", fp8=False, compile_mode="default", warmup=3, steps=4, compile_wrapper="python"
