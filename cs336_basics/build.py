@@ -109,6 +109,7 @@ def check_cuda_graphs_request(train: TrainConfig, device: torch.device, parallel
             "--gradient_accumulation_steps 1 with a larger --batch_size."
         )
 
+
 def plan(config: RunConfig) -> Plan:
     """Resolve every "auto" setting for this machine and refuse, with the fix, what it cannot run. Builds nothing
     but the model's modules on "meta" (its shapes and parameter count, no memory)."""
