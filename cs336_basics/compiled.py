@@ -125,13 +125,13 @@ def auto_compile_mode(train: TrainConfig, use_fp8: bool, device: torch.device, w
     BF16's (at gpt2-small the FP8 step is host-bound, the BF16 step is not, and CUDA graphs leave BF16's speed as it
     was: INDEX.md: 2026-11-24-compile-auto-h200). With gradient accumulation the Trainer sums the
     micro-batches' gradients outside the graphs (training/accumulation.py). They are left out across several
-    processes (not measured there)."""
+    processes until measured there (they run there when asked for, under DDP with accumulation too)."""
     if not (train.compile_model and device.type == "cuda"):
         return "default", "no compiled CUDA step"
     if not use_fp8:
         return "default", "a BF16 step keeps the GPU busy: CUDA graphs would not speed it up"
     if world.launched:
-        return "default", "CUDA graphs are not used across several processes"
+        return "default", "CUDA graphs are not yet measured across processes; --compile_mode reduce-overhead asks"
     why = "CUDA graphs: the FP8 step's many small kernels launched at once, off the host"
     if train.gradient_accumulation_steps > 1:
         why += "; micro-batch gradients summed outside the graphs"
