@@ -75,6 +75,15 @@ def parse_jobs(text: str, gpus: int) -> list[Job]:
     return jobs
 
 
+def check_gpus(gpus: int) -> None:
+    """Refuse more GPUs than this host has (where it has any: the CPU runs stand-in jobs), before any job starts."""
+    import torch
+
+    visible = torch.cuda.device_count()
+    if visible and gpus > visible:
+        raise ConfigError(f"--gpus {gpus}, but this host has {visible} CUDA GPUs: pass --gpus {visible} or fewer")
+
+
 def run_lanes(jobs: list[Job], gpus: int, out: Path, timeout_s: float, log=print, poll_s: float = 0.2) -> list[Job]:
     """Run `jobs` on GPUs 0..gpus-1 as described in the module's docstring; returns them with their outcome."""
     out.mkdir(parents=True, exist_ok=True)
@@ -131,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     def body() -> int:
+        check_gpus(args.gpus)
         done = run_lanes(parse_jobs(args.jobs.read_text(), args.gpus), args.gpus, args.out, args.timeout_s)
         for job in done:
             print(f"{job.name:>24}  GPU {','.join(map(str, job.assigned)):<8} {job.started_s:7.0f} -> "

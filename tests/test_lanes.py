@@ -74,3 +74,14 @@ def test_a_malformed_jobs_file_is_one_error_naming_its_line(text, message):
 def test_an_unreadable_jobs_file_is_one_line_and_exit_1(tmp_path, capsys):
     assert main([str(tmp_path / "missing.txt"), "--gpus", "1", "--out", str(tmp_path)]) == 1
     assert "missing.txt" in capsys.readouterr().err
+
+
+def test_more_gpus_than_the_host_has_are_refused_before_any_job_starts(tmp_path, monkeypatch, capsys):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    jobs_file = tmp_path / "jobs.txt"
+    jobs_file.write_text(f"a 1 {RECORD}\n")
+    assert main([str(jobs_file), "--gpus", "4", "--out", str(tmp_path / "out")]) == 2
+    assert "--gpus 4, but this host has 2 CUDA GPUs" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
