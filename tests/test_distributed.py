@@ -480,42 +480,51 @@ def test_amaxes_reduce_to_their_max_over_ranks_and_a_nan_stays_a_nan(tmp_path):
         torch.testing.assert_close(torch.load(f"{out}.{rank}"), want, rtol=0, atol=0, equal_nan=True)
 
 
-def _accumulate_on_rank(rank: int, init_file: str, out: str) -> None:
+def _accumulated_three_ways(rank: int) -> dict[str, list[torch.Tensor]]:
     """Three micro-batches on this rank (its own data) through a DDP replica, accumulated three ways: eagerly as the
     Trainer does without CUDA graphs; as under CUDA graphs, each micro-batch's gradients taken out of `.grad` and
     averaged over the ranks after the last; and the same without that average (DDP's all-reduce in the last
-    micro-batch's backward: what graph accumulation under DDP would give without it)."""
-    import torch.distributed as dist
-
+    micro-batch's backward: what graph accumulation under DDP would give without it). Then average_over_ranks on
+    tensors of two dtypes, in buckets."""
     from cs336_basics.training.accumulation import GraphGradientAccumulator
+
+    torch.manual_seed(0)  # the same initial weights on both ranks
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    plan = wrap.ParallelPlan(wrap.DDP, World(rank, rank, 2, launched=True), "test", 0.0, None)
+    replica = wrap.parallelize(model, model, plan, torch.device("cpu"))
+    gen = torch.Generator().manual_seed(1 + rank)
+    batches = [torch.randn(3, 4, generator=gen) for _ in range(3)]
+
+    def accumulate(accumulator: GraphGradientAccumulator | None, averaged_after: bool) -> list[torch.Tensor]:
+        for i, x in enumerate(batches):
+            with wrap.gradient_sync(replica, plan, i == len(batches) - 1, averaged_after):
+                (replica(x).square().mean() / len(batches)).backward()
+            if accumulator is not None:
+                accumulator.take(first=i == 0, last=i == len(batches) - 1)
+        grads = [p.grad.clone() for p in model.parameters()]
+        model.zero_grad(set_to_none=True)
+        return grads
+
+    eager = accumulate(None, averaged_after=False)
+    graphs = accumulate(GraphGradientAccumulator(model.parameters(), wrap.graph_accumulation_reduce(plan)), True)
+    unaveraged = accumulate(GraphGradientAccumulator(model.parameters()), averaged_after=False)
+    # Buckets: two tensors of 24 bytes fit in one of 48, a third starts another, a change of dtype another.
+    mixed = [torch.full((6,), float(rank)), torch.full((6,), 2.0 * rank), torch.full((2, 3), 4.0 * rank),
+             torch.full((3,), 8.0 * rank, dtype=torch.bfloat16)]  # fmt: skip
+    wrap.average_over_ranks(mixed, bucket_bytes=48)
+    return {"eager": eager, "graphs": graphs, "unaveraged": unaveraged, "mixed": mixed}
+
+
+def _accumulate_on_rank(rank: int, init_file: str, out: str) -> None:
+    import gc
+
+    import torch.distributed as dist
 
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
     try:
-        torch.manual_seed(0)  # the same initial weights on both ranks
-        model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
-        plan = wrap.ParallelPlan(wrap.DDP, World(rank, rank, 2, launched=True), "test", 0.0, None)
-        replica = wrap.parallelize(model, model, plan, torch.device("cpu"))
-        gen = torch.Generator().manual_seed(1 + rank)
-        batches = [torch.randn(3, 4, generator=gen) for _ in range(3)]
-
-        def accumulate(accumulator: GraphGradientAccumulator | None, averaged_after: bool) -> list[torch.Tensor]:
-            for i, x in enumerate(batches):
-                with wrap.gradient_sync(replica, plan, i == len(batches) - 1, averaged_after):
-                    (replica(x).square().mean() / len(batches)).backward()
-                if accumulator is not None:
-                    accumulator.take(first=i == 0, last=i == len(batches) - 1)
-            grads = [p.grad.clone() for p in model.parameters()]
-            model.zero_grad(set_to_none=True)
-            return grads
-
-        eager = accumulate(None, averaged_after=False)
-        graphs = accumulate(GraphGradientAccumulator(model.parameters(), wrap.graph_accumulation_reduce(plan)), True)
-        unaveraged = accumulate(GraphGradientAccumulator(model.parameters()), averaged_after=False)
-        # Buckets: two tensors of 24 bytes fit in one of 48, a third starts another, a change of dtype another.
-        mixed = [torch.full((6,), float(rank)), torch.full((6,), 2.0 * rank), torch.full((2, 3), 4.0 * rank),
-                 torch.full((3,), 8.0 * rank, dtype=torch.bfloat16)]  # fmt: skip
-        wrap.average_over_ranks(mixed, bucket_bytes=48)
-        torch.save({"eager": eager, "graphs": graphs, "unaveraged": unaveraged, "mixed": mixed}, f"{out}.{rank}")
+        torch.save(_accumulated_three_ways(rank), f"{out}.{rank}")
+        gc.collect()  # the DDP replica and its reducer gone before their process group (else an abort at exit)
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
