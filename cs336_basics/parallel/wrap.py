@@ -259,18 +259,15 @@ def graph_accumulation_reduce(plan: ParallelPlan) -> Callable[[list[torch.Tensor
 def average_over_ranks(tensors: list[torch.Tensor], bucket_bytes: int) -> None:
     """Average `tensors` over the ranks in place, the same list (shapes, dtypes, order) on every rank: consecutive
     tensors of one dtype flattened into buckets of about `bucket_bytes`, one all-reduce per bucket."""
-    bucket: list[torch.Tensor] = []
-
-    def flush() -> None:
-        if bucket:
-            flat = all_reduce_(torch.cat([t.reshape(-1) for t in bucket]), "avg")
-            parts = flat.split([t.numel() for t in bucket])
-            torch._foreach_copy_(bucket, [part.view_as(t) for part, t in zip(parts, bucket, strict=True)])
-            bucket.clear()
-
+    buckets: list[list[torch.Tensor]] = []
+    filled = 0
     for tensor in tensors:
-        full = sum(t.nbytes for t in bucket) + tensor.nbytes > bucket_bytes
-        if bucket and (tensor.dtype != bucket[0].dtype or full):
-            flush()
-        bucket.append(tensor)
-    flush()
+        if not buckets or tensor.dtype != buckets[-1][0].dtype or filled + tensor.nbytes > bucket_bytes:
+            buckets.append([])
+            filled = 0
+        buckets[-1].append(tensor)
+        filled += tensor.nbytes
+    for bucket in buckets:
+        flat = all_reduce_(torch.cat([t.reshape(-1) for t in bucket]), "avg")
+        parts = flat.split([t.numel() for t in bucket])
+        torch._foreach_copy_(bucket, [part.view_as(t) for part, t in zip(parts, bucket, strict=True)])

@@ -167,7 +167,6 @@ class Trainer:
             if accumulating
             else None
         )
-        self._sums_averaged_after = self._graph_gradients is not None and self._graph_gradients.reduce is not None
         self.step_model = parallelize(model, compiled, self.parallel, device)
         # BF16 keeps FP32's exponent range and torchao scales FP8 tensors itself, so no loss scaling: no AMP
         # GradScaler here on purpose (only fp16 training would need one). Under FSDP2 it steps each rank's shards.
@@ -293,11 +292,13 @@ class Trainer:
         tensors: nothing here waits for the GPU."""
         accum = self.config.train.gradient_accumulation_steps
         total = torch.zeros((), device=self.device, dtype=torch.float32)
+        # Under DDP with CUDA graphs the sums are averaged after the last micro-batch, not by DDP in its backward.
+        averaged_after = self._graph_gradients is not None and self._graph_gradients.reduce is not None
         for i in range(accum):
             x, y = self.sampler.next_batch()
             if self._marks_steps:
                 torch.compiler.cudagraph_mark_step_begin()
-            with gradient_sync(self.step_model, self.parallel, i == accum - 1, self._sums_averaged_after):
+            with gradient_sync(self.step_model, self.parallel, i == accum - 1, averaged_after):
                 loss = self.step_model(x, targets=y)
                 (loss / accum).backward()
             total += loss.detach().float()

@@ -236,10 +236,10 @@ def max_over_ranks(amax: torch.Tensor) -> None:
     maximum over the ranks, in place; a NaN on any rank stays a NaN. A backend's maximum is not promised to keep a NaN
     (an fmax-style one drops it), so it travels as +inf and comes back as NaN: an infinite amax then keeps its scale,
     as a NaN does (either stops the run: its loss or gradient norm is not finite)."""
-    import torch.distributed as dist
+    from cs336_basics.parallel.world import all_reduce_
 
     torch.nan_to_num_(amax, nan=math.inf, posinf=math.inf)
-    dist.all_reduce(amax, op=dist.ReduceOp.MAX)
+    all_reduce_(amax, "max")
     amax.masked_fill_(amax == math.inf, math.nan)
 
 
