@@ -457,24 +457,36 @@ def test_the_fused_path_scales_dynamically_on_several_processes_unless_delayed_i
         assert choose_fp8(delayed, parallel_mode=mode, world_size=2).config.fp8_scaling == "delayed"
 
 
-def _reduce_amaxes_on_rank(rank: int, init_file: str, out: str) -> None:
-    import torch.distributed as dist
+def _on_two_gloo_ranks(rank: int, init_file: str, out: str, work) -> None:
+    """torch.multiprocessing.spawn's target: `work(rank)` in a 2-process gloo group, its result saved to out.RANK;
+    whatever it built is freed before the group is destroyed (a DDP reducer outliving it aborted the process at exit
+    in 1 run of 6)."""
+    import gc
 
-    from cs336_basics.precision.fused.scaling import max_over_ranks
+    import torch.distributed as dist
 
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
     try:
-        amax = torch.tensor([[1.0, float("nan"), 3.0, 0.0], [2.0, 0.5, 1.0, 0.0]][rank])
-        max_over_ranks(amax)
-        torch.save(amax, f"{out}.{rank}")
+        torch.save(work(rank), f"{out}.{rank}")
+        gc.collect()
+        dist.barrier()
     finally:
         dist.destroy_process_group()
+
+
+def _max_over_ranks_of_this_ranks_amaxes(rank: int) -> torch.Tensor:
+    from cs336_basics.precision.fused.scaling import max_over_ranks
+
+    amax = torch.tensor([[1.0, float("nan"), 3.0, 0.0], [2.0, 0.5, 1.0, 0.0]][rank])
+    max_over_ranks(amax)
+    return amax
 
 
 def test_amaxes_reduce_to_their_max_over_ranks_and_a_nan_stays_a_nan(tmp_path):
     """Delayed scaling's reduction over ranks (gloo, 2 processes): each row's max, a NaN on either rank kept."""
     out = str(tmp_path / "amax")
-    torch.multiprocessing.spawn(_reduce_amaxes_on_rank, args=(str(tmp_path / "init"), out), nprocs=2)
+    args = (str(tmp_path / "init"), out, _max_over_ranks_of_this_ranks_amaxes)
+    torch.multiprocessing.spawn(_on_two_gloo_ranks, args=args, nprocs=2)
     want = torch.tensor([2.0, float("nan"), 3.0, 0.0])
     for rank in range(2):
         torch.testing.assert_close(torch.load(f"{out}.{rank}"), want, rtol=0, atol=0, equal_nan=True)
@@ -515,26 +527,13 @@ def _accumulated_three_ways(rank: int) -> dict[str, list[torch.Tensor]]:
     return {"eager": eager, "graphs": graphs, "unaveraged": unaveraged, "mixed": mixed}
 
 
-def _accumulate_on_rank(rank: int, init_file: str, out: str) -> None:
-    import gc
-
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
-    try:
-        torch.save(_accumulated_three_ways(rank), f"{out}.{rank}")
-        gc.collect()  # the DDP replica and its reducer gone before their process group (else an abort at exit)
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
-
-
 def test_graph_accumulation_under_ddp_averages_the_sums_as_eager_ddp_accumulation_does(tmp_path):
     """Gradient accumulation under CUDA graphs with DDP (gloo, 2 processes, no graphs on the CPU: the accumulator
     and the synchronisation are what is tested): every rank ends with eager DDP accumulation's gradients. Without
     the average after the last micro-batch, the earlier micro-batches would stay each rank's own."""
     out = str(tmp_path / "grads")
-    torch.multiprocessing.spawn(_accumulate_on_rank, args=(str(tmp_path / "init"), out), nprocs=2)
+    args = (str(tmp_path / "init"), out, _accumulated_three_ways)
+    torch.multiprocessing.spawn(_on_two_gloo_ranks, args=args, nprocs=2)
     ranks = [torch.load(f"{out}.{rank}") for rank in range(2)]
     for got in ranks:
         for graphs, eager in zip(got["graphs"], got["eager"], strict=True):
