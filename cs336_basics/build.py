@@ -153,7 +153,7 @@ def plan(config: RunConfig) -> Plan:
         auto.append(f"compile_scope={scope} ({why})")
     config = config.replace(train={"compile_scope": scope})
     # The FP8 settings depend on whether an FP8 step will replay under CUDA graphs: the mode an FP8 step would get.
-    fp8_mode, _ = resolve_compile_mode(config.train, True, device, world)
+    fp8_mode, _ = resolve_compile_mode(config.train, True, device, parallel_mode)
     choice = choose_fp8(
         config.fp8,
         parallel_mode=parallel_mode,
@@ -172,7 +172,7 @@ def plan(config: RunConfig) -> Plan:
     if use_fp8:
         _check_fp8_request(config, support)
     if t.compile_mode == "auto":
-        mode, why = resolve_compile_mode(config.train, use_fp8, device, world)
+        mode, why = resolve_compile_mode(config.train, use_fp8, device, parallel_mode)
         auto.append(f"compile_mode={mode} ({why})")
         config = config.replace(train={"compile_mode": mode})
     wrapper, why = resolve_compile_wrapper(config.train, device, world)

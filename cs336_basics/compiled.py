@@ -112,26 +112,38 @@ def runs_cuda_graphs(compile_model: bool, mode: str, device: torch.device) -> bo
     return bool(compile_model) and device.type == "cuda" and mode in CUDA_GRAPH_MODES
 
 
-def resolve_compile_mode(train: TrainConfig, use_fp8: bool, device: torch.device, world: World) -> tuple[str, str]:
+def resolve_compile_mode(
+    train: TrainConfig, use_fp8: bool, device: torch.device, parallel_mode: str
+) -> tuple[str, str]:
     """--compile_mode: (mode, why): the one asked for, or auto's choice (auto_compile_mode)."""
     if train.compile_mode != "auto":
         return train.compile_mode, "asked for"
-    return auto_compile_mode(train, use_fp8, device, world)
+    return auto_compile_mode(train, use_fp8, device, parallel_mode)
 
 
-def auto_compile_mode(train: TrainConfig, use_fp8: bool, device: torch.device, world: World) -> tuple[str, str]:
-    """--compile_mode auto: (mode, why). CUDA graphs (reduce-overhead) replay a whole compiled step in one launch.
-    They pay where the step waits for the host: FP8's, whose casts and scaled GEMMs are more and smaller kernels than
-    BF16's (at gpt2-small the FP8 step is host-bound, the BF16 step is not, and CUDA graphs leave BF16's speed as it
-    was: INDEX.md: 2026-11-24-compile-auto-h200). With gradient accumulation the Trainer sums the
-    micro-batches' gradients outside the graphs (training/accumulation.py). They are left out across several
-    processes until measured there (they run there when asked for, under DDP with accumulation too)."""
+def auto_compile_mode(train: TrainConfig, use_fp8: bool, device: torch.device, parallel_mode: str) -> tuple[str, str]:
+    """--compile_mode auto: (mode, why) for a run in `parallel_mode` (none, ddp, fsdp). CUDA graphs (reduce-overhead)
+    replay a whole compiled step in one launch. They pay where the step waits for the host: FP8's, whose casts and
+    scaled GEMMs are more and smaller kernels than BF16's (at gpt2-small the FP8 step is host-bound, the BF16 step is
+    not, and CUDA graphs leave BF16's speed as it was: INDEX.md: 2026-11-24-compile-auto-h200). With gradient
+    accumulation the Trainer sums the micro-batches' gradients outside the graphs (training/accumulation.py). Under
+    DDP the FP8 step replays under CUDA graphs too, measured ahead of the step without them on 2 GPUs
+    (2026-11-28-ddp-levers-4xh200), but only without accumulation: with it, every micro-batch skips DDP's overlapped
+    reduction and the sums are averaged after the last one, a step not yet measured. Nor are they measured under FSDP2.
+    Where they are left out, --compile_mode reduce-overhead asks for them (build.check_cuda_graphs_request refuses the
+    one mix that cannot run)."""
     if not (train.compile_model and device.type == "cuda"):
         return "default", "no compiled CUDA step"
     if not use_fp8:
         return "default", "a BF16 step keeps the GPU busy: CUDA graphs would not speed it up"
-    if world.launched:
-        return "default", "CUDA graphs are not yet measured across processes; --compile_mode reduce-overhead asks"
+    if parallel_mode == "fsdp":
+        return "default", "CUDA graphs are not yet measured under FSDP2; --compile_mode reduce-overhead asks"
+    if parallel_mode == "ddp" and train.gradient_accumulation_steps > 1:
+        return "default", (
+            "CUDA graphs under DDP with gradient accumulation are not yet measured; --compile_mode reduce-overhead asks"
+        )
+    if parallel_mode == "ddp":
+        return "reduce-overhead", "CUDA graphs under DDP: the FP8 step's kernels off the host, measured faster"
     why = "CUDA graphs: the FP8 step's many small kernels launched at once, off the host"
     if train.gradient_accumulation_steps > 1:
         why += "; micro-batch gradients summed outside the graphs"

@@ -368,7 +368,7 @@ class TrainConfig:
     compile_mode: str = setting(
         "auto",
         "torch.compile mode; auto: reduce-overhead (CUDA graphs) for an FP8 step in one process (with gradient "
-        "accumulation too), default otherwise (compiled.auto_compile_mode says why)",
+        "accumulation too) and under DDP without accumulation, default otherwise (compiled.auto_compile_mode says why)",
         choices=("auto", *COMPILE_MODES),
     )
     compile_scope: str = setting(

@@ -40,7 +40,14 @@ MODES = (
     Mode("one GPU", "2026-11-27-pretrain-joint-dgrad-both-gpus"),
     Mode("one GPU, `--gradient_accumulation_steps 4`", "2026-11-27-graph-accumulation", accumulation=4),
     Mode("one GPU, `--compile_mode default`", "2026-11-28-cpp-wrapper", compile_mode="default"),
-    Mode("DDP (torchrun)", "2026-11-23-sweep-1.3b-x2-h200x2", world_size=2, parallel="ddp"),
+    Mode("DDP (torchrun)", "2026-11-28-ddp-levers-4xh200", world_size=2, parallel="ddp"),
+    Mode(
+        "DDP, `--gradient_accumulation_steps 4`",
+        "2026-11-28-ddp-levers-4xh200",
+        world_size=2,
+        parallel="ddp",
+        accumulation=4,
+    ),
     Mode("FSDP2 (torchrun, `--parallel fsdp`)", "2026-11-23-fsdp-overheads-h200", world_size=2, parallel="fsdp"),
     Mode("LoRA on an FP8 base, one GPU", "2026-11-27-lora-joint-dgrad-both-gpus", lora=True),
 )
@@ -57,7 +64,7 @@ def choices(mode: Mode) -> tuple[str, str]:
     cuda = torch.device("cuda")
     compile_mode = mode.compile_mode
     if compile_mode == "auto":
-        compile_mode, _ = auto_compile_mode(train, True, cuda, world)
+        compile_mode, _ = auto_compile_mode(train, True, cuda, mode.parallel)
     chosen = choose_fp8(
         FP8Config(use_fp8=True), parallel_mode=mode.parallel, world_size=mode.world_size, lora=mode.lora,
         cuda_graphs=runs_cuda_graphs(True, compile_mode, cuda),

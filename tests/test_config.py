@@ -218,18 +218,21 @@ def test_cuda_graphs_with_gradient_accumulation_are_refused_under_fsdp_only(mode
     check_cuda_graphs_request(accumulating, cpu, "fsdp")
 
 
-def test_auto_compile_mode_uses_cuda_graphs_only_for_a_single_process_fp8_step():
+def test_auto_compile_mode_uses_cuda_graphs_for_an_fp8_step_in_one_process_and_under_ddp_without_accumulation():
     train = dataclasses.replace(RunConfig().train, compile_model=True)
+    accumulating = dataclasses.replace(train, gradient_accumulation_steps=2)
     cuda = torch.device("cuda")
-    assert auto_compile_mode(train, True, cuda, SINGLE)[0] == "reduce-overhead"
-    mode, why = auto_compile_mode(dataclasses.replace(train, gradient_accumulation_steps=2), True, cuda, SINGLE)
+    assert auto_compile_mode(train, True, cuda, "none")[0] == "reduce-overhead"
+    mode, why = auto_compile_mode(accumulating, True, cuda, "none")
     assert mode == "reduce-overhead" and "summed outside the graphs" in why
-    torchrun = World(rank=0, local_rank=0, world_size=2, launched=True)
+    mode, why = auto_compile_mode(train, True, cuda, "ddp")
+    assert mode == "reduce-overhead" and "DDP" in why
     for mode, why in (
-        auto_compile_mode(train, False, cuda, SINGLE),
-        auto_compile_mode(train, True, cuda, torchrun),
-        auto_compile_mode(train, True, torch.device("cpu"), SINGLE),
-        auto_compile_mode(dataclasses.replace(train, compile_model=False), True, cuda, SINGLE),
+        auto_compile_mode(train, False, cuda, "none"),
+        auto_compile_mode(accumulating, True, cuda, "ddp"),  # not yet measured
+        auto_compile_mode(train, True, cuda, "fsdp"),  # not yet measured
+        auto_compile_mode(train, True, torch.device("cpu"), "none"),
+        auto_compile_mode(dataclasses.replace(train, compile_model=False), True, cuda, "none"),
     ):
         assert mode == "default" and why
 

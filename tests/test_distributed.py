@@ -697,11 +697,15 @@ BF16_REL = 2e-2
 GPU_RESUME_REL = 1e-3
 BF16 = ["--device", "cuda", "--no_use_fp8", "--compile_model"]
 # Tensorwise. --no_fp8_shape_filter: on a GPU the auto preset (366m) turns the shape rule on, which would skip every
-# linear of the tiny model.
-TORCHAO_FP8 = ["--device", "cuda", "--use_fp8", "--compile_model", "--no_fp8_shape_filter"]
-# Asked for: auto leaves CUDA graphs out across processes. One micro-batch per step here, the batch of two; without
-# the last two flags, COMMON's two micro-batches.
+# linear of the tiny model. The path is named: auto picks the fused one under DDP and in one process, TorchAO's under
+# FSDP2.
+GPU_FP8 = ["--device", "cuda", "--use_fp8", "--compile_model", "--no_fp8_shape_filter"]
+TORCHAO_FP8 = [*GPU_FP8, "--fp8_path", "torchao"]
+GPU_FUSED = [*GPU_FP8, *FUSED]
+# CUDA graphs asked for, and one micro-batch per step here, the batch of two (without the last two flags, COMMON's two
+# micro-batches). Auto picks CUDA graphs under DDP without accumulation; the runs name the mode either way.
 GRAPHS = ["--compile_mode", "reduce-overhead", "--gradient_accumulation_steps", "1"]
+NO_GRAPHS = ["--compile_mode", "default"]
 CPP = ["--compile_wrapper", "cpp"]  # asked for: auto keeps the Python wrapper across processes
 
 
@@ -735,34 +739,28 @@ def gpu_runs(tmp_path_factory):
         "fsdp_fp8_bf16_gather": torchrun(
             [*two, *TORCHAO_FP8, "--parallel", "fsdp", "--out_dir", root / "fsdp_fp8_bf16_gather"]
         ),
-        "ddp_fused": torchrun(
-            [*two, *TORCHAO_FP8, "--fp8_path", "fused", "--parallel", "ddp", "--out_dir", root / "ddp_fused"]
-        ),
-        "fsdp_fused": torchrun(
-            [*two, *TORCHAO_FP8, "--fp8_path", "fused", "--parallel", "fsdp", "--out_dir", root / "fsdp_fused"]
-        ),
+        "ddp_fused": torchrun([*two, *GPU_FUSED, "--parallel", "ddp", "--out_dir", root / "ddp_fused"]),
+        "fsdp_fused": torchrun([*two, *GPU_FUSED, "--parallel", "fsdp", "--out_dir", root / "fsdp_fused"]),
         "ddp_fused_delayed": torchrun(
-            [*two, *TORCHAO_FP8, *FUSED, *DELAYED, "--parallel", "ddp", "--out_dir", root / "ddp_fused_delayed"]
+            [*two, *GPU_FUSED, *DELAYED, "--parallel", "ddp", "--out_dir", root / "ddp_fused_delayed"]
         ),
         "fsdp_fused_delayed": torchrun(
-            [*two, *TORCHAO_FP8, *FUSED, *DELAYED, "--parallel", "fsdp", "--out_dir", root / "fsdp_fused_delayed"]
+            [*two, *GPU_FUSED, *DELAYED, "--parallel", "fsdp", "--out_dir", root / "fsdp_fused_delayed"]
         ),
-        "ddp_fused_cpp": torchrun(
-            [*two, *TORCHAO_FP8, "--fp8_path", "fused", *CPP, "--parallel", "ddp", "--out_dir", root / "ddp_cpp"]
-        ),
+        "ddp_fused_cpp": torchrun([*two, *GPU_FUSED, *CPP, "--parallel", "ddp", "--out_dir", root / "ddp_cpp"]),
         "ddp_fused_graphs": torchrun(
-            [*two, *TORCHAO_FP8, "--fp8_path", "fused", *GRAPHS, "--parallel", "ddp", "--out_dir", root / "ddp_graphs"]
+            [*two, *GPU_FUSED, *GRAPHS, "--parallel", "ddp", "--out_dir", root / "ddp_graphs"]
         ),
         "ddp_fused_graphs_accumulating": torchrun(
-            [*two, *TORCHAO_FP8, *FUSED, *GRAPHS[:2], "--parallel", "ddp", "--out_dir", root / "ddp_graphs_accum"]
+            [*two, *GPU_FUSED, *GRAPHS[:2], "--parallel", "ddp", "--out_dir", root / "ddp_graphs_accum"]
         ),
         "ddp_fused_one_micro_batch": torchrun(
-            [*two, *TORCHAO_FP8, "--fp8_path", "fused", *GRAPHS[2:], "--parallel", "ddp", "--out_dir", root / "ddp_one"]
+            [*two, *GPU_FUSED, *NO_GRAPHS, *GRAPHS[2:], "--parallel", "ddp", "--out_dir", root / "ddp_one"]
         ),
     }
     one_process([*base, *ONE_PROCESS, *BF16, "--out_dir", root / "single_bf16"])
     one_process([*base, *ONE_PROCESS, *TORCHAO_FP8, "--out_dir", root / "single_fp8"])
-    one_process([*base, *ONE_PROCESS, *TORCHAO_FP8, "--fp8_path", "fused", "--out_dir", root / "single_fused"])
+    one_process([*base, *ONE_PROCESS, *GPU_FUSED, "--out_dir", root / "single_fused"])
     done = {"failed": launches.pop("failed").wait(600)}
     shutil.copytree(root / "failed", root / "two_then_one")
     launches["resumed"] = torchrun(["--resume", "--out_dir", root / "failed"])
@@ -827,9 +825,9 @@ def test_gpu_delayed_scaling_under_ddp_and_fsdp_trains_like_one_gpu(gpu_runs):
 @pytest.mark.gpu
 @needs_two_gpus
 def test_gpu_ddp_under_cuda_graphs_trains_like_ddp_without_them(gpu_runs):
-    """--compile_mode reduce-overhead under DDP (asked for; auto leaves CUDA graphs out across processes until they are
-    measured there): each block's compiled forward and backward replay as CUDA graphs while DDP's reducer all-reduces
-    the gradients they wrote. The same losses as DDP without CUDA graphs say no replay overwrote a gradient before
+    """--compile_mode reduce-overhead under DDP (auto's choice there without accumulation; asked for here): each
+    block's compiled forward and backward replay as CUDA graphs while DDP's reducer all-reduces the gradients they
+    wrote. The same losses as DDP without CUDA graphs say no replay overwrote a gradient before
     its all-reduce read it."""
     root, done = gpu_runs
     done["ddp_fused_graphs"].assert_succeeded()
@@ -868,7 +866,7 @@ def test_gpu_ddp_with_the_cpp_wrapper_trains_like_the_python_wrapper(gpu_runs):
 
 # ---- GPU: checkpoints across world sizes, 4 -> 2 -> 1 and 1 -> 2 -> 4 (a 4-GPU machine) ----
 
-CHAIN_PRECISIONS = {"bf16": BF16, "fp8": [*TORCHAO_FP8, "--fp8_path", "torchao"]}
+CHAIN_PRECISIONS = {"bf16": BF16, "fp8": TORCHAO_FP8}
 
 
 @pytest.fixture(scope="module")

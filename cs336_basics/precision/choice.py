@@ -2,14 +2,13 @@
 
 The default (`--fp8_path auto`) is the measured-best path wherever it runs: this package's fused path, with every
 linear in FP8 including the lm_head, and delayed scaling in one process (benchmarks/results/INDEX.md has the runs).
+Under DDP too: on first runs on 2 GPUs at 1.3b it ran ahead of TorchAO's path with CUDA graphs and without them, and
+with gradient accumulation (2026-11-28-ddp-levers-4xh200).
 TorchAO's path is chosen where only it runs or where it measured faster:
   - a rowwise recipe or --fp8_all_gather (the fused path is tensorwise and has no FP8 all-gather);
   - --fp8_emulate (emulation is TorchAO's; the fused path runs real FP8 casts even on the CPU);
   - FSDP2: on one rank of FSDP2 TorchAO's path measured faster (INDEX.md: 2026-11-23-fsdp-overheads-h200,
     item 5): the fused path's step is host-bound there.
-  - DDP: on a first run TorchAO's path was ahead of BF16 (2026-11-23-sweep-1.3b-x2-h200x2) where the fused path
-    fell behind it (issue #55's first runs); the fused path's non-graph step has lost host time since
-    (2026-11-27-nongraph-host-time) but has not been measured under DDP again.
 The modes and what auto gives in each, with their records: defaults_table.py (the README's table).
 A Hugging Face model (--hf_model) takes TorchAO's path: the fused path converts this package's model only.
 `--fp8_path accelerate` is never chosen automatically: it is there to measure what Accelerate's FP8 gives.
@@ -123,6 +122,4 @@ def _auto_path(fp8: FP8Config, parallel_mode: str, own_model: bool) -> tuple[str
         return "torchao", "--fp8_emulate is TorchAO's emulation"
     if parallel_mode == "fsdp":
         return "torchao", "measured faster under FSDP2"
-    if parallel_mode == "ddp":
-        return "torchao", "measured faster under DDP on a first run"
     return "fused", "measured fastest"
