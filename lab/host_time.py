@@ -12,6 +12,9 @@ synchronisation inside them:
                  per step, the time some kernel ran on the GPU (the union of the kernels' intervals, from the
                  profiler's CUDA activity over --steps more steps) and the rest of wall_ms: where gpu_idle_ms is a
                  real share of wall_ms, the GPU waits for the host and the step is host-bound
+  comm_ms, exposed_comm_ms
+                 per step under torchrun (DDP, FSDP2): the time a collective (NCCL) kernel ran, and the part of it
+                 when no other kernel ran, which the step's compute did not hide (0 in one process)
   batch_ms, forward_ms, optimizer_ms, scaling_update_ms
                  the host's time in the sampler, the (compiled) forward call, the optimizer step and the
                  precision's once-per-step hook (delayed scaling's update); the backward and the rest of the step
@@ -24,10 +27,11 @@ synchronisation inside them:
                  is host-bound (compare a BF16 and an FP8 row)
 
 Random token arrays (host time does not depend on the text). All configurations run in this process, one after the
-other; compare rows of one run only.
+other; compare rows of one run only. Under torchrun every rank measures and rank 0 reports its own.
 
     python -m lab.host_time --presets gpt2-small --precisions bf16,fp8 --json out.json
     python -m lab.host_time --presets 366m --compile default --compile_wrappers python,cpp   # inductor's wrappers
+    torchrun --standalone --nproc_per_node 2 -m lab.host_time --presets 1.3b --compile auto   # DDP, auto's mode
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ from cs336_basics.diagnostics.amdahl.measure import gpu_timeline, profiled_steps
 from cs336_basics.diagnostics.measurement import release_memory
 from cs336_basics.measure.results import run_record
 from cs336_basics.measure.timing import StepTimer
+from cs336_basics.parallel.world import current_world
 from cs336_basics.sweep.plan import parse_choices
 from lab.probe import Keep, probe_parser, run_probe, warmed_up_preset
 
@@ -107,6 +112,15 @@ def top_host_ops(step: Callable[[], Any], steps: int, n: int, synchronize: Calla
     return [{"op": e.key, "self_cpu_ms": e.self_cpu_time_total / 1e3 / steps, "calls": e.count / steps} for e in ranked]
 
 
+def collective_time(events: list[Any], steps: int) -> dict[str, float]:
+    """Per step, from a profile's events over `steps` steps: comm_ms, the time some collective (NCCL) kernel ran, and
+    exposed_comm_ms, the time collectives ran with no other kernel beside them."""
+    collective = [e for e in events if "nccl" in e.name.lower()]
+    others = [e for e in events if "nccl" not in e.name.lower()]
+    exposed = gpu_timeline(events, steps).busy_ms - gpu_timeline(others, steps).busy_ms
+    return {"comm_ms": gpu_timeline(collective, steps).busy_ms, "exposed_comm_ms": exposed}
+
+
 def measure(
     preset: str, fp8: bool, compile_mode: str, warmup: int, steps: int, top_ops: int = 0, compile_wrapper: str = "auto"
 ) -> dict[str, Any]:
@@ -119,14 +133,18 @@ def measure(
     times = host_and_wall(trainer, steps)
     phases = {name: ms for name, ms in times.items() if name not in ("wall_ms", "host_ms")}
     # Kernel times from a profile (the profiler's own host cost does not change them), against the unprofiled wall.
-    gpu_busy_ms = gpu_timeline(profiled_steps(trainer, steps), steps).busy_ms
+    events = profiled_steps(trainer, steps)
+    gpu_busy_ms = gpu_timeline(events, steps).busy_ms
     record = run_record(
         built.config,
+        world_size=built.parallel.world.world_size,
+        parallel=built.parallel.mode,
         tokens_per_sec=trainer.tokens_per_step / (times["wall_ms"] / 1e3),
         **times,
         backward_and_rest_ms=times["host_ms"] - sum(phases.values()),
         gpu_busy_ms=gpu_busy_ms,
         gpu_idle_ms=max(times["wall_ms"] - gpu_busy_ms, 0.0),
+        **collective_time(events, steps),
         compile_s=compile_s,
         peak_mem_gib=torch.cuda.max_memory_allocated() / 2**30,
         cudagraph_skips=compile_counters["cudagraph_skips"] - skips_before,
@@ -156,10 +174,13 @@ def main(argv: list[str] | None = None) -> int:
         for preset, mode, wrapper, precision in itertools.product(presets, modes, wrappers, precisions):
             record = measure(preset, precision == "fp8", mode, args.warmup, args.steps, args.top_ops, wrapper)
             keep(record)
+            if current_world().rank:  # under torchrun rank 0 reports
+                continue
             print(
                 f"{preset:>10} {record['precision']:>18} {mode:>15} {record['compile_wrapper']:>6}: "
                 f"{record['tokens_per_sec']:>9,.0f} tok/s, "
                 f"wall {record['wall_ms']:6.2f} ms, GPU idle {record['gpu_idle_ms']:5.2f} ms, "
+                f"collectives {record['comm_ms']:5.2f} ms ({record['exposed_comm_ms']:5.2f} exposed), "
                 f"host {record['host_ms']:6.2f} ms (forward "
                 f"{record['forward_ms']:.2f}, optimizer {record['optimizer_ms']:.2f}, scaling update "
                 f"{record['scaling_update_ms']:.2f}), cudagraph skips {record['cudagraph_skips']}",

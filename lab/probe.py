@@ -1,6 +1,7 @@
 """The command line every step probe shares (host_time, memory_peak): which presets and precisions to build, where
 the JSON goes, and one frame that refuses a machine without CUDA or an unknown choice before any work, then writes
-the records; and what each probe measures, a preset warmed up."""
+the records; and what each probe measures, a preset warmed up. Under torchrun each rank measures (the collectives need
+every rank) and rank 0 writes the records."""
 
 from __future__ import annotations
 
@@ -11,11 +12,13 @@ from typing import Any
 import numpy as np
 
 from cs336_basics.build import Built, build
+from cs336_basics.config import TrainConfig
 from cs336_basics.config_layers import build_config
 from cs336_basics.devices import require_cuda
 from cs336_basics.diagnostics.measurement import train_for_measurement
 from cs336_basics.errors import ConfigError, report_error
 from cs336_basics.measure.results import write_results
+from cs336_basics.parallel.world import process_group
 from cs336_basics.sweep.plan import parse_choices
 from cs336_basics.training.trainer import Trainer
 
@@ -52,7 +55,8 @@ def run_probe(
     try:
         require_cuda(what, why)
         precisions = parse_choices(args.precisions, PROBE_PRECISIONS, "--precisions")
-        measure_all(args.presets.split(","), precisions, keep)
+        with process_group("cuda", TrainConfig().dist_timeout_s) as world:
+            measure_all(args.presets.split(","), precisions, keep if world.rank == 0 else lambda record: None)
     except ConfigError as exc:
         return report_error(exc)
     return 0

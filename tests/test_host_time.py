@@ -35,6 +35,7 @@ def test_a_profile_of_real_steps_accounts_for_the_host_time():
     assert all(ms > 0 for ms in phases[:3]) and record["wall_ms"] > 0 and record["tokens_per_sec"] > 0
     assert record["backward_and_rest_ms"] >= 0 and sum(phases) <= record["host_ms"]
     assert record["gpu_busy_ms"] > 0 and record["gpu_idle_ms"] == max(record["wall_ms"] - record["gpu_busy_ms"], 0)
+    assert record["world_size"] == 1 and record["comm_ms"] == record["exposed_comm_ms"] == 0  # one process: none
     # BF16's converter is one shared object: the timing wrapper put on it is removed afterwards.
     python = host_time.measure(
         "cpu-small", fp8=False, compile_mode="default", warmup=3, steps=4, compile_wrapper="python"
@@ -56,3 +57,22 @@ def test_the_ops_with_the_most_host_time_are_ranked_per_step():
     assert len(synchronized) == 4  # before each step
     assert [op["op"] for op in ops][0] == "aten::mm" and ops[0]["calls"] == 3.0
     assert ops[0]["self_cpu_ms"] >= ops[1]["self_cpu_ms"] > 0 and len(ops) == 2
+
+
+def test_collectives_split_into_the_time_they_ran_and_the_time_no_compute_hid():
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+
+    def kernel(name, start_ms, end_ms):
+        span = SimpleNamespace(start=start_ms * 1e3, end=end_ms * 1e3)  # the profiler's times are in us
+        return SimpleNamespace(name=name, time_range=span, device_type=DeviceType.CUDA, is_user_annotation=False)
+
+    host_op = SimpleNamespace(name="nccl:all_reduce", device_type=DeviceType.CPU, is_user_annotation=False)
+    events = [
+        kernel("gemm", 0, 10), kernel("ncclDevKernel_AllReduce_Sum_bf16_RING_LL", 5, 15),  # half of it hidden
+        kernel("gemm", 20, 30), kernel("ncclDevKernel_AllReduce_Sum_bf16_RING_LL", 40, 45), host_op,  # not hidden
+    ]  # fmt: skip
+    assert host_time.collective_time(events, steps=1) == {"comm_ms": 15.0, "exposed_comm_ms": 10.0}
+    assert host_time.collective_time(events, steps=5) == {"comm_ms": 3.0, "exposed_comm_ms": 2.0}
+    assert host_time.collective_time(events[:1] + events[2:3], steps=1) == {"comm_ms": 0.0, "exposed_comm_ms": 0.0}
