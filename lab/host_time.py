@@ -41,7 +41,7 @@ import itertools
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -52,9 +52,8 @@ from cs336_basics.diagnostics.amdahl.measure import gpu_timeline, profiled_steps
 from cs336_basics.diagnostics.measurement import release_memory
 from cs336_basics.measure.results import run_record
 from cs336_basics.measure.timing import StepTimer
-from cs336_basics.parallel.world import current_world
 from cs336_basics.sweep.plan import parse_choices
-from lab.probe import Keep, probe_parser, run_probe, warmed_up_preset
+from lab.probe import Record, probe_parser, run_probe, warmed_up_preset
 
 PHASES = {"batch": ("sampler", "next_batch"), "optimizer": ("optimizer", "step"),
           "scaling_update": ("converter", "after_optimizer_step")}  # fmt: skip
@@ -115,8 +114,9 @@ def top_host_ops(step: Callable[[], Any], steps: int, n: int, synchronize: Calla
 def collective_time(events: list[Any], steps: int) -> dict[str, float]:
     """Per step, from a profile's events over `steps` steps: comm_ms, the time some collective (NCCL) kernel ran, and
     exposed_comm_ms, the time collectives ran with no other kernel beside them."""
-    collective = [e for e in events if "nccl" in e.name.lower()]
-    others = [e for e in events if "nccl" not in e.name.lower()]
+    collective, others = [], []
+    for event in events:
+        (collective if "nccl" in event.name.lower() else others).append(event)
     exposed = gpu_timeline(events, steps).busy_ms - gpu_timeline(others, steps).busy_ms
     return {"comm_ms": gpu_timeline(collective, steps).busy_ms, "exposed_comm_ms": exposed}
 
@@ -168,28 +168,29 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
 
-    def measure_all(presets: list[str], precisions: list[str], keep: Keep) -> None:
+    def measure_all(presets: list[str], precisions: list[str]) -> Iterator[Record]:
         modes = parse_choices(args.compile, COMPILE_MODES, "--compile")
         wrappers = parse_choices(args.compile_wrappers, COMPILE_WRAPPERS, "--compile_wrappers")
         for preset, mode, wrapper, precision in itertools.product(presets, modes, wrappers, precisions):
-            record = measure(preset, precision == "fp8", mode, args.warmup, args.steps, args.top_ops, wrapper)
-            keep(record)
-            if current_world().rank:  # under torchrun rank 0 reports
-                continue
-            print(
-                f"{preset:>10} {record['precision']:>18} {mode:>15} {record['compile_wrapper']:>6}: "
-                f"{record['tokens_per_sec']:>9,.0f} tok/s, "
-                f"wall {record['wall_ms']:6.2f} ms, GPU idle {record['gpu_idle_ms']:5.2f} ms, "
-                f"collectives {record['comm_ms']:5.2f} ms ({record['exposed_comm_ms']:5.2f} exposed), "
-                f"host {record['host_ms']:6.2f} ms (forward "
-                f"{record['forward_ms']:.2f}, optimizer {record['optimizer_ms']:.2f}, scaling update "
-                f"{record['scaling_update_ms']:.2f}), cudagraph skips {record['cudagraph_skips']}",
-                flush=True,
-            )
-            for op in record.get("top_host_ops", []):
-                print(f"    {op['self_cpu_ms']:8.3f} ms/step {op['calls']:8.1f} calls/step  {op['op']}")
+            yield measure(preset, precision == "fp8", mode, args.warmup, args.steps, args.top_ops, wrapper)
 
-    return run_probe(args, "the host-time profile", "it measures CUDA training steps", measure_all)
+    return run_probe(args, "the host-time profile", "it measures CUDA training steps", measure_all, describe)
+
+
+def describe(record: Record) -> str:
+    """A record's line, and its top host ops below it."""
+    line = (
+        f"{record['preset']:>10} {record['precision']:>18} {record['compile']:>15} {record['compile_wrapper']:>6}: "
+        f"{record['tokens_per_sec']:>9,.0f} tok/s, "
+        f"wall {record['wall_ms']:6.2f} ms, GPU idle {record['gpu_idle_ms']:5.2f} ms, "
+        f"collectives {record['comm_ms']:5.2f} ms ({record['exposed_comm_ms']:5.2f} exposed), "
+        f"host {record['host_ms']:6.2f} ms (forward "
+        f"{record['forward_ms']:.2f}, optimizer {record['optimizer_ms']:.2f}, scaling update "
+        f"{record['scaling_update_ms']:.2f}), cudagraph skips {record['cudagraph_skips']}"
+    )
+    ops = [f"    {op['self_cpu_ms']:8.3f} ms/step {op['calls']:8.1f} calls/step  {op['op']}"
+           for op in record.get("top_host_ops", [])]  # fmt: skip
+    return "\n".join([line, *ops])
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ from __future__ import annotations
 import linecache
 import sys
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -24,7 +24,7 @@ from cs336_basics.cli import positive_int
 from cs336_basics.compiled import PROFILED_WRAPPER
 from cs336_basics.diagnostics.measurement import release_memory
 from cs336_basics.measure.results import run_record
-from lab.probe import Keep, probe_parser, run_probe, warmed_up_preset
+from lab.probe import Record, probe_parser, run_probe, warmed_up_preset
 
 MIB = 2**20
 TORCH_INTERNALS = ("/torch/", "/site-packages/triton/")  # frames that say how, not where
@@ -119,22 +119,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--top", type=positive_int, default=12, help="groups of live blocks to report")
     args = parser.parse_args(argv)
 
-    def measure_all(presets: list[str], precisions: list[str], keep: Keep) -> None:
+    def measure_all(presets: list[str], precisions: list[str]) -> Iterator[Record]:
         for preset in presets:
             for precision in precisions:
-                record = measure(preset, precision == "fp8", args.compile_mode, args.warmup, args.top)
-                keep(record)
-                print(
-                    f"\n{preset} {record['precision']}: peak {record['peak_mem_gib']:.3f} GiB; "
-                    f"{record['before_step_gib']:.3f} allocated before the step, {record['in_step_at_peak_gib']:.3f} "
-                    f"allocated in it and alive at event {record['peak_event']} ({record['peak_site']})"
-                )
-                for row in record["live_at_peak"]:
-                    print(
-                        f"  {row['total_mib']:9.1f} MiB = {row['count']:3d} x {row['size_mib']:8.2f} MiB  {row['site']}"
-                    )
+                yield measure(preset, precision == "fp8", args.compile_mode, args.warmup, args.top)
 
-    return run_probe(args, "the memory-peak probe", "it records CUDA allocations", measure_all)
+    return run_probe(args, "the memory-peak probe", "it records CUDA allocations", measure_all, describe)
+
+
+def describe(record: Record) -> str:
+    """A record's summary line, and the groups of blocks alive at its peak below it."""
+    line = (
+        f"\n{record['preset']} {record['precision']}: peak {record['peak_mem_gib']:.3f} GiB; "
+        f"{record['before_step_gib']:.3f} allocated before the step, {record['in_step_at_peak_gib']:.3f} "
+        f"allocated in it and alive at event {record['peak_event']} ({record['peak_site']})"
+    )
+    rows = [f"  {row['total_mib']:9.1f} MiB = {row['count']:3d} x {row['size_mib']:8.2f} MiB  {row['site']}"
+            for row in record["live_at_peak"]]  # fmt: skip
+    return "\n".join([line, *rows])
 
 
 if __name__ == "__main__":

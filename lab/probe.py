@@ -6,7 +6,7 @@ every rank) and rank 0 writes the records."""
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
@@ -36,27 +36,32 @@ def probe_parser(module: str, doc: str | None) -> argparse.ArgumentParser:
     return parser
 
 
-Keep = Callable[[dict[str, Any]], None]
+Record = dict[str, Any]
 
 
 def run_probe(
-    args: argparse.Namespace, what: str, why: str, measure_all: Callable[[list[str], list[str], Keep], None]
+    args: argparse.Namespace,
+    what: str,
+    why: str,
+    measure_all: Callable[[list[str], list[str]], Iterable[Record]],
+    describe: Callable[[Record], str],
 ) -> int:
-    """`measure_all(presets, precisions, keep)` after the checks (a ConfigError it raises is reported the same way);
-    it hands each record to `keep` as soon as it is measured, which writes every record so far to --json: a probe
-    stopped part way (a time limit, a crash in a later configuration) keeps what it finished. The exit code."""
+    """The records `measure_all(presets, precisions)` yields, after the checks (a ConfigError it raises is reported the
+    same way): each, as soon as it is measured, is printed as `describe` gives it and added to --json, which holds
+    every record so far: a probe stopped part way (a time limit, a crash in a later configuration) keeps what it
+    finished. Under torchrun rank 0 prints and writes. The exit code."""
     runs = []
-
-    def keep(record: dict[str, Any]) -> None:
-        runs.append(record)
-        if args.json:
-            write_results(args.json, runs)
-
     try:
         require_cuda(what, why)
         precisions = parse_choices(args.precisions, PROBE_PRECISIONS, "--precisions")
         with process_group("cuda", TrainConfig().dist_timeout_s) as world:
-            measure_all(args.presets.split(","), precisions, keep if world.rank == 0 else lambda record: None)
+            for record in measure_all(args.presets.split(","), precisions):
+                if world.rank:
+                    continue
+                runs.append(record)
+                if args.json:
+                    write_results(args.json, runs)
+                print(describe(record), flush=True)
     except ConfigError as exc:
         return report_error(exc)
     return 0

@@ -58,10 +58,10 @@ def test_a_probe_stopped_part_way_keeps_the_records_it_finished(tmp_path, monkey
     out = tmp_path / "probe.json"
     args = probe.probe_parser("lab.test", None).parse_args(["--presets", "a,b", "--json", str(out)])
 
-    def measure_all(presets, precisions, keep):
-        keep({"preset": presets[0], "precision": precisions[0]})
+    def measure_all(presets, precisions):
+        yield {"preset": presets[0], "precision": precisions[0]}
         raise KeyboardInterrupt  # stopped during the next configuration
 
     with pytest.raises(KeyboardInterrupt):
-        probe.run_probe(args, "a probe", "it measures", measure_all)
+        probe.run_probe(args, "a probe", "it measures", measure_all, describe=str)
     assert [(r["preset"], r["precision"]) for r in json.loads(out.read_text())["runs"]] == [("a", "bf16")]
