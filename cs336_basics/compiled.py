@@ -127,23 +127,22 @@ def auto_compile_mode(train: TrainConfig, use_fp8: bool, device: torch.device, p
     scaled GEMMs are more and smaller kernels than BF16's (at gpt2-small the FP8 step is host-bound, the BF16 step is
     not, and CUDA graphs leave BF16's speed as it was: INDEX.md: 2026-11-24-compile-auto-h200). With gradient
     accumulation the Trainer sums the micro-batches' gradients outside the graphs (training/accumulation.py). Under
-    DDP the FP8 step replays under CUDA graphs too, measured ahead of the step without them on 2 GPUs
-    (2026-11-28-ddp-levers-4xh200), but only without accumulation: with it, every micro-batch skips DDP's overlapped
-    reduction and the sums are averaged after the last one, a step not yet measured. Nor are they measured under FSDP2.
-    Where they are left out, --compile_mode reduce-overhead asks for them (build.check_cuda_graphs_request refuses the
-    one mix that cannot run)."""
+    DDP the FP8 step replays under CUDA graphs too, measured ahead of the step without them on 2 GPUs, without
+    accumulation (2026-11-28-ddp-levers-4xh200) and with it, where every micro-batch skips DDP's overlapped reduction
+    and the sums are averaged over the ranks after the last one (2026-11-28-ddp-default-4xh200). They are not yet
+    measured under FSDP2. Where they are left out, --compile_mode reduce-overhead asks for them
+    (build.check_cuda_graphs_request refuses the one mix that cannot run)."""
     if not (train.compile_model and device.type == "cuda"):
         return "default", "no compiled CUDA step"
     if not use_fp8:
         return "default", "a BF16 step keeps the GPU busy: CUDA graphs would not speed it up"
     if parallel_mode == "fsdp":
         return "default", "CUDA graphs are not yet measured under FSDP2; --compile_mode reduce-overhead asks"
-    if parallel_mode == "ddp" and train.gradient_accumulation_steps > 1:
-        return "default", (
-            "CUDA graphs under DDP with gradient accumulation are not yet measured; --compile_mode reduce-overhead asks"
-        )
     if parallel_mode == "ddp":
-        return "reduce-overhead", "CUDA graphs under DDP: the FP8 step's kernels off the host, measured faster"
+        why = "CUDA graphs under DDP: the FP8 step's kernels off the host, measured faster"
+        if train.gradient_accumulation_steps > 1:
+            why += "; micro-batch gradients summed outside the graphs, averaged over the ranks after the last"
+        return "reduce-overhead", why
     why = "CUDA graphs: the FP8 step's many small kernels launched at once, off the host"
     if train.gradient_accumulation_steps > 1:
         why += "; micro-batch gradients summed outside the graphs"

@@ -282,7 +282,8 @@ class FP8Config:
     )  # fmt: skip
     fp8_scaling: str = setting(
         "auto", "dynamic: each tensor's scale from its own amax (two passes); delayed: from the amax history of "
-        "earlier steps (one pass; --fp8_path fused, one process); auto: delayed where it can run, else dynamic",
+        "earlier steps (one pass; --fp8_path fused; on several processes the ranks reduce each step's amaxes); auto: "
+        "the path's default (the fused path's: delayed in one process, dynamic on several until timed there)",
         choices=FP8_SCALINGS,
     )  # fmt: skip
     # The settings below belong to one path (only_on): --help groups them under it.
@@ -367,8 +368,8 @@ class TrainConfig:
     compile_model: bool | None = setting(None, "torch.compile the model (default: on for CUDA, off for CPU)")
     compile_mode: str = setting(
         "auto",
-        "torch.compile mode; auto: reduce-overhead (CUDA graphs) for an FP8 step in one process (with gradient "
-        "accumulation too) and under DDP without accumulation, default otherwise (compiled.auto_compile_mode says why)",
+        "torch.compile mode; auto: reduce-overhead (CUDA graphs) for an FP8 step in one process and under DDP (with "
+        "gradient accumulation too), default otherwise (compiled.auto_compile_mode says why)",
         choices=("auto", *COMPILE_MODES),
     )
     compile_scope: str = setting(

@@ -12,15 +12,19 @@ synchronisation inside them:
                  per step, the time some kernel ran on the GPU (the union of the kernels' intervals, from the
                  profiler's CUDA activity over --steps more steps) and the rest of wall_ms: where gpu_idle_ms is a
                  real share of wall_ms, the GPU waits for the host and the step is host-bound
-  comm_ms, exposed_comm_ms
+  comm_ms, exposed_comm_ms, collective_calls
                  per step under torchrun (DDP, FSDP2): the time a collective (NCCL) kernel ran, and the part of it
-                 when no other kernel ran, which the step's compute did not hide (0 in one process)
+                 when no other kernel ran, which the step's compute did not hide (0 in one process); the host's calls
+                 of collectives. Where the host called collectives and the profile holds none of their kernels, both
+                 times are None and the line says so (2026-11-28-ddp-default-4xh200: DDP under CUDA graphs, 2 H200s)
   batch_ms, forward_ms, optimizer_ms, scaling_update_ms
                  the host's time in the sampler, the (compiled) forward call, the optimizer step and the
                  precision's once-per-step hook (delayed scaling's update); the backward and the rest of the step
                  is what is left, backward_and_rest_ms
   cudagraph_skips
                  graphs that a CUDA-graph compile mode could not capture (their reasons are in the log)
+  grad_sync      False where --grad_sync off had DDP skip the gradients' all-reduce in the timed steps: against the
+                 same configuration with it, what the reduction costs the step, whatever the profiler sees
   top_host_ops   with --top_ops N: the N ops (aten ops, custom ops, compiled regions' wrappers) with the most host
                  time of their own per step, from the profiler's CPU activity over --steps more steps, each step
                  started on an idle GPU so that no launch waits for a full launch queue: what to cut where the step
@@ -32,10 +36,14 @@ other; compare rows of one run only. Under torchrun every rank measures and rank
     python -m lab.host_time --presets gpt2-small --precisions bf16,fp8 --json out.json
     python -m lab.host_time --presets 366m --compile default --compile_wrappers python,cpp   # inductor's wrappers
     torchrun --standalone --nproc_per_node 2 -m lab.host_time --presets 1.3b --compile auto   # DDP, auto's mode
+    torchrun --standalone --nproc_per_node 2 -m lab.host_time --presets 1.3b --ddp_bucket_mb 25,100,400
+    torchrun --standalone --nproc_per_node 2 -m lab.host_time --presets 1.3b --compile auto \
+        --fp8_scaling dynamic,delayed --grad_sync on,off    # what DDP's all-reduce costs each step, per scaling
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import sys
@@ -45,14 +53,16 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+from torch.autograd import DeviceType
 
 from cs336_basics.cli import positive_int
-from cs336_basics.config import COMPILE_MODES, COMPILE_WRAPPERS
-from cs336_basics.diagnostics.amdahl.measure import gpu_timeline, profiled_steps
+from cs336_basics.config import COMPILE_MODES, COMPILE_WRAPPERS, FP8_SCALINGS
+from cs336_basics.diagnostics.amdahl.measure import gpu_timeline, is_device_event, profiled_steps
 from cs336_basics.diagnostics.measurement import release_memory
+from cs336_basics.errors import ConfigError
 from cs336_basics.measure.results import run_record
 from cs336_basics.measure.timing import StepTimer
-from cs336_basics.sweep.plan import parse_choices
+from cs336_basics.sweep.plan import parse_choices, parse_on_off, parse_positive_ints
 from lab.probe import Record, probe_parser, run_probe, warmed_up_preset
 
 PHASES = {"batch": ("sampler", "next_batch"), "optimizer": ("optimizer", "step"),
@@ -111,47 +121,75 @@ def top_host_ops(step: Callable[[], Any], steps: int, n: int, synchronize: Calla
     return [{"op": e.key, "self_cpu_ms": e.self_cpu_time_total / 1e3 / steps, "calls": e.count / steps} for e in ranked]
 
 
-def collective_time(events: list[Any], steps: int) -> dict[str, float]:
+def collective_time(events: list[Any], steps: int) -> dict[str, float | None]:
     """Per step, from a profile's events over `steps` steps: comm_ms, the time some collective (NCCL) kernel ran, and
-    exposed_comm_ms, the time collectives ran with no other kernel beside them."""
-    collective, others = [], []
+    exposed_comm_ms, the time collectives ran with no other kernel beside them; collective_calls, the host's calls of
+    a collective. Calls without a single collective kernel in the profile give None for both times, not 0: the
+    profiler did not see those kernels, which is not the same as no communication."""
+    collective, others, calls = [], [], 0
     for event in events:
-        (collective if "nccl" in event.name.lower() else others).append(event)
+        name = event.name.lower()
+        if is_device_event(event):
+            (collective if "nccl" in name else others).append(event)
+        elif event.device_type == DeviceType.CPU:
+            calls += "nccl:" in name
+    record: dict[str, float | None] = {"collective_calls": calls / max(1, steps)}
+    if calls and not collective:
+        return record | {"comm_ms": None, "exposed_comm_ms": None}
     exposed = gpu_timeline(events, steps).busy_ms - gpu_timeline(others, steps).busy_ms
-    return {"comm_ms": gpu_timeline(collective, steps).busy_ms, "exposed_comm_ms": exposed}
+    return record | {"comm_ms": gpu_timeline(collective, steps).busy_ms, "exposed_comm_ms": exposed}
 
 
 def measure(
-    preset: str, fp8: bool, compile_mode: str, warmup: int, steps: int, top_ops: int = 0, compile_wrapper: str = "auto"
+    preset: str,
+    fp8: bool,
+    compile_mode: str,
+    warmup: int,
+    steps: int,
+    top_ops: int = 0,
+    compile_wrapper: str = "auto",
+    settings: dict[str, dict[str, Any]] | None = None,
+    grad_sync: bool = True,
 ) -> dict[str, Any]:
+    """One configuration's record (the module's docstring lists its fields). `settings`: more config settings by
+    section (probe.warmed_up_preset). `grad_sync` False, under DDP only: the timed and profiled steps skip the
+    gradients' all-reduce (DDP's no_sync), so that their time against the same steps with it is what the reduction
+    costs the step, with no profiler needed; not a way to train (the replicas part)."""
     compile_counters = torch._dynamo.utils.counters["inductor"]
     skips_before = compile_counters["cudagraph_skips"]
     started = time.perf_counter()  # compile_s: the build and warm-up steps, compile included
-    built, trainer = warmed_up_preset(preset, fp8, compile_mode, warmup, compile_wrapper)
+    built, trainer = warmed_up_preset(preset, fp8, compile_mode, warmup, compile_wrapper, settings)
     compile_s = time.perf_counter() - started
-
-    times = host_and_wall(trainer, steps)
-    phases = {name: ms for name, ms in times.items() if name not in ("wall_ms", "host_ms")}
-    # Kernel times from a profile (the profiler's own host cost does not change them), against the unprofiled wall.
-    events = profiled_steps(trainer, steps)
-    gpu_busy_ms = gpu_timeline(events, steps).busy_ms
-    record = run_record(
-        built.config,
-        world_size=built.parallel.world.world_size,
-        parallel=built.parallel.mode,
-        tokens_per_sec=trainer.tokens_per_step / (times["wall_ms"] / 1e3),
-        **times,
-        backward_and_rest_ms=times["host_ms"] - sum(phases.values()),
-        gpu_busy_ms=gpu_busy_ms,
-        gpu_idle_ms=max(times["wall_ms"] - gpu_busy_ms, 0.0),
-        **collective_time(events, steps),
-        compile_s=compile_s,
-        peak_mem_gib=torch.cuda.max_memory_allocated() / 2**30,
-        cudagraph_skips=compile_counters["cudagraph_skips"] - skips_before,
-        timed_steps=steps,
-    )
-    if top_ops:
-        record["top_host_ops"] = top_host_ops(trainer.train_step, steps, top_ops, torch.cuda.synchronize)
+    if not grad_sync and built.parallel.mode != "ddp":
+        raise ConfigError(
+            f"--grad_sync off skips DDP's gradient all-reduce; this run is {built.parallel.mode!r}, not DDP: start it "
+            "under torchrun with --nproc_per_node 2 or more (or leave --grad_sync at on)."
+        )
+    sync = contextlib.nullcontext() if grad_sync else trainer.step_model.no_sync()
+    with sync:
+        times = host_and_wall(trainer, steps)
+        phases = {name: ms for name, ms in times.items() if name not in ("wall_ms", "host_ms")}
+        # Kernel times from a profile (the profiler's own host cost does not change them), against the unprofiled wall.
+        events = profiled_steps(trainer, steps)
+        gpu_busy_ms = gpu_timeline(events, steps).busy_ms
+        record = run_record(
+            built.config,
+            world_size=built.parallel.world.world_size,
+            parallel=built.parallel.mode,
+            grad_sync=grad_sync,
+            tokens_per_sec=trainer.tokens_per_step / (times["wall_ms"] / 1e3),
+            **times,
+            backward_and_rest_ms=times["host_ms"] - sum(phases.values()),
+            gpu_busy_ms=gpu_busy_ms,
+            gpu_idle_ms=max(times["wall_ms"] - gpu_busy_ms, 0.0),
+            **collective_time(events, steps),
+            compile_s=compile_s,
+            peak_mem_gib=torch.cuda.max_memory_allocated() / 2**30,
+            cudagraph_skips=compile_counters["cudagraph_skips"] - skips_before,
+            timed_steps=steps,
+        )
+        if top_ops:
+            record["top_host_ops"] = top_host_ops(trainer.train_step, steps, top_ops, torch.cuda.synchronize)
     del trainer, built
     release_memory()
     return record
@@ -159,22 +197,54 @@ def measure(
 
 def main(argv: list[str] | None = None) -> int:
     parser = probe_parser("lab.host_time", __doc__)
-    parser.add_argument("--compile", default="default", help=f"compile modes, comma-separated, from {COMPILE_MODES}")
+    parser.add_argument(
+        "--compile", default="default",
+        help=f"compile modes, comma-separated, from auto (each precision's, as its run would resolve it), "
+        f"{', '.join(COMPILE_MODES)}",
+    )  # fmt: skip
     parser.add_argument("--warmup", type=positive_int, default=8, help="steps before timing (compile included)")
     parser.add_argument("--steps", type=positive_int, default=20, help="timed steps")
     parser.add_argument("--top_ops", type=int, default=0, help="also list the N ops with the most host time per step")
     parser.add_argument(
         "--compile_wrappers", default="auto", help=f"inductor's wrappers, comma-separated, from {COMPILE_WRAPPERS}"
     )
+    parser.add_argument(
+        "--ddp_bucket_mb", help="under torchrun with DDP: all-reduce bucket sizes in MB, comma-separated (default: "
+        "each preset's)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--fp8_scaling", default="auto", help="the FP8 rows' scaling, comma-separated, from auto (the run's default), "
+        "dynamic, delayed",
+    )  # fmt: skip
+    parser.add_argument(
+        "--grad_sync", default="on", help="on, off or both (on,off): off, under torchrun with DDP, times the steps "
+        "without the gradients' all-reduce (what it costs the step, against on)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
 
     def measure_all(presets: list[str], precisions: list[str]) -> Iterator[Record]:
-        modes = parse_choices(args.compile, COMPILE_MODES, "--compile")
+        modes = parse_choices(args.compile, ("auto", *COMPILE_MODES), "--compile")
         wrappers = parse_choices(args.compile_wrappers, COMPILE_WRAPPERS, "--compile_wrappers")
-        for preset, mode, wrapper, precision in itertools.product(presets, modes, wrappers, precisions):
-            yield measure(preset, precision == "fp8", mode, args.warmup, args.steps, args.top_ops, wrapper)
+        buckets = [{}]
+        if args.ddp_bucket_mb:
+            buckets = [{"ddp_bucket_mb": mb} for mb in parse_positive_ints(args.ddp_bucket_mb, "--ddp_bucket_mb", "25")]
+        scalings = [{} if s == "auto" else {"fp8_scaling": s}
+                    for s in parse_choices(args.fp8_scaling, FP8_SCALINGS, "--fp8_scaling")]  # fmt: skip
+        syncs = parse_on_off(args.grad_sync, "--grad_sync")
+        for preset, mode, wrapper, bucket, sync in itertools.product(presets, modes, wrappers, buckets, syncs):
+            for precision in precisions:
+                for scaling in scalings if precision == "fp8" else [{}]:
+                    settings = {"train": bucket, "fp8": scaling}
+                    yield measure(preset, precision == "fp8", mode, args.warmup, args.steps, args.top_ops, wrapper,
+                                  settings, sync)  # fmt: skip
 
     return run_probe(args, "the host-time profile", "it measures CUDA training steps", measure_all, describe)
+
+
+def _collectives(record: Record) -> str:
+    if record["comm_ms"] is None:
+        return f"collectives: {record['collective_calls']:.0f} calls a step, none of their kernels in the profile"
+    return f"collectives {record['comm_ms']:5.2f} ms ({record['exposed_comm_ms']:5.2f} exposed)"
 
 
 def describe(record: Record) -> str:
@@ -182,8 +252,10 @@ def describe(record: Record) -> str:
     line = (
         f"{record['preset']:>10} {record['precision']:>18} {record['compile']:>15} {record['compile_wrapper']:>6}: "
         f"{record['tokens_per_sec']:>9,.0f} tok/s, "
-        f"wall {record['wall_ms']:6.2f} ms, GPU idle {record['gpu_idle_ms']:5.2f} ms, "
-        f"collectives {record['comm_ms']:5.2f} ms ({record['exposed_comm_ms']:5.2f} exposed), "
+        + (f"DDP x{record['world_size']} {record['ddp_bucket_mb']} MB buckets, " if record["parallel"] == "ddp" else "")
+        + ("no gradient all-reduce, " if not record["grad_sync"] else "")
+        + f"wall {record['wall_ms']:6.2f} ms, GPU idle {record['gpu_idle_ms']:5.2f} ms, "
+        f"{_collectives(record)}, "
         f"host {record['host_ms']:6.2f} ms (forward "
         f"{record['forward_ms']:.2f}, optimizer {record['optimizer_ms']:.2f}, scaling update "
         f"{record['scaling_update_ms']:.2f}), cudagraph skips {record['cudagraph_skips']}"

@@ -68,13 +68,22 @@ def run_probe(
 
 
 def warmed_up_preset(
-    preset: str, fp8: bool, compile_mode: str, warmup: int, compile_wrapper: str = "auto"
+    preset: str,
+    fp8: bool,
+    compile_mode: str,
+    warmup: int,
+    compile_wrapper: str = "auto",
+    settings: dict[str, dict[str, Any]] | None = None,
 ) -> tuple[Built, Trainer]:
     """A preset built for CUDA (FP8 by the default path, or BF16) and trained `warmup` steps on random tokens
     (compile included), its Trainer ready for measured steps. For probes of the step itself (host time, memory),
-    which do not depend on the text."""
-    train = {"max_steps": warmup, "log_every": warmup, "compile_mode": compile_mode, "compile_wrapper": compile_wrapper}
-    config = build_config({"preset": preset, "fp8": {"use_fp8": fp8}, "train": train}, device_type="cuda")
+    which do not depend on the text. `settings`: more config settings by section, e.g. {"train": {"ddp_bucket_mb":
+    100}, "fp8": {"fp8_scaling": "delayed"}}."""
+    settings = settings or {}
+    train = {"max_steps": warmup, "log_every": warmup, "compile_mode": compile_mode, "compile_wrapper": compile_wrapper,
+             **settings.get("train", {})}  # fmt: skip
+    sections = {**settings, "train": train, "fp8": {"use_fp8": fp8, **settings.get("fp8", {})}}
+    config = build_config({"preset": preset, **sections}, device_type="cuda")
     built = build(config)
     tokens = np.random.default_rng(0).integers(0, config.model.vocab_size, 4_000_000, dtype=np.int64)
     trainer, _ = train_for_measurement(built, tokens, tokens, log=lambda message: None)

@@ -190,7 +190,7 @@ def test_help_shows_the_values_a_run_here_uses(monkeypatch):
     add_config_arguments(parser, defaults=build_config(device_type="cuda"))
     text = " ".join(parser.format_help().split())
     assert "model width d_model (default 896)" in text  # the 366m preset keeps the field default
-    assert "auto: delayed where it can run, else dynamic (default auto)" in text
+    assert "dynamic on several until timed there) (default auto)" in text
     parser = argparse.ArgumentParser()
     add_config_arguments(parser, defaults=build_config({"preset": "1.3b"}, device_type="cuda"))
     text = " ".join(parser.format_help().split())
@@ -218,7 +218,7 @@ def test_cuda_graphs_with_gradient_accumulation_are_refused_under_fsdp_only(mode
     check_cuda_graphs_request(accumulating, cpu, "fsdp")
 
 
-def test_auto_compile_mode_uses_cuda_graphs_for_an_fp8_step_in_one_process_and_under_ddp_without_accumulation():
+def test_auto_compile_mode_uses_cuda_graphs_for_an_fp8_step_in_one_process_and_under_ddp():
     train = dataclasses.replace(RunConfig().train, compile_model=True)
     accumulating = dataclasses.replace(train, gradient_accumulation_steps=2)
     cuda = torch.device("cuda")
@@ -227,9 +227,10 @@ def test_auto_compile_mode_uses_cuda_graphs_for_an_fp8_step_in_one_process_and_u
     assert mode == "reduce-overhead" and "summed outside the graphs" in why
     mode, why = auto_compile_mode(train, True, cuda, "ddp")
     assert mode == "reduce-overhead" and "DDP" in why
+    mode, why = auto_compile_mode(accumulating, True, cuda, "ddp")
+    assert mode == "reduce-overhead" and "averaged over the ranks after the last" in why
     for mode, why in (
         auto_compile_mode(train, False, cuda, "none"),
-        auto_compile_mode(accumulating, True, cuda, "ddp"),  # not yet measured
         auto_compile_mode(train, True, cuda, "fsdp"),  # not yet measured
         auto_compile_mode(train, True, torch.device("cpu"), "none"),
         auto_compile_mode(dataclasses.replace(train, compile_model=False), True, cuda, "none"),

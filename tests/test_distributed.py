@@ -703,7 +703,7 @@ GPU_FP8 = ["--device", "cuda", "--use_fp8", "--compile_model", "--no_fp8_shape_f
 TORCHAO_FP8 = [*GPU_FP8, "--fp8_path", "torchao"]
 GPU_FUSED = [*GPU_FP8, *FUSED]
 # CUDA graphs asked for, and one micro-batch per step here, the batch of two (without the last two flags, COMMON's two
-# micro-batches). Auto picks CUDA graphs under DDP without accumulation; the runs name the mode either way.
+# micro-batches). Auto picks CUDA graphs for FP8 under DDP; the runs name the mode either way.
 GRAPHS = ["--compile_mode", "reduce-overhead", "--gradient_accumulation_steps", "1"]
 NO_GRAPHS = ["--compile_mode", "default"]
 CPP = ["--compile_wrapper", "cpp"]  # asked for: auto keeps the Python wrapper across processes
@@ -825,7 +825,7 @@ def test_gpu_delayed_scaling_under_ddp_and_fsdp_trains_like_one_gpu(gpu_runs):
 @pytest.mark.gpu
 @needs_two_gpus
 def test_gpu_ddp_under_cuda_graphs_trains_like_ddp_without_them(gpu_runs):
-    """--compile_mode reduce-overhead under DDP (auto's choice there without accumulation; asked for here): each
+    """--compile_mode reduce-overhead under DDP (auto's choice there for FP8; asked for here): each
     block's compiled forward and backward replay as CUDA graphs while DDP's reducer all-reduces the gradients they
     wrote. The same losses as DDP without CUDA graphs say no replay overwrote a gradient before
     its all-reduce read it."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from cs336_basics.errors import ConfigError
 from cs336_basics.precision.converter import NO_CONVERSION
 from lab import host_time
 
@@ -17,7 +18,15 @@ def test_refuses_without_a_gpu(capsys):
 
 
 @pytest.mark.parametrize(
-    ("flag", "value"), [("--precisions", "bf16,fp7"), ("--compile", "fastest"), ("--compile_wrappers", "python,rust")]
+    ("flag", "value"),
+    [
+        ("--precisions", "bf16,fp7"),
+        ("--compile", "fastest"),
+        ("--compile_wrappers", "python,rust"),
+        ("--ddp_bucket_mb", "25,big"),
+        ("--fp8_scaling", "dynamic,fastest"),
+        ("--grad_sync", "on,sometimes"),
+    ],
 )
 def test_refuses_unknown_precisions_and_compile_modes(monkeypatch, capsys, flag, value):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the check comes before any CUDA work
@@ -27,7 +36,11 @@ def test_refuses_unknown_precisions_and_compile_modes(monkeypatch, capsys, flag,
 
 @pytest.mark.gpu
 def test_a_profile_of_real_steps_accounts_for_the_host_time():
-    record = host_time.measure("cpu-small", fp8=True, compile_mode="default", warmup=3, steps=4, top_ops=5)
+    dynamic = {"fp8": {"fp8_scaling": "dynamic"}}  # one process's default is delayed
+    record = host_time.measure(
+        "cpu-small", fp8=True, compile_mode="default", warmup=3, steps=4, top_ops=5, settings=dynamic
+    )
+    assert record["fp8_scaling"] == "dynamic" and record["grad_sync"]
     assert len(record["top_host_ops"]) == 5 and all(op["calls"] > 0 for op in record["top_host_ops"])
     assert record["status"] == "ok" and record["precision"].startswith("fp8") and record["timed_steps"] == 4
     assert record["compile_wrapper"] == "cpp"  # auto's choice without CUDA graphs on a GPU
@@ -42,6 +55,9 @@ def test_a_profile_of_real_steps_accounts_for_the_host_time():
     )
     assert python["compile_wrapper"] == "python"
     assert "after_optimizer_step" not in vars(NO_CONVERSION)
+    # Skipping the gradients' all-reduce means something under DDP only.
+    with pytest.raises(ConfigError, match="not DDP"):
+        host_time.measure("cpu-small", fp8=False, compile_mode="default", warmup=1, steps=1, grad_sync=False)
 
 
 def test_the_ops_with_the_most_host_time_are_ranked_per_step():
@@ -73,6 +89,35 @@ def test_collectives_split_into_the_time_they_ran_and_the_time_no_compute_hid():
         kernel("gemm", 0, 10), kernel("ncclDevKernel_AllReduce_Sum_bf16_RING_LL", 5, 15),  # half of it hidden
         kernel("gemm", 20, 30), kernel("ncclDevKernel_AllReduce_Sum_bf16_RING_LL", 40, 45), host_op,  # not hidden
     ]  # fmt: skip
-    assert host_time.collective_time(events, steps=1) == {"comm_ms": 15.0, "exposed_comm_ms": 10.0}
-    assert host_time.collective_time(events, steps=5) == {"comm_ms": 3.0, "exposed_comm_ms": 2.0}
-    assert host_time.collective_time(events[:1] + events[2:3], steps=1) == {"comm_ms": 0.0, "exposed_comm_ms": 0.0}
+    assert host_time.collective_time(events, steps=1) == {
+        "collective_calls": 1,
+        "comm_ms": 15.0,
+        "exposed_comm_ms": 10.0,
+    }
+    assert host_time.collective_time(events, steps=5) == {
+        "collective_calls": 0.2,
+        "comm_ms": 3.0,
+        "exposed_comm_ms": 2.0,
+    }
+    no_collective = events[:1] + events[2:3]
+    assert host_time.collective_time(no_collective, steps=1) == {
+        "collective_calls": 0,
+        "comm_ms": 0.0,
+        "exposed_comm_ms": 0.0,
+    }
+
+
+def test_collectives_called_without_their_kernels_in_the_profile_are_unknown_not_zero():
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+
+    span = SimpleNamespace(start=0.0, end=1e4)
+    gemm = SimpleNamespace(name="gemm", time_range=span, device_type=DeviceType.CUDA, is_user_annotation=False)
+    call = SimpleNamespace(
+        name="nccl:all_reduce", time_range=span, device_type=DeviceType.CPU, is_user_annotation=False
+    )
+    times = host_time.collective_time([gemm, call, call], steps=2)
+    assert times == {"collective_calls": 1.0, "comm_ms": None, "exposed_comm_ms": None}
+    record = {"comm_ms": None, "collective_calls": 1.0}
+    assert "none of their kernels in the profile" in host_time._collectives(record)

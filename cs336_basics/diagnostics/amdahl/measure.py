@@ -226,7 +226,7 @@ class StepBreakdown:
         }
 
 
-def _is_device_event(event: Any) -> bool:
+def is_device_event(event: Any) -> bool:
     from torch.autograd import DeviceType
 
     # GPU-side user annotations (inductor wraps every compiled graph call in "## Call CompiledFxGraph ... ##")
@@ -260,7 +260,7 @@ def _matches(name: str, patterns: Iterable[str]) -> bool:
 def linear_gemm_calls(events: Iterable[Any]) -> list[tuple[tuple[int, int, int] | None, float]]:
     """(problem key, kernel us) of every linear GEMM call (aten::mm / addmm / _scaled_mm) of a profile whose kernels
     the profiler linked to their CPU op; the problem is None where no 2-D shapes were recorded."""
-    ops = [e for e in events if not _is_device_event(e) and e.name in LINEAR_GEMM_OPS]
+    ops = [e for e in events if not is_device_event(e) and e.name in LINEAR_GEMM_OPS]
     return [(_gemm_problem(e), _kernel_us(e)) for e in ops]
 
 
@@ -279,7 +279,7 @@ class GpuTimeline:
 
 def gpu_timeline(events: Iterable[Any], steps: int = 1) -> GpuTimeline:
     """Busy time and idle gaps (per step) of a profile's device events. Pure, like breakdown_from_events."""
-    kernels = sorted((e.time_range.start, e.time_range.end, e.name) for e in events if _is_device_event(e))
+    kernels = sorted((e.time_range.start, e.time_range.end, e.name) for e in events if is_device_event(e))
     busy_us, gaps = 0.0, []
     if kernels:
         start, end, name = kernels[0]
@@ -413,8 +413,8 @@ def breakdown_from_events(
     into a per-step StepBreakdown. Pure: works on any objects with the same attributes."""
     events = list(events)
     shapes = list(shapes)
-    device_events = [e for e in events if _is_device_event(e)]
-    cpu_ops = [e for e in events if not _is_device_event(e)]
+    device_events = [e for e in events if is_device_event(e)]
+    cpu_ops = [e for e in events if not is_device_event(e)]
 
     linear_ops = [e for e in cpu_ops if e.name in LINEAR_GEMM_OPS]
     other_ops = [e for e in cpu_ops if e.name in OTHER_GEMM_OPS]
