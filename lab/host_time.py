@@ -153,8 +153,9 @@ def measure(
 ) -> dict[str, Any]:
     """One configuration's record (the module's docstring lists its fields). `settings`: more config settings by
     section (probe.warmed_up_preset). `grad_sync` False, under DDP only: the timed and profiled steps skip the
-    gradients' all-reduce (DDP's no_sync), so that their time against the same steps with it is what the reduction
-    costs the step, with no profiler needed; not a way to train (the replicas part)."""
+    gradients' all-reduce (DDP's no_sync; one micro-batch a step, as every preset has), so that their time against
+    the same steps with it is what the reduction costs the step, with no profiler needed; not a way to train (the
+    replicas part)."""
     compile_counters = torch._dynamo.utils.counters["inductor"]
     skips_before = compile_counters["cudagraph_skips"]
     started = time.perf_counter()  # compile_s: the build and warm-up steps, compile included

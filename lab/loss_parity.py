@@ -1,14 +1,15 @@
 """Loss parity: does an FP8 variant learn like BF16? The same run (config, seed, data order, steps) in each precision,
-one process each; the validation loss of every variant at every evaluation is compared with BF16's at that step.
+one run each; the validation loss of every variant at every evaluation is compared with BF16's at that step.
 
 python -m lab.loss_parity --out_dir DIR [--variants bf16,fp8-fused-dynamic,fp8-fused-dynamic+lm_head]
-    [--tolerance 0.005]
+    [--tolerance 0.005] [--nproc_per_node 2]
     [any train_h100.py setting, e.g. --preset 366m --max_steps 400 --eval_every 100 --eval_batches 16
      --train_data train.txt --val_data val.txt]
 
-Each variant trains in DIR/<variant> (a normal run folder: metrics, plot, checkpoint). DIR/parity.json holds one
-results-schema record per variant with its validation curve, its largest relative gap to BF16 and whether every gap is
-within the tolerance; DIR/parity.png plots the curves. Exit code 0 when every variant is within the tolerance at
+Each variant trains in DIR/<variant> (a normal run folder: metrics, plot, checkpoint), with --nproc_per_node above 1
+as that many processes under torchrun (one per GPU; --parallel auto: DDP where a replica fits). DIR/parity.json holds
+one results-schema record per variant with its validation curve, its largest relative gap to BF16 and whether every
+gap is within the tolerance; DIR/parity.png plots the curves. Exit code 0 when every variant is within the tolerance at
 every evaluation, 1 when one is not (or a run failed), 2 for bad settings.
 """
 
@@ -22,12 +23,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from cs336_basics.cli import add_config_arguments, overrides_from_args
+from cs336_basics.cli import add_config_arguments, overrides_from_args, positive_int
 from cs336_basics.config import RunConfig
 from cs336_basics.config_layers import build_config
 from cs336_basics.errors import ConfigError, report_error
 from cs336_basics.measure.results import write_results
 from cs336_basics.sweep.plan import PRECISIONS, WITH_LM_HEAD, parse_choices, precision_settings
+from cs336_basics.sweep.run import torchrun_command
 from cs336_basics.training.metrics import read_metrics
 
 BASELINE = "bf16"
@@ -101,6 +103,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--variants", default=f"{BASELINE},fp8-fused-dynamic", help=f"from {', '.join(PRECISIONS + WITH_LM_HEAD)}"
     )
     parser.add_argument("--tolerance", type=float, default=0.005, help="largest relative gap to BF16 allowed")
+    parser.add_argument(
+        "--nproc_per_node", type=positive_int, default=1,
+        help="processes (GPUs) each variant trains on; above 1 under torchrun (default 1)",
+    )  # fmt: skip
     parser.add_argument("--run_variant", help=argparse.SUPPRESS)  # internal: one variant's overrides as JSON
     add_config_arguments(parser)
     return parser
@@ -124,19 +130,16 @@ def plan_variants(args: argparse.Namespace) -> tuple[Path, dict[str, dict[str, A
     return out_dir, planned, configs
 
 
-def run_variants(planned: dict[str, dict[str, Any]]) -> list[str]:
-    """Train each variant in a process of its own, one after the other; the variants whose process failed."""
+def run_variants(planned: dict[str, dict[str, Any]], nproc: int = 1) -> list[str]:
+    """Train each variant in a process of its own (or `nproc` under torchrun), one after the other; the variants whose
+    run failed."""
     failed = []
     for variant, overrides in planned.items():
         print(f"== {variant}", flush=True)
-        argv_child = [
-            sys.executable,
-            "-m",
-            "lab.loss_parity",
-            "--run_variant",
-            json.dumps(overrides),
-        ]
-        if subprocess.run(argv_child).returncode != 0:
+        command = [sys.executable, "-m", "lab.loss_parity", "--run_variant", json.dumps(overrides)]
+        if nproc > 1:
+            command = torchrun_command(command, nproc)
+        if subprocess.run(command).returncode != 0:
             failed.append(variant)
     return failed
 
@@ -159,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         return report_error(exc)
 
-    failed = run_variants(planned)
+    failed = run_variants(planned, args.nproc_per_node)
     if failed:
         print(f"loss parity: {', '.join(failed)} failed; see the output above.", file=sys.stderr)
         return 1
@@ -176,6 +179,8 @@ def main(argv: list[str] | None = None) -> int:
     write_results(out_dir / "parity.json", records, tolerance=args.tolerance)
     c = configs[BASELINE]
     title = f"{c.preset}: {c.train.max_steps} steps, batch {c.train.batch_size} x {c.model.context_length}"
+    if args.nproc_per_node > 1:
+        title += f" per GPU, {args.nproc_per_node} GPUs"
     plot(curves, runs, out_dir / "parity.png", title)
 
     print_verdicts(curves, verdicts, args.tolerance)

@@ -4,11 +4,16 @@
 from __future__ import annotations
 
 import json
+import subprocess
 
 import pytest
 from tiny import TINY_FLAGS
 
 from lab import loss_parity
+
+
+def Completed(returncode: int) -> subprocess.CompletedProcess:
+    return subprocess.CompletedProcess(args=[], returncode=returncode)
 
 
 def test_every_evaluation_is_compared_with_bf16():
@@ -29,6 +34,19 @@ def test_settings_each_variant_sets_are_refused(tmp_path, capsys):
     assert "--fp8_lm_head: each variant sets this itself" in capsys.readouterr().err
 
 
+def test_each_variant_trains_under_torchrun_on_several_processes(monkeypatch):
+    launched = []
+    child = ["-m", "lab.loss_parity", "--run_variant"]
+    monkeypatch.setattr(loss_parity.subprocess, "run", lambda command: launched.append(command) or Completed(0))
+    assert loss_parity.run_variants({"bf16": {}, "fp8": {}}, nproc=2) == []
+    assert all(c[1:5] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"] for c in launched)
+    assert all(c[5:8] == child for c in launched) and [json.loads(c[-1]) for c in launched] == [{}, {}]
+    launched.clear()
+    monkeypatch.setattr(loss_parity.subprocess, "run", lambda command: launched.append(command) or Completed(1))
+    assert loss_parity.run_variants({"bf16": {}}, nproc=1) == ["bf16"]  # a failed run is named
+    assert launched[0][1:4] == child  # one process: no torchrun
+
+
 @pytest.mark.slow
 def test_tiny_bf16_and_fused_fp8_runs_are_compared(tmp_path, token_files):
     out = tmp_path / "parity"
@@ -44,3 +62,15 @@ def test_tiny_bf16_and_fused_fp8_runs_are_compared(tmp_path, token_files):
     assert not fp8["fp8_lm_head"] and fp8_head["fp8_lm_head"] and fp8_head["within_tolerance"]
     assert [step for step, _ in fp8["val_curve"]] == [3, 6] and fp8["within_tolerance"]
     assert (out / "parity.png").stat().st_size > 0 and (out / "bf16" / "metrics.jsonl").is_file()
+
+
+@pytest.mark.slow
+def test_variants_train_on_two_processes_under_torchrun(tmp_path, token_files):
+    out = tmp_path / "parity"
+    argv = ["--out_dir", str(out), "--variants", "fp8-fused-dynamic", "--tolerance", "0.05", "--nproc_per_node", "2",
+            *TINY_FLAGS, *token_files, "--fp8_emulate", "--max_steps", "4", "--eval_every", "2", "--eval_batches", "2",
+            "--log_every", "2", "--no_compile_model"]  # fmt: skip
+    assert loss_parity.main(argv) == 0
+    runs = json.loads((out / "parity.json").read_text())["runs"]
+    assert [r["variant"] for r in runs] == ["bf16", "fp8-fused-dynamic"]
+    assert all(r["world_size"] == 2 and r["parallel"] == "ddp" for r in runs) and runs[1]["within_tolerance"]
