@@ -131,9 +131,12 @@ def auto_compile_mode(train: TrainConfig, use_fp8: bool, device: torch.device, p
     accumulation (2026-11-28-ddp-levers-4xh200) and with it, where every micro-batch skips DDP's overlapped reduction
     and the sums are averaged over the ranks after the last one (2026-11-28-ddp-default-4xh200). They are not yet
     measured under FSDP2. Where they are left out, --compile_mode reduce-overhead asks for them
-    (build.check_cuda_graphs_request refuses the one mix that cannot run)."""
+    (build.check_cuda_graphs_request refuses the one mix that cannot run). A C++ wrapper asked for (--compile_wrapper
+    cpp) keeps them out: inductor turns CUDA graphs off under it."""
     if not (train.compile_model and device.type == "cuda"):
         return "default", "no compiled CUDA step"
+    if train.compile_wrapper == "cpp":
+        return "default", "--compile_wrapper cpp asked for: inductor runs its C++ wrapper without CUDA graphs"
     if not use_fp8:
         return "default", "a BF16 step keeps the GPU busy: CUDA graphs would not speed it up"
     if parallel_mode == "fsdp":

@@ -229,6 +229,12 @@ def test_auto_compile_mode_uses_cuda_graphs_for_an_fp8_step_in_one_process_and_u
     assert mode == "reduce-overhead" and "DDP" in why
     mode, why = auto_compile_mode(accumulating, True, cuda, "ddp")
     assert mode == "reduce-overhead" and "averaged over the ranks after the last" in why
+    # A C++ wrapper asked for is honoured: auto leaves CUDA graphs out, which inductor would turn off under it.
+    cpp = dataclasses.replace(train, compile_wrapper="cpp")
+    for parallel_mode in ("none", "ddp"):
+        mode, why = auto_compile_mode(cpp, True, cuda, parallel_mode)
+        assert mode == "default" and "--compile_wrapper cpp" in why
+        assert resolve_compile_wrapper(dataclasses.replace(cpp, compile_mode=mode), cuda, SINGLE)[0] == "cpp"
     for mode, why in (
         auto_compile_mode(train, False, cuda, "none"),
         auto_compile_mode(train, True, cuda, "fsdp"),  # not yet measured
