@@ -200,11 +200,12 @@ def all_reduce_(tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
     import torch.distributed as dist
 
     ops = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN, "avg": dist.ReduceOp.SUM}
-    work = tensor.to(_comm_device())
+    work = tensor.to(_comm_device())  # `tensor` itself where it already lives there
     dist.all_reduce(work, op=ops[op])
-    if op == "avg":  # gloo has no AVG, so sum and divide everywhere
-        work = work / dist.get_world_size()
-    tensor.copy_(work)
+    if op == "avg":  # gloo has no AVG, so sum and divide everywhere; in place: no second copy of a gradient bucket
+        work.div_(dist.get_world_size())
+    if work is not tensor:
+        tensor.copy_(work)
     return tensor
 
 
