@@ -276,14 +276,15 @@ class FP8Config:
     fp8_emulate: bool = setting(False, "TorchAO's emulation: FP8 numerics in high precision, for CPU tests only")
     fp8_path: str = setting(
         "auto", "fused: this package's FP8 linears (one cast per shared input, FP8 tensors saved for backward, "
-        "optional delayed scaling); torchao: TorchAO's Float8Linear; accelerate: the conversion Hugging Face "
-        "Accelerate's FP8 (TorchAO backend) makes (the hf extra); auto: the fused path in one process, TorchAO's "
-        "under DDP and FSDP2 (measured faster there) and where only it runs (precision/choice.py)", choices=FP8_PATHS,
+        "delayed or dynamic scaling); torchao: TorchAO's Float8Linear; accelerate: the conversion Hugging Face "
+        "Accelerate's FP8 (TorchAO backend) makes (the hf extra); auto: the fused path in one process and under DDP, "
+        "TorchAO's under FSDP2 (measured faster there) and where only it runs (precision/choice.py)",
+        choices=FP8_PATHS,
     )  # fmt: skip
     fp8_scaling: str = setting(
         "auto", "dynamic: each tensor's scale from its own amax (two passes); delayed: from the amax history of "
         "earlier steps (one pass; --fp8_path fused; on several processes the ranks reduce each step's amaxes); auto: "
-        "the path's default (the fused path's: delayed in one process, dynamic on several until timed there)",
+        "the path's default (the fused path's: delayed)",
         choices=FP8_SCALINGS,
     )  # fmt: skip
     # The settings below belong to one path (only_on): --help groups them under it.

@@ -40,10 +40,10 @@ MODES = (
     Mode("one GPU", "2026-11-27-pretrain-joint-dgrad-both-gpus"),
     Mode("one GPU, `--gradient_accumulation_steps 4`", "2026-11-27-graph-accumulation", accumulation=4),
     Mode("one GPU, `--compile_mode default`", "2026-11-28-cpp-wrapper", compile_mode="default"),
-    Mode("DDP (torchrun)", "2026-11-28-ddp-default-4xh200", world_size=2, parallel="ddp"),
+    Mode("DDP (torchrun)", "2026-11-28-ddp-delayed-4xh200", world_size=2, parallel="ddp"),
     Mode(
         "DDP, `--gradient_accumulation_steps 4`",
-        "2026-11-28-ddp-default-4xh200",
+        "2026-11-28-ddp-delayed-4xh200",
         world_size=2,
         parallel="ddp",
         accumulation=4,

@@ -190,7 +190,7 @@ def test_help_shows_the_values_a_run_here_uses(monkeypatch):
     add_config_arguments(parser, defaults=build_config(device_type="cuda"))
     text = " ".join(parser.format_help().split())
     assert "model width d_model (default 896)" in text  # the 366m preset keeps the field default
-    assert "dynamic on several until timed there) (default auto)" in text
+    assert "(the fused path's: delayed) (default auto)" in text
     parser = argparse.ArgumentParser()
     add_config_arguments(parser, defaults=build_config({"preset": "1.3b"}, device_type="cuda"))
     text = " ".join(parser.format_help().split())

@@ -59,7 +59,7 @@ FP8 = ["--use_fp8", "--fp8_emulate", "--max_steps", "3"]
 FP8_REL = 1e-2
 FP8_GATHER_KEPT = ["--fp8_all_gather", "--no_fsdp_reshard_after_forward"]
 FUSED = ["--fp8_path", "fused"]  # this package's FP8 path; its FP8 SwiGLU blocks are on by default
-DELAYED = ["--fp8_scaling", "delayed"]  # asked for: on several processes the fused path's auto scaling is dynamic
+DYNAMIC = ["--fp8_scaling", "dynamic"]  # asked for: the fused path's auto scaling is delayed, on several processes too
 CUT_AFTER_2 = ["--max_steps", "2", "--lr_decay_steps", "3"]  # an FP8 run stopped after step 2 of its 3
 ONE_PROCESS = ["--batch_size", "4"]
 
@@ -187,15 +187,14 @@ def runs(tmp_path_factory):
         "fsdp_fp8_bf16_gather": torchrun(
             [*two, *FP8, "--parallel", "fsdp", "--out_dir", root / "fsdp_fp8_bf16_gather"]
         ),
-        "ddp_fused": torchrun([*two, *FP8, *FUSED, "--parallel", "ddp", "--out_dir", root / "ddp_fused"]),
-        "fsdp_fused": torchrun([*two, *FP8, *FUSED, "--parallel", "fsdp", "--out_dir", root / "fsdp_fused"]),
-        "ddp_delayed": torchrun([*two, *FP8, *FUSED, *DELAYED, "--parallel", "ddp", "--out_dir", root / "ddp_delayed"]),
-        "fsdp_delayed": torchrun(
-            [*two, *FP8, *FUSED, *DELAYED, "--parallel", "fsdp", "--out_dir", root / "fsdp_delayed"]
-        ),
+        # The fused path with dynamic scaling (asked for) and with auto's, delayed.
+        "ddp_fused": torchrun([*two, *FP8, *FUSED, *DYNAMIC, "--parallel", "ddp", "--out_dir", root / "ddp_fused"]),
+        "fsdp_fused": torchrun([*two, *FP8, *FUSED, *DYNAMIC, "--parallel", "fsdp", "--out_dir", root / "fsdp_fused"]),
+        "ddp_delayed": torchrun([*two, *FP8, *FUSED, "--parallel", "ddp", "--out_dir", root / "ddp_delayed"]),
+        "fsdp_delayed": torchrun([*two, *FP8, *FUSED, "--parallel", "fsdp", "--out_dir", root / "fsdp_delayed"]),
         # The same DDP run cut after step 2 (its schedule the whole run's), then resumed below to step 3.
         "ddp_delayed_cut": torchrun(
-            [*two, *FP8, *FUSED, *DELAYED, *CUT_AFTER_2, "--parallel", "ddp", "--out_dir", root / "ddp_delayed_cut"]
+            [*two, *FP8, *FUSED, *CUT_AFTER_2, "--parallel", "ddp", "--out_dir", root / "ddp_delayed_cut"]
         ),
     }
     one_process([*base, *ONE_PROCESS, "--out_dir", root / "single"])
@@ -448,13 +447,12 @@ def test_a_parallel_mode_without_torchrun_is_refused(mode):
         wrap.check_parallel_request(config(parallel=mode), World())
 
 
-def test_the_fused_path_scales_dynamically_on_several_processes_unless_delayed_is_asked_for():
+def test_the_fused_path_scales_with_delayed_scaling_on_several_processes_unless_dynamic_is_asked_for():
     fused = config(parallel="fsdp").replace(fp8={"use_fp8": True, "fp8_path": "fused", "fp8_emulate": True})
     for mode in ("ddp", "fsdp"):
-        auto = choose_fp8(fused.fp8, parallel_mode=mode, world_size=2)
-        assert auto.config.fp8_scaling == "dynamic"  # delayed scaling is not measured on several processes yet
-        delayed = fused.replace(fp8={"fp8_scaling": "delayed"}).fp8
-        assert choose_fp8(delayed, parallel_mode=mode, world_size=2).config.fp8_scaling == "delayed"
+        assert choose_fp8(fused.fp8, parallel_mode=mode, world_size=2).config.fp8_scaling == "delayed"
+        dynamic = fused.replace(fp8={"fp8_scaling": "dynamic"}).fp8
+        assert choose_fp8(dynamic, parallel_mode=mode, world_size=2).config.fp8_scaling == "dynamic"
 
 
 def _on_two_gloo_ranks(rank: int, init_file: str, out: str, work) -> None:
@@ -742,11 +740,11 @@ def gpu_runs(tmp_path_factory):
         ),
         "ddp_fused": torchrun([*two, *GPU_FUSED, "--parallel", "ddp", "--out_dir", root / "ddp_fused"]),
         "fsdp_fused": torchrun([*two, *GPU_FUSED, "--parallel", "fsdp", "--out_dir", root / "fsdp_fused"]),
-        "ddp_fused_delayed": torchrun(
-            [*two, *GPU_FUSED, *DELAYED, "--parallel", "ddp", "--out_dir", root / "ddp_fused_delayed"]
+        "ddp_fused_dynamic": torchrun(
+            [*two, *GPU_FUSED, *DYNAMIC, "--parallel", "ddp", "--out_dir", root / "ddp_fused_dynamic"]
         ),
-        "fsdp_fused_delayed": torchrun(
-            [*two, *GPU_FUSED, *DELAYED, "--parallel", "fsdp", "--out_dir", root / "fsdp_fused_delayed"]
+        "fsdp_fused_dynamic": torchrun(
+            [*two, *GPU_FUSED, *DYNAMIC, "--parallel", "fsdp", "--out_dir", root / "fsdp_fused_dynamic"]
         ),
         "ddp_fused_cpp": torchrun([*two, *GPU_FUSED, *CPP, "--parallel", "ddp", "--out_dir", root / "ddp_cpp"]),
         "ddp_fused_graphs": torchrun(
@@ -814,14 +812,16 @@ def test_gpu_fp8_under_ddp_and_fsdp(gpu_runs):
 
 @pytest.mark.gpu
 @needs_two_gpus
-def test_gpu_delayed_scaling_under_ddp_and_fsdp_trains_like_one_gpu(gpu_runs):
-    """The fused path's delayed scaling on 2 GPUs, the ranks' amaxes reduced over NCCL once per step (the Triton
-    update in its two launches around the all-reduce): the losses of one GPU's run, which scales the same way."""
+def test_gpu_both_scalings_under_ddp_and_fsdp_train_like_one_gpu(gpu_runs):
+    """The fused path's delayed scaling on 2 GPUs (auto's), the ranks' amaxes reduced over NCCL once per step (the
+    Triton update in its two launches around the all-reduce), and its dynamic scaling (asked for): the losses of one
+    GPU's run, which scales with delayed scaling."""
     root, done = gpu_runs
     for mode in ("ddp", "fsdp"):
-        done[f"{mode}_fused_delayed"].assert_succeeded()
-        assert "delayed scaling" in done[f"{mode}_fused_delayed"].stdout
-        assert_same_losses(metrics(root / f"{mode}_fused_delayed"), metrics(root / "single_fused"), rel=BF16_REL)
+        assert "delayed scaling" in done[f"{mode}_fused"].stdout
+        done[f"{mode}_fused_dynamic"].assert_succeeded()
+        assert "dynamic scaling" in done[f"{mode}_fused_dynamic"].stdout
+        assert_same_losses(metrics(root / f"{mode}_fused_dynamic"), metrics(root / "single_fused"), rel=BF16_REL)
 
 
 @pytest.mark.gpu
@@ -871,7 +871,7 @@ def test_gpu_ddp_with_the_cpp_wrapper_trains_like_the_python_wrapper(gpu_runs):
 
 # ---- GPU: checkpoints across world sizes, 4 -> 2 -> 1 and 1 -> 2 -> 4 (a 4-GPU machine) ----
 
-CHAIN_PRECISIONS = {"bf16": BF16, "fp8": TORCHAO_FP8}
+CHAIN_PRECISIONS = {"bf16": BF16, "fp8": TORCHAO_FP8, "fused": GPU_FUSED}
 
 
 @pytest.fixture(scope="module")
@@ -879,8 +879,8 @@ def gpu_resume_chains(tmp_path_factory):
     """Each precision trained two steps at a time, one world size after another, from the same global batch: down
     (4 ranks, then 2, then one process) and up (one process, then 2 ranks, then 4), the ranks sharding with FSDP2;
     beside them the uninterrupted one-process run. FP8 by TorchAO's path, kept on every leg (auto would give one
-    process the fused path). Its dynamic scaling has no state to carry; the fused path's delayed scaling, which has,
-    is resumed exactly across ranks in test_delayed_scaling_on_two_ranks_trains_like_one_process_and_resumes_exactly."""
+    process the fused path), whose dynamic scaling has no state to carry; and by the fused path with its delayed
+    scaling (auto's), whose amax history each leg resumes from the checkpoint the last one wrote."""
     root = tmp_path_factory.mktemp("resume_chains_gpu")
     # The schedule of the whole run from the first leg; an evaluation every 2 steps, where each leg ends (a run
     # evaluates where it stops), so that the uninterrupted run evaluates at the same steps.
@@ -918,4 +918,8 @@ def test_gpu_checkpoints_move_between_four_two_and_one_gpus(gpu_resume_chains, p
         assert [r["step"] for r in run] == list(range(1, STEPS + 1))  # each leg appended its own steps, none twice
         # BF16 weights, reduced in another order at each world size: within BF16's bound of the one-process run.
         assert_same_losses(run, single, rel=BF16_REL)
-        assert read_checkpoint(root / f"{precision}_{chain}" / CHECKPOINT_NAME)["format"] == last_format
+        checkpoint = read_checkpoint(root / f"{precision}_{chain}" / CHECKPOINT_NAME)
+        assert checkpoint["format"] == last_format
+        if precision == "fused":  # the amax history went through every leg: as many updates as the whole run's
+            history = read_checkpoint(root / f"{precision}_single" / CHECKPOINT_NAME)["extra"]["fp8_scaling"]
+            assert checkpoint["extra"]["fp8_scaling"]["cursor"] == history["cursor"] == STEPS

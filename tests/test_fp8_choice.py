@@ -39,9 +39,9 @@ def test_the_default_is_the_fused_path_with_the_fp8_head_and_delayed_scaling():
 @pytest.mark.parametrize(
     "where, fp8, expected",
     [
-        # DDP: the fused path measured fastest there too, with dynamic scaling (delayed is not yet timed there)
-        ({"parallel_mode": "ddp", "world_size": 2}, {}, ("fused", True, False, "dynamic", False)),
-        ({"parallel_mode": "ddp", "world_size": 2, "cuda_graphs": True}, {}, ("fused", True, False, "dynamic", False)),
+        # DDP: the fused path measured fastest there too, with delayed scaling
+        ({"parallel_mode": "ddp", "world_size": 2}, {}, ("fused", True, False, "delayed", False)),
+        ({"parallel_mode": "ddp", "world_size": 2, "cuda_graphs": True}, {}, ("fused", True, False, "delayed", False)),
         ({"parallel_mode": "ddp", "world_size": 2}, {"fp8_path": "torchao"}, ("torchao", False, True, "dynamic", None)),
         # FSDP2: TorchAO's path measured faster on one rank (TorchAO's has no backward-accumulation setting: None)
         ({"parallel_mode": "fsdp", "world_size": 2}, {}, ("torchao", False, True, "dynamic", None)),
@@ -53,7 +53,7 @@ def test_the_default_is_the_fused_path_with_the_fp8_head_and_delayed_scaling():
         (
             {"parallel_mode": "fsdp", "world_size": 2},
             {"fp8_fast_accum_backward": True},
-            ("fused", True, False, "dynamic", True),
+            ("fused", True, False, "delayed", True),
         ),
         # explicit settings are kept
         ({}, {"fp8_lm_head": False, "fp8_scaling": "dynamic"}, ("fused", False, False, "dynamic", False)),

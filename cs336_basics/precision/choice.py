@@ -1,9 +1,10 @@
 """Which FP8 path a run takes, and the settings that follow from it: the one place the choice is made.
 
 The default (`--fp8_path auto`) is the measured-best path wherever it runs: this package's fused path, with every
-linear in FP8 including the lm_head, and delayed scaling in one process (benchmarks/results/INDEX.md has the runs).
-Under DDP too: on first runs on 2 GPUs at 1.3b it ran ahead of TorchAO's path with CUDA graphs and without them, and
-with gradient accumulation (2026-11-28-ddp-levers-4xh200).
+linear in FP8 including the lm_head, and delayed scaling (benchmarks/results/INDEX.md has the runs). Under DDP too:
+on first runs on 2 GPUs at 1.3b it ran ahead of TorchAO's path with CUDA graphs and without them, and with gradient
+accumulation (2026-11-28-ddp-levers-4xh200); its delayed scaling ran ahead of its dynamic scaling on 2 and 4 GPUs
+(2026-11-28-ddp-delayed-4xh200).
 TorchAO's path is chosen where only it runs or where it measured faster:
   - a rowwise recipe or --fp8_all_gather (the fused path is tensorwise and has no FP8 all-gather);
   - --fp8_emulate (emulation is TorchAO's; the fused path runs real FP8 casts even on the CPU);

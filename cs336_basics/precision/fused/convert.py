@@ -53,14 +53,13 @@ class FusedFP8(FP8Converter):
 
     @staticmethod
     def defaults(fp8: FP8Config, world_size: int, cuda_graphs: bool) -> tuple[str, dict[str, Any]]:
-        # Delayed scaling was measured on one process. On several it runs (the ranks reduce their amaxes once per
-        # step) but is not measured there yet: dynamic until it is. Fast backward accumulation moved pre-training's
-        # loss (docs/fp8.md): off until a loss check says otherwise.
-        scaling = "delayed" if world_size == 1 else "dynamic"
+        # Delayed scaling measured faster than dynamic on one process and under DDP, where the ranks reduce their
+        # amaxes once per step (INDEX.md: 2026-11-28-ddp-delayed-4xh200). Fast backward accumulation moved
+        # pre-training's loss (docs/fp8.md): off until a loss check says otherwise.
         return "the fused path's", {
             "fp8_lm_head": True,
             "fp8_shape_filter": False,
-            "fp8_scaling": scaling,
+            "fp8_scaling": "delayed",
             "fp8_fast_accum_backward": False,
         }
 
