@@ -141,14 +141,14 @@ def auto_compile_mode(train: TrainConfig, use_fp8: bool, device: torch.device, p
         return "default", "a BF16 step keeps the GPU busy: CUDA graphs would not speed it up"
     if parallel_mode == "fsdp":
         return "default", "CUDA graphs are not yet measured under FSDP2; --compile_mode reduce-overhead asks"
-    if parallel_mode == "ddp":
+    ddp = parallel_mode == "ddp"
+    if ddp:
         why = "CUDA graphs under DDP: the FP8 step's kernels off the host, measured faster"
-        if train.gradient_accumulation_steps > 1:
-            why += "; micro-batch gradients summed outside the graphs, averaged over the ranks after the last"
-        return "reduce-overhead", why
-    why = "CUDA graphs: the FP8 step's many small kernels launched at once, off the host"
+    else:
+        why = "CUDA graphs: the FP8 step's many small kernels launched at once, off the host"
     if train.gradient_accumulation_steps > 1:
         why += "; micro-batch gradients summed outside the graphs"
+        why += ", averaged over the ranks after the last" if ddp else ""
     return "reduce-overhead", why
 
 

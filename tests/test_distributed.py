@@ -921,5 +921,5 @@ def test_gpu_checkpoints_move_between_four_two_and_one_gpus(gpu_resume_chains, p
         checkpoint = read_checkpoint(root / f"{precision}_{chain}" / CHECKPOINT_NAME)
         assert checkpoint["format"] == last_format
         if precision == "fused":  # the amax history went through every leg: as many updates as the whole run's
-            history = read_checkpoint(root / f"{precision}_single" / CHECKPOINT_NAME)["extra"]["fp8_scaling"]
-            assert checkpoint["extra"]["fp8_scaling"]["cursor"] == history["cursor"] == STEPS
+            uninterrupted = read_checkpoint(root / f"{precision}_single" / CHECKPOINT_NAME)["extra"]["fp8_scaling"]
+            assert checkpoint["extra"]["fp8_scaling"]["cursor"] == uninterrupted["cursor"] == STEPS
