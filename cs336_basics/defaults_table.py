@@ -48,7 +48,7 @@ MODES = (
         parallel="ddp",
         accumulation=4,
     ),
-    Mode("FSDP2 (torchrun, `--parallel fsdp`)", "2026-11-23-fsdp-overheads-h200", world_size=2, parallel="fsdp"),
+    Mode("FSDP2 (torchrun, `--parallel fsdp`)", "2026-11-28-fsdp2-x2-h200", world_size=2, parallel="fsdp"),
     Mode("LoRA on an FP8 base, one GPU", "2026-11-27-lora-joint-dgrad-both-gpus", lora=True),
 )
 

@@ -16,7 +16,7 @@ synchronisation inside them:
                  per step under torchrun (DDP, FSDP2): the time a collective (NCCL) kernel ran, and the part of it
                  when no other kernel ran, which the step's compute did not hide (0 in one process); the host's calls
                  of collectives. Where the host called collectives and the profile holds none of their kernels, both
-                 times are None and the line says so (2026-11-28-ddp-default-4xh200: DDP under CUDA graphs, 2 H200s)
+                 times are None and the line says so, not 0
   batch_ms, forward_ms, optimizer_ms, scaling_update_ms
                  the host's time in the sampler, the (compiled) forward call, the optimizer step and the
                  precision's once-per-step hook (delayed scaling's update); the backward and the rest of the step
@@ -39,6 +39,8 @@ other; compare rows of one run only. Under torchrun every rank measures and rank
     torchrun --standalone --nproc_per_node 2 -m lab.host_time --presets 1.3b --ddp_bucket_mb 25,100,400
     torchrun --standalone --nproc_per_node 2 -m lab.host_time --presets 1.3b --compile auto \
         --fp8_scaling dynamic,delayed --grad_sync on,off    # what DDP's all-reduce costs each step, per scaling
+    torchrun --standalone --nproc_per_node 2 -m lab.host_time --presets 1.3b --parallel fsdp \
+        --fp8_path torchao,fused --top_ops 20               # FSDP2's step, each FP8 path
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ import torch
 from torch.autograd import DeviceType
 
 from cs336_basics.cli import positive_int
-from cs336_basics.config import COMPILE_MODES, COMPILE_WRAPPERS, FP8_SCALINGS
+from cs336_basics.config import COMPILE_MODES, COMPILE_WRAPPERS, FP8_PATHS, FP8_SCALINGS, PARALLEL_MODES
 from cs336_basics.diagnostics.amdahl.measure import gpu_timeline, is_device_event, profiled_steps
 from cs336_basics.diagnostics.measurement import release_memory
 from cs336_basics.errors import ConfigError
@@ -218,6 +220,10 @@ def main(argv: list[str] | None = None) -> int:
         "dynamic, delayed",
     )  # fmt: skip
     parser.add_argument(
+        "--parallel", default="auto", help=f"under torchrun: modes, comma-separated, from {PARALLEL_MODES}"
+    )
+    parser.add_argument("--fp8_path", default="auto", help=f"the FP8 rows' paths, comma-separated, from {FP8_PATHS}")
+    parser.add_argument(
         "--grad_sync", default="on", help="on, off or both (on,off): off, under torchrun with DDP, times the steps "
         "without the gradients' all-reduce (what it costs the step, against on)",
     )  # fmt: skip
@@ -229,13 +235,18 @@ def main(argv: list[str] | None = None) -> int:
         buckets = [{}]
         if args.ddp_bucket_mb:
             buckets = [{"ddp_bucket_mb": mb} for mb in parse_positive_ints(args.ddp_bucket_mb, "--ddp_bucket_mb", "25")]
-        scalings = [{} if s == "auto" else {"fp8_scaling": s}
-                    for s in parse_choices(args.fp8_scaling, FP8_SCALINGS, "--fp8_scaling")]  # fmt: skip
+        parallels = [{"parallel": p} for p in parse_choices(args.parallel, PARALLEL_MODES, "--parallel")]
+        fp8_choices = [
+            {"fp8_scaling": scaling, "fp8_path": path}
+            for path in parse_choices(args.fp8_path, FP8_PATHS, "--fp8_path")
+            for scaling in parse_choices(args.fp8_scaling, FP8_SCALINGS, "--fp8_scaling")
+        ]
         syncs = parse_on_off(args.grad_sync, "--grad_sync")
-        for preset, mode, wrapper, bucket, sync in itertools.product(presets, modes, wrappers, buckets, syncs):
+        grid = itertools.product(presets, modes, wrappers, parallels, buckets, syncs)
+        for preset, mode, wrapper, parallel, bucket, sync in grid:
             for precision in precisions:
-                for scaling in scalings if precision == "fp8" else [{}]:
-                    settings = {"train": bucket, "fp8": scaling}
+                for fp8 in fp8_choices if precision == "fp8" else [{}]:
+                    settings = {"train": {**parallel, **bucket}, "fp8": fp8}
                     yield measure(preset, precision == "fp8", mode, args.warmup, args.steps, args.top_ops, wrapper,
                                   settings, sync)  # fmt: skip
 
@@ -254,6 +265,7 @@ def describe(record: Record) -> str:
         f"{record['preset']:>10} {record['precision']:>18} {record['compile']:>15} {record['compile_wrapper']:>6}: "
         f"{record['tokens_per_sec']:>9,.0f} tok/s, "
         + (f"DDP x{record['world_size']} {record['ddp_bucket_mb']} MB buckets, " if record["parallel"] == "ddp" else "")
+        + (f"FSDP2 x{record['world_size']}, " if record["parallel"] == "fsdp" else "")
         + ("no gradient all-reduce, " if not record["grad_sync"] else "")
         + f"wall {record['wall_ms']:6.2f} ms, GPU idle {record['gpu_idle_ms']:5.2f} ms, "
         f"{_collectives(record)}, "

@@ -3,6 +3,8 @@ Amdahl analysis warm up and profile."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from cs336_basics.build import build
@@ -20,3 +22,18 @@ def test_a_measurement_trains_in_the_folder_rank_0_names(monkeypatch, tmp_path):
     tokens = np.arange(20_000, dtype=np.int64) % config.model.vocab_size
     trainer, result = measurement.train_for_measurement(build(config), tokens, tokens, log=lambda message: None)
     assert trainer.config.train.out_dir == str(rank_0s) and result.steps == 1
+
+
+def test_a_measurement_trains_in_the_runs_parallel_plan(tmp_path):
+    """The probes measure what a run does: under torchrun, the plan's DDP or FSDP2 (a measurement once dropped it, so
+    every rank trained a replica of its own with no gradient exchanged). A plan of its own stands in for DDP here."""
+    config = build_config(
+        {"preset": "cpu-small", "train": {"max_steps": 1, "log_every": 1, "out_dir": str(tmp_path)}}, device_type="cpu"
+    )
+    built = build(config)
+    plan = dataclasses.replace(built.parallel, reason="the run's own plan")
+    tokens = np.arange(20_000, dtype=np.int64) % config.model.vocab_size
+    trainer, _ = measurement.train_for_measurement(
+        dataclasses.replace(built, parallel=plan), tokens, tokens, log=lambda message: None
+    )
+    assert trainer.parallel is plan

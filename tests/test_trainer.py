@@ -20,6 +20,7 @@ from cs336_basics.compiled import (
 from cs336_basics.config_layers import build_config
 from cs336_basics.errors import ConfigError, RunFolderError
 from cs336_basics.model import TransformerLM
+from cs336_basics.parallel.world import World
 from cs336_basics.precision.fused.linear import fp8_matmul
 from cs336_basics.training import trainer as trainer_module
 from cs336_basics.training.checkpoint import read_checkpoint
@@ -49,6 +50,14 @@ def tokens(n=4000, seed=0):
 def make_trainer(cfg, seed=0):
     torch.manual_seed(seed)
     return Trainer(TransformerLM(cfg.model), cfg, tokens(), tokens(seed=1), torch.device("cpu"))
+
+
+def test_a_trainer_under_a_process_group_refuses_to_run_without_its_plan(tmp_path, monkeypatch):
+    """Under torchrun a Trainer without the run's parallel plan would train a replica per rank with no gradient
+    exchanged: it refuses instead of measuring or training one process per rank."""
+    monkeypatch.setattr(trainer_module.dist, "current_world", lambda: World(rank=0, world_size=2, launched=True))
+    with pytest.raises(ValueError, match="parallel=built.parallel"):
+        make_trainer(tiny_config(tmp_path))
 
 
 def test_accumulated_micro_batches_equal_one_big_batch(tmp_path):

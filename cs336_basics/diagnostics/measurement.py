@@ -22,8 +22,9 @@ def train_for_measurement(built: Built, train_tokens, val_tokens, log=print) -> 
         changes = {"out_dir": broadcast_text(own_dir), "eval_every": 0, "checkpoint_every": 0, "resume": False}
         config = built.config.replace(train=changes)
         trainer = Trainer(
-            built.model, config, train_tokens, val_tokens, built.device, log=log, converter=built.converter
-        )
+            built.model, config, train_tokens, val_tokens, built.device, log=log, parallel=built.parallel,
+            converter=built.converter,
+        )  # fmt: skip
         result = trainer.train()
         barrier()  # every rank done with the folder before rank 0 removes it
         return trainer, result

@@ -5,11 +5,12 @@ linear in FP8 including the lm_head, and delayed scaling (benchmarks/results/IND
 on first runs on 2 GPUs at 1.3b it ran ahead of TorchAO's path with CUDA graphs and without them, and with gradient
 accumulation (2026-11-28-ddp-levers-4xh200); its delayed scaling ran ahead of its dynamic scaling on 2 and 4 GPUs
 (2026-11-28-ddp-delayed-4xh200).
-TorchAO's path is chosen where only it runs or where it measured faster:
+TorchAO's path is chosen where only it runs, and under FSDP2:
   - a rowwise recipe or --fp8_all_gather (the fused path is tensorwise and has no FP8 all-gather);
   - --fp8_emulate (emulation is TorchAO's; the fused path runs real FP8 casts even on the CPU);
-  - FSDP2: on one rank of FSDP2 TorchAO's path measured faster (INDEX.md: 2026-11-23-fsdp-overheads-h200,
-    item 5): the fused path's step is host-bound there.
+  - FSDP2: there both paths ran slower than BF16 on first runs on 2 GPUs, TorchAO's with the least memory per GPU
+    and the fused path a little faster (INDEX.md: 2026-11-28-fsdp2-x2-h200; on one rank of FSDP2 TorchAO's was the
+    faster, 2026-11-23-fsdp-overheads-h200): TorchAO's keeps FSDP2's point, memory, until FP8 pays there.
 The modes and what auto gives in each, with their records: defaults_table.py (the README's table).
 A Hugging Face model (--hf_model) takes TorchAO's path: the fused path converts this package's model only.
 `--fp8_path accelerate` is never chosen automatically: it is there to measure what Accelerate's FP8 gives.
@@ -122,5 +123,8 @@ def _auto_path(fp8: FP8Config, parallel_mode: str, own_model: bool) -> tuple[str
     if fp8.fp8_emulate:
         return "torchao", "--fp8_emulate is TorchAO's emulation"
     if parallel_mode == "fsdp":
-        return "torchao", "measured faster under FSDP2"
+        return "torchao", (
+            "the least memory of the FP8 paths under FSDP2, where neither beat BF16 on 2 GPUs: --no_use_fp8 trained "
+            "faster there, benchmarks/results/2026-11-28-fsdp2-x2-h200"
+        )
     return "fused", "measured fastest"

@@ -137,6 +137,9 @@ class Trainer:
         self.config = config
         self.device = device
         self.log = log
+        if parallel is None and dist.current_world().world_size > 1:
+            # Without the plan each rank would train its own replica, no gradient exchanged: a silent one-process run.
+            raise ValueError("the Trainer runs under a process group: pass the run's plan (parallel=built.parallel)")
         self.parallel = parallel if parallel is not None else SINGLE_PROCESS
         self.world = self.parallel.world
         self.out_dir = Path(config.train.out_dir)
