@@ -2,7 +2,7 @@
 one run each; the validation loss of every variant at every evaluation is compared with BF16's at that step.
 
 python -m lab.loss_parity --out_dir DIR [--variants bf16,fp8-fused-dynamic,fp8-fused-dynamic+lm_head]
-    [--tolerance 0.005] [--nproc_per_node 2]
+    [--tolerance 0.005] [--nproc_per_node 2] [--seed_spread 1,2]
     [any train_h100.py setting, e.g. --preset 366m --max_steps 400 --eval_every 100 --eval_batches 16
      --train_data train.txt --val_data val.txt]
 
@@ -11,6 +11,11 @@ as that many processes under torchrun (one per GPU; --parallel auto: DDP where a
 one results-schema record per variant with its validation curve, its largest relative gap to BF16 and whether every
 gap is within the tolerance; DIR/parity.png plots the curves. Exit code 0 when every variant is within the tolerance at
 every evaluation, 1 when one is not (or a run failed), 2 for bad settings.
+
+--seed_spread trains BF16 again with other seeds (other initial weights and batch order), as variants named
+bf16-seed<N>: how far BF16 parts from itself at each evaluation, the scale to read FP8's gaps against. They are
+reported, not judged; each FP8 variant's record says whether every gap of its was within the largest spread gap at
+that evaluation (`within_seed_spread`).
 """
 
 from __future__ import annotations
@@ -24,11 +29,11 @@ from pathlib import Path
 from typing import Any
 
 from cs336_basics.cli import add_config_arguments, overrides_from_args, positive_int
-from cs336_basics.config import RunConfig
+from cs336_basics.config import RunConfig, TrainConfig
 from cs336_basics.config_layers import build_config
 from cs336_basics.errors import ConfigError, report_error
 from cs336_basics.measure.results import write_results
-from cs336_basics.sweep.plan import PRECISIONS, WITH_LM_HEAD, parse_choices, precision_settings
+from cs336_basics.sweep.plan import PRECISIONS, WITH_LM_HEAD, parse_choices, parse_positive_ints, precision_settings
 from cs336_basics.sweep.run import torchrun_command
 from cs336_basics.training.metrics import read_metrics
 
@@ -46,14 +51,25 @@ def variant_overrides(base: dict[str, Any], variant: str, out_dir: Path) -> dict
     return values
 
 
+SPREAD_PREFIX = f"{BASELINE}-seed"  # BF16 again with another seed: bf16-seed1, ...
+
+
+def spread_name(seed: int) -> str:
+    return f"{SPREAD_PREFIX}{seed}"
+
+
 def val_curve(run_dir: Path) -> list[tuple[int, float]]:
     return [
         (r["step"], r["val_loss"]) for r in read_metrics(run_dir / "metrics.jsonl") if r.get("val_loss") is not None
     ]
 
 
-def compare(curves: dict[str, list[tuple[int, float]]], tolerance: float) -> dict[str, dict[str, Any]]:
-    """Per variant: the relative gap to BF16 at each evaluation both have, the largest, and whether all are within."""
+def compare(
+    curves: dict[str, list[tuple[int, float]]], tolerance: float, spread: tuple[str, ...] = ()
+) -> dict[str, dict[str, Any]]:
+    """Per variant: the relative gap to BF16 at each evaluation both have, the largest, and whether all are within.
+    With `spread` (BF16 runs of other seeds, among the curves): also whether each gap of every other variant is within
+    the largest spread gap at its evaluation."""
     baseline = dict(curves[BASELINE])
     verdicts = {}
     for variant, curve in curves.items():
@@ -62,7 +78,17 @@ def compare(curves: dict[str, list[tuple[int, float]]], tolerance: float) -> dic
             raise ValueError(f"{variant} was evaluated at steps {[s for s, _ in curve]}, BF16 at {sorted(baseline)}")
         worst = max(abs(gap) for _, gap in gaps)
         verdicts[variant] = {"val_rel_gap": gaps, "max_abs_rel_gap": worst, "within_tolerance": worst <= tolerance}
+    if spread:
+        widest = {step: max(abs(dict(verdicts[s]["val_rel_gap"])[step]) for s in spread) for step in baseline}
+        for variant, verdict in verdicts.items():
+            if variant not in spread:
+                verdict["within_seed_spread"] = all(abs(gap) <= widest[step] for step, gap in verdict["val_rel_gap"])
     return verdicts
+
+
+def passed(verdicts: dict[str, dict[str, Any]], spread: tuple[str, ...]) -> bool:
+    """Every variant but the seed-spread runs (reported, not judged) within the tolerance at every evaluation."""
+    return all(v["within_tolerance"] for variant, v in verdicts.items() if variant not in spread)
 
 
 def plot(curves: dict[str, list[tuple[int, float]]], runs: dict[str, Path], png: Path, title: str) -> None:
@@ -107,6 +133,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--nproc_per_node", type=positive_int, default=1,
         help="processes (GPUs) each variant trains on; above 1 under torchrun (default 1)",
     )  # fmt: skip
+    parser.add_argument(
+        "--seed_spread", help="also train BF16 with these seeds, comma-separated (e.g. 1,2): how far BF16 parts from "
+        "itself, reported beside FP8's gaps",
+    )  # fmt: skip
     parser.add_argument("--run_variant", help=argparse.SUPPRESS)  # internal: one variant's overrides as JSON
     add_config_arguments(parser)
     return parser
@@ -126,6 +156,13 @@ def plan_variants(args: argparse.Namespace) -> tuple[Path, dict[str, dict[str, A
     if refused:
         raise ConfigError(f"{', '.join(refused)}: each variant sets this itself (--variants).")
     planned = {v: variant_overrides(base, v, out_dir) for v in variants}
+    seed = base.get("train", {}).get("seed", TrainConfig.seed)
+    for other in parse_positive_ints(args.seed_spread, "--seed_spread", "1,2") if args.seed_spread else ():
+        if other == seed:
+            raise ConfigError(f"--seed_spread {other}: that is the compared runs' own seed (--seed); name others.")
+        name = spread_name(other)
+        planned[name] = variant_overrides(base, BASELINE, out_dir)
+        planned[name]["train"].update(seed=other, out_dir=str(out_dir / name))
     configs = {v: build_config(o) for v, o in planned.items()}
     return out_dir, planned, configs
 
@@ -145,12 +182,20 @@ def run_variants(planned: dict[str, dict[str, Any]], nproc: int = 1) -> list[str
 
 
 def print_verdicts(
-    curves: dict[str, list[tuple[int, float]]], verdicts: dict[str, dict[str, Any]], tolerance: float
+    curves: dict[str, list[tuple[int, float]]],
+    verdicts: dict[str, dict[str, Any]],
+    tolerance: float,
+    spread: tuple[str, ...] = (),
 ) -> None:
-    """One line per variant: its final validation loss, its largest relative gap to BF16 and whether it is within."""
-    print(f"{'variant':24s} {'final val':>10s} {'max |gap|':>10s}  within {tolerance:.2%}")
+    """One line per variant: its final validation loss, its largest relative gap to BF16 and whether it is within
+    (and within the seed spread, where there is one; a spread run's line says it is one)."""
+    print(f"{'variant':24s} {'final val':>10s} {'max |gap|':>10s}  within {tolerance:.2%}"
+          + ("  within the seed spread" if spread else ""))  # fmt: skip
     for variant, v in verdicts.items():
-        print(f"{variant:24s} {curves[variant][-1][1]:10.4f} {v['max_abs_rel_gap']:10.4%}  {v['within_tolerance']}")
+        line = f"{variant:24s} {curves[variant][-1][1]:10.4f} {v['max_abs_rel_gap']:10.4%}  {v['within_tolerance']}"
+        if spread:
+            line += "  (a spread run)" if variant in spread else f"  {v['within_seed_spread']}"
+        print(line)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -171,7 +216,8 @@ def main(argv: list[str] | None = None) -> int:
     curves = {v: val_curve(run_dir) for v, run_dir in runs.items()}
     if not curves[BASELINE]:
         return report_error(ConfigError("no validation loss was recorded: set --eval_every (and --eval_batches)."))
-    verdicts = compare(curves, args.tolerance)
+    spread = tuple(name for name in configs if name.startswith(SPREAD_PREFIX))
+    verdicts = compare(curves, args.tolerance, spread)
     records = []
     for variant, run_dir in runs.items():
         record = json.loads((run_dir / "result.json").read_text())
@@ -183,9 +229,9 @@ def main(argv: list[str] | None = None) -> int:
         title += f" per GPU, {args.nproc_per_node} GPUs"
     plot(curves, runs, out_dir / "parity.png", title)
 
-    print_verdicts(curves, verdicts, args.tolerance)
+    print_verdicts(curves, verdicts, args.tolerance, spread)
     print(f"wrote {out_dir / 'parity.json'} and {out_dir / 'parity.png'}")
-    return 0 if all(v["within_tolerance"] for v in verdicts.values()) else 1
+    return 0 if passed(verdicts, spread) else 1
 
 
 if __name__ == "__main__":
