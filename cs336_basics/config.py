@@ -278,7 +278,8 @@ class FP8Config:
         "auto", "fused: this package's FP8 linears (one cast per shared input, FP8 tensors saved for backward, "
         "delayed or dynamic scaling); torchao: TorchAO's Float8Linear; accelerate: the conversion Hugging Face "
         "Accelerate's FP8 (TorchAO backend) makes (the hf extra); auto: the fused path in one process and under DDP, "
-        "TorchAO's under FSDP2 (measured faster there) and where only it runs (precision/choice.py)",
+        "TorchAO's under FSDP2 (the least memory, where neither path beats BF16 yet) and where only it runs "
+        "(precision/choice.py)",
         choices=FP8_PATHS,
     )  # fmt: skip
     fp8_scaling: str = setting(

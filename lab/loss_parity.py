@@ -43,19 +43,16 @@ SET_PER_VARIANT = {("fp8", "use_fp8"), ("fp8", "fp8_path"), ("fp8", "fp8_scaling
                    ("fp8", "fp8_lm_head"), ("train", "dtype"), ("train", "out_dir"), ("train", "resume")}  # fmt: skip
 
 
-def variant_overrides(base: dict[str, Any], variant: str, out_dir: Path) -> dict[str, Any]:
+def variant_overrides(base: dict[str, Any], precision: str, run_dir: Path, **train: Any) -> dict[str, Any]:
+    """`base` in `precision`, trained in `run_dir`, with any more `train` settings (a seed-spread run's seed)."""
     values = copy.deepcopy(base)
-    for section, settings in precision_settings(variant).items():
+    for section, settings in precision_settings(precision).items():
         values.setdefault(section, {}).update(settings)
-    values.setdefault("train", {}).update(out_dir=str(out_dir / variant), overwrite=True, resume=False)
+    values.setdefault("train", {}).update(out_dir=str(run_dir), overwrite=True, resume=False, **train)
     return values
 
 
 SPREAD_PREFIX = f"{BASELINE}-seed"  # BF16 again with another seed: bf16-seed1, ...
-
-
-def spread_name(seed: int) -> str:
-    return f"{SPREAD_PREFIX}{seed}"
 
 
 def val_curve(run_dir: Path) -> list[tuple[int, float]]:
@@ -79,7 +76,8 @@ def compare(
         worst = max(abs(gap) for _, gap in gaps)
         verdicts[variant] = {"val_rel_gap": gaps, "max_abs_rel_gap": worst, "within_tolerance": worst <= tolerance}
     if spread:
-        widest = {step: max(abs(dict(verdicts[s]["val_rel_gap"])[step]) for s in spread) for step in baseline}
+        spread_gaps = [dict(verdicts[s]["val_rel_gap"]) for s in spread]
+        widest = {step: max(abs(gaps[step]) for gaps in spread_gaps) for step in baseline}
         for variant, verdict in verdicts.items():
             if variant not in spread:
                 verdict["within_seed_spread"] = all(abs(gap) <= widest[step] for step, gap in verdict["val_rel_gap"])
@@ -155,14 +153,13 @@ def plan_variants(args: argparse.Namespace) -> tuple[Path, dict[str, dict[str, A
     refused = [f"--{name}" for section, name in SET_PER_VARIANT if name in base.get(section, {})]
     if refused:
         raise ConfigError(f"{', '.join(refused)}: each variant sets this itself (--variants).")
-    planned = {v: variant_overrides(base, v, out_dir) for v in variants}
+    planned = {v: variant_overrides(base, v, out_dir / v) for v in variants}
     seed = base.get("train", {}).get("seed", TrainConfig.seed)
     for other in parse_positive_ints(args.seed_spread, "--seed_spread", "1,2") if args.seed_spread else ():
         if other == seed:
             raise ConfigError(f"--seed_spread {other}: that is the compared runs' own seed (--seed); name others.")
-        name = spread_name(other)
-        planned[name] = variant_overrides(base, BASELINE, out_dir)
-        planned[name]["train"].update(seed=other, out_dir=str(out_dir / name))
+        name = f"{SPREAD_PREFIX}{other}"
+        planned[name] = variant_overrides(base, BASELINE, out_dir / name, seed=other)
     configs = {v: build_config(o) for v, o in planned.items()}
     return out_dir, planned, configs
 
