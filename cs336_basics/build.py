@@ -156,7 +156,6 @@ def plan(config: RunConfig) -> Plan:
     fp8_mode, _ = resolve_compile_mode(config.train, True, device, parallel_mode)
     choice = choose_fp8(
         config.fp8,
-        parallel_mode=parallel_mode,
         world_size=world.world_size,
         lora=config.finetune.lora,
         own_model=config.model.hf_model is None,
@@ -175,7 +174,8 @@ def plan(config: RunConfig) -> Plan:
         mode, why = resolve_compile_mode(config.train, use_fp8, device, parallel_mode)
         auto.append(f"compile_mode={mode} ({why})")
         config = config.replace(train={"compile_mode": mode})
-    wrapper, why = resolve_compile_wrapper(config.train, device, world)
+    fp8_path = config.fp8.fp8_path if use_fp8 else None
+    wrapper, why = resolve_compile_wrapper(config.train, device, world, parallel_mode, fp8_path)
     if t.compile_wrapper == "auto":
         auto.append(f"compile_wrapper={wrapper} ({why})")
     config = config.replace(train={"compile_wrapper": wrapper})

@@ -129,8 +129,11 @@ def auto_compile_mode(train: TrainConfig, use_fp8: bool, device: torch.device, p
     accumulation the Trainer sums the micro-batches' gradients outside the graphs (training/accumulation.py). Under
     DDP the FP8 step replays under CUDA graphs too, measured ahead of the step without them on 2 GPUs, without
     accumulation (2026-11-28-ddp-levers-4xh200) and with it, where every micro-batch skips DDP's overlapped reduction
-    and the sums are averaged over the ranks after the last one (2026-11-28-ddp-default-4xh200). They are not yet
-    measured under FSDP2. Where they are left out, --compile_mode reduce-overhead asks for them
+    and the sums are averaged over the ranks after the last one (2026-11-28-ddp-default-4xh200). They are
+    kept out under FSDP2: there the blocks' graphs were recorded again in nearly every warm step, and the step ran at
+    a quarter of its speed without them (2026-11-28-fsdp2-cpp-wrapper-x2-h200); pytorch/pytorch#183451 reports the
+    same, from the gathered weights' addresses moving between steps, with speed returning only after a long warm-up.
+    Where they are left out, --compile_mode reduce-overhead asks for them
     (build.check_cuda_graphs_request refuses the one mix that cannot run). A C++ wrapper asked for (--compile_wrapper
     cpp) keeps them out: inductor turns CUDA graphs off under it."""
     if not (train.compile_model and device.type == "cuda"):
@@ -140,7 +143,7 @@ def auto_compile_mode(train: TrainConfig, use_fp8: bool, device: torch.device, p
     if not use_fp8:
         return "default", "a BF16 step keeps the GPU busy: CUDA graphs would not speed it up"
     if parallel_mode == "fsdp":
-        return "default", "CUDA graphs are not yet measured under FSDP2; --compile_mode reduce-overhead asks"
+        return "default", "CUDA graphs under FSDP2 were recorded again nearly every step: far slower"
     ddp = parallel_mode == "ddp"
     if ddp:
         why = "CUDA graphs under DDP: the FP8 step's kernels off the host, measured faster"
@@ -152,12 +155,14 @@ def auto_compile_mode(train: TrainConfig, use_fp8: bool, device: torch.device, p
     return "reduce-overhead", why
 
 
-def resolve_compile_wrapper(train: TrainConfig, device: torch.device, world: World) -> tuple[str, str]:
+def resolve_compile_wrapper(
+    train: TrainConfig, device: torch.device, world: World, parallel_mode: str = "none", fp8_path: str | None = None
+) -> tuple[str, str]:
     """--compile_wrapper: (python or cpp, why): the one asked for, or auto's choice (auto_compile_wrapper). Asked for
     where it cannot be honoured, an error: without a compiled step, or with CUDA graphs, which inductor switches off
     under its C++ wrapper (get_cpp_wrapper_config). Call it with the compile mode resolved."""
     if train.compile_wrapper == "auto":
-        return auto_compile_wrapper(train, device, world)
+        return auto_compile_wrapper(train, device, world, parallel_mode, fp8_path)
     if train.compile_wrapper == "cpp" and not train.compile_model:
         raise ConfigError(
             "--compile_wrapper cpp is the code torch.compile generates, and this run compiles nothing: "
@@ -172,19 +177,25 @@ def resolve_compile_wrapper(train: TrainConfig, device: torch.device, world: Wor
     return train.compile_wrapper, "asked for"
 
 
-def auto_compile_wrapper(train: TrainConfig, device: torch.device, world: World) -> tuple[str, str]:
-    """--compile_wrapper auto: (wrapper, why). Inductor's wrapper is the host code that allocates a compiled region's
-    buffers and launches its kernels, once per call. Without CUDA graphs it runs every step, and an FP8 step, with
-    more and smaller kernels than BF16's, waits for it: generated as C++ it launches them with less host time than
-    Python (INDEX.md: 2026-11-28-cpp-wrapper). Its cost is a longer first compile, the C++ headers it builds once per
-    machine (then cached). Under CUDA graphs the replays skip the wrapper, so it stays Python there; across several
-    processes it stays Python until measured there (--compile_wrapper cpp asks for it)."""
+def auto_compile_wrapper(
+    train: TrainConfig, device: torch.device, world: World, parallel_mode: str = "none", fp8_path: str | None = None
+) -> tuple[str, str]:
+    """--compile_wrapper auto: (wrapper, why) for a run in `parallel_mode` whose FP8 path is `fp8_path` (None without
+    FP8). Inductor's wrapper is the host code that allocates a compiled region's buffers and launches its kernels,
+    once per call. Without CUDA graphs it runs every step, and an FP8 step, with more and smaller kernels than BF16's,
+    waits for it: generated as C++ it launches them with less host time than Python (INDEX.md: 2026-11-28-cpp-wrapper).
+    Its cost is a longer first compile, the C++ headers it builds once per machine (then cached). Under CUDA graphs
+    the replays skip the wrapper, so it stays Python there. Across several processes it is C++ for the fused FP8
+    path under FSDP2, whose step FSDP2's hooks leave waiting for the host (2026-11-28-fsdp2-cpp-wrapper-x2-h200); BF16
+    under FSDP2 ran no faster with it, and the rest is not measured, so it stays Python (--compile_wrapper cpp asks)."""
     if not (train.compile_model and device.type == "cuda"):
         return "python", "no compiled CUDA step"
     if runs_cuda_graphs(train.compile_model, train.compile_mode, device):
         return "python", "CUDA graphs replay the kernels without the wrapper"
+    if world.launched and parallel_mode == "fsdp" and fp8_path == "fused":
+        return "cpp", "under FSDP2 the fused FP8 step waits for the host: C++ launches its kernels faster"
     if world.launched:
-        return "python", "not yet measured across several processes"
+        return "python", "across several processes C++ measured faster only for the fused FP8 path under FSDP2"
     return "cpp", "without CUDA graphs the step waits for the host: C++ launches its kernels faster"
 
 

@@ -277,9 +277,8 @@ class FP8Config:
     fp8_path: str = setting(
         "auto", "fused: this package's FP8 linears (one cast per shared input, FP8 tensors saved for backward, "
         "delayed or dynamic scaling); torchao: TorchAO's Float8Linear; accelerate: the conversion Hugging Face "
-        "Accelerate's FP8 (TorchAO backend) makes (the hf extra); auto: the fused path in one process and under DDP, "
-        "TorchAO's under FSDP2 (the least memory, where neither path beats BF16 yet) and where only it runs "
-        "(precision/choice.py)",
+        "Accelerate's FP8 (TorchAO backend) makes (the hf extra); auto: the fused path (measured fastest in one "
+        "process, under DDP and under FSDP2), TorchAO's where only it runs (precision/choice.py)",
         choices=FP8_PATHS,
     )  # fmt: skip
     fp8_scaling: str = setting(
@@ -385,8 +384,9 @@ class TrainConfig:
     compile_wrapper: str = setting(
         "auto",
         "the code inductor writes to launch a compiled region's kernels; cpp: C++, less host time per launch after a "
-        "longer first compile; python; auto: cpp for one process on a GPU without CUDA graphs (the step waits for "
-        "its launches), python under CUDA graphs, on CPU and under torchrun (compiled.auto_compile_wrapper says why)",
+        "longer first compile; python; auto: cpp on a GPU without CUDA graphs for one process and for the fused FP8 "
+        "path under FSDP2 (the step waits for its launches), python under CUDA graphs, on CPU and in the rest of "
+        "torchrun's runs (compiled.auto_compile_wrapper says why)",
         choices=COMPILE_WRAPPERS,
     )
     seed: int = setting(0, "seed for the initial weights and the order of batches", check=at_least(0))

@@ -48,7 +48,7 @@ MODES = (
         parallel="ddp",
         accumulation=4,
     ),
-    Mode("FSDP2 (torchrun, `--parallel fsdp`)", "2026-11-28-fsdp2-x2-h200", world_size=2, parallel="fsdp"),
+    Mode("FSDP2 (torchrun, `--parallel fsdp`)", "2026-11-28-fsdp2-cpp-wrapper-x2-h200", world_size=2, parallel="fsdp"),
     Mode("LoRA on an FP8 base, one GPU", "2026-11-27-lora-joint-dgrad-both-gpus", lora=True),
 )
 
@@ -66,13 +66,14 @@ def choices(mode: Mode) -> tuple[str, str]:
     if compile_mode == "auto":
         compile_mode, _ = auto_compile_mode(train, True, cuda, mode.parallel)
     chosen = choose_fp8(
-        FP8Config(use_fp8=True), parallel_mode=mode.parallel, world_size=mode.world_size, lora=mode.lora,
+        FP8Config(use_fp8=True), world_size=mode.world_size, lora=mode.lora,
         cuda_graphs=runs_cuda_graphs(True, compile_mode, cuda),
     ).config  # fmt: skip
     head = "FP8 head" if chosen.fp8_lm_head else "BF16 head"
     shapes = "its shape rule" if chosen.fp8_shape_filter else "every linear"
     fp8 = f"{chosen.fp8_path}, {chosen.fp8_scaling} scaling, {shapes}, {head}"
-    wrapper, _ = auto_compile_wrapper(dataclasses.replace(train, compile_mode=compile_mode), cuda, world)
+    train = dataclasses.replace(train, compile_mode=compile_mode)
+    wrapper, _ = auto_compile_wrapper(train, cuda, world, mode.parallel, chosen.fp8_path)
     return f"`{compile_mode}`" + (", C++ wrapper" if wrapper == "cpp" else ""), fp8
 
 

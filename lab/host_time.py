@@ -224,6 +224,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--fp8_path", default="auto", help=f"the FP8 rows' paths, comma-separated, from {FP8_PATHS}")
     parser.add_argument(
+        "--fsdp_reshard_after_forward", default="on", help="under torchrun with FSDP2: on, off or both (on,off): off "
+        "keeps each block's gathered weights from its forward to its backward (no second all-gather)",
+    )  # fmt: skip
+    parser.add_argument(
         "--grad_sync", default="on", help="on, off or both (on,off): off, under torchrun with DDP, times the steps "
         "without the gradients' all-reduce (what it costs the step, against on)",
     )  # fmt: skip
@@ -235,7 +239,11 @@ def main(argv: list[str] | None = None) -> int:
         buckets = [{}]
         if args.ddp_bucket_mb:
             buckets = [{"ddp_bucket_mb": mb} for mb in parse_positive_ints(args.ddp_bucket_mb, "--ddp_bucket_mb", "25")]
-        parallels = [{"parallel": p} for p in parse_choices(args.parallel, PARALLEL_MODES, "--parallel")]
+        parallels = [
+            {"parallel": p, "fsdp_reshard_after_forward": reshard}
+            for p in parse_choices(args.parallel, PARALLEL_MODES, "--parallel")
+            for reshard in parse_on_off(args.fsdp_reshard_after_forward, "--fsdp_reshard_after_forward")
+        ]
         fp8_choices = [
             {"fp8_scaling": scaling, "fp8_path": path}
             for path in parse_choices(args.fp8_path, FP8_PATHS, "--fp8_path")
@@ -266,6 +274,7 @@ def describe(record: Record) -> str:
         f"{record['tokens_per_sec']:>9,.0f} tok/s, "
         + (f"DDP x{record['world_size']} {record['ddp_bucket_mb']} MB buckets, " if record["parallel"] == "ddp" else "")
         + (f"FSDP2 x{record['world_size']}, " if record["parallel"] == "fsdp" else "")
+        + ("gathered weights kept for backward, " if not record["fsdp_reshard_after_forward"] else "")
         + ("no gradient all-reduce, " if not record["grad_sync"] else "")
         + f"wall {record['wall_ms']:6.2f} ms, GPU idle {record['gpu_idle_ms']:5.2f} ms, "
         f"{_collectives(record)}, "

@@ -56,15 +56,15 @@ def test_the_settings_it_does_not_have_are_refused_with_the_reason():
     }
     for message, setting in refusals.items():
         with pytest.raises(ConfigError, match=message):
-            choose_fp8(FP8Config(use_fp8=True, fp8_path="accelerate", **setting), parallel_mode="none", world_size=1)
+            choose_fp8(FP8Config(use_fp8=True, fp8_path="accelerate", **setting), world_size=1)
     with pytest.raises(ConfigError, match="accelerate launch"):
-        choose_fp8(FP8Config(use_fp8=True, fp8_path="accelerate"), parallel_mode="ddp", world_size=2)
+        choose_fp8(FP8Config(use_fp8=True, fp8_path="accelerate"), world_size=2)
 
 
 def test_it_is_chosen_only_by_name_with_its_own_defaults():
-    auto = choose_fp8(FP8Config(use_fp8=True), parallel_mode="none", world_size=1)
+    auto = choose_fp8(FP8Config(use_fp8=True), world_size=1)
     assert auto.config.fp8_path == "fused"
-    named = choose_fp8(FP8Config(use_fp8=True, fp8_path="accelerate"), parallel_mode="none", world_size=1)
+    named = choose_fp8(FP8Config(use_fp8=True, fp8_path="accelerate"), world_size=1)
     assert (named.config.fp8_lm_head, named.config.fp8_shape_filter, named.config.fp8_scaling) == (
         False,
         False,

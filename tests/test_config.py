@@ -237,7 +237,7 @@ def test_auto_compile_mode_uses_cuda_graphs_for_an_fp8_step_in_one_process_and_u
         assert resolve_compile_wrapper(dataclasses.replace(cpp, compile_mode=mode), cuda, SINGLE)[0] == "cpp"
     for mode, why in (
         auto_compile_mode(train, False, cuda, "none"),
-        auto_compile_mode(train, True, cuda, "fsdp"),  # not yet measured
+        auto_compile_mode(train, True, cuda, "fsdp"),  # recorded again nearly every step there
         auto_compile_mode(train, True, torch.device("cpu"), "none"),
         auto_compile_mode(dataclasses.replace(train, compile_model=False), True, cuda, "none"),
     ):
@@ -256,10 +256,17 @@ def test_auto_compile_wrapper_is_cpp_only_for_a_compiled_cuda_step_without_cuda_
         (dataclasses.replace(train, compile_mode="max-autotune"), cuda, SINGLE),
         (train, cpu, SINGLE),
         (dataclasses.replace(train, compile_model=False), cuda, SINGLE),
-        (train, cuda, torchrun),  # not yet measured across processes
+        (train, cuda, torchrun),  # across processes, no mode named
     ):
         wrapper, why = resolve_compile_wrapper(graphs_or_cpu_or_eager, device, world)
         assert wrapper == "python" and why
+    for parallel_mode, fp8_path in (("ddp", "fused"), ("fsdp", None), ("fsdp", "torchao")):
+        assert resolve_compile_wrapper(train, cuda, torchrun, parallel_mode, fp8_path)[0] == "python"
+    # The fused FP8 step under FSDP2 waits for the host: C++ (INDEX.md: 2026-11-28-fsdp2-cpp-wrapper-x2-h200).
+    wrapper, why = resolve_compile_wrapper(train, cuda, torchrun, "fsdp", "fused")
+    assert wrapper == "cpp" and "FSDP2" in why
+    graphs = dataclasses.replace(train, compile_mode="reduce-overhead")
+    assert resolve_compile_wrapper(graphs, cuda, torchrun, "fsdp", "fused")[0] == "python"
     # Asked for: honoured as asked, where something is compiled; refused where nothing is.
     python, cpp = (dataclasses.replace(train, compile_wrapper=wrapper) for wrapper in ("python", "cpp"))
     assert resolve_compile_wrapper(python, cuda, SINGLE) == ("python", "asked for")

@@ -449,10 +449,25 @@ def test_a_parallel_mode_without_torchrun_is_refused(mode):
 
 def test_the_fused_path_scales_with_delayed_scaling_on_several_processes_unless_dynamic_is_asked_for():
     fused = config(parallel="fsdp").replace(fp8={"use_fp8": True, "fp8_path": "fused", "fp8_emulate": True})
-    for mode in ("ddp", "fsdp"):
-        assert choose_fp8(fused.fp8, parallel_mode=mode, world_size=2).config.fp8_scaling == "delayed"
-        dynamic = fused.replace(fp8={"fp8_scaling": "dynamic"}).fp8
-        assert choose_fp8(dynamic, parallel_mode=mode, world_size=2).config.fp8_scaling == "dynamic"
+    assert choose_fp8(fused.fp8, world_size=2).config.fp8_scaling == "delayed"
+    dynamic = fused.replace(fp8={"fp8_scaling": "dynamic"}).fp8
+    assert choose_fp8(dynamic, world_size=2).config.fp8_scaling == "dynamic"
+
+
+def test_the_summary_flags_cuda_graphs_under_fsdp2_and_not_bf16_there():
+    from cs336_basics.training.summary import RunFacts, suboptimal_choices
+
+    def warnings(parallel: str, **train) -> list[str]:
+        run = config(parallel=parallel, dtype="bfloat16", compile_model=True, **train).with_fp8(False)
+        facts = RunFacts(torch.device("cuda"), 1, 1, "sdpa", "data", fp8_capable=True, parallel=two_rank_plan(run))
+        return suboptimal_choices(run, facts)
+
+    assert warnings("fsdp", compile_mode="default") == []  # BF16 is FSDP2's advice until FP8 pays there (README)
+    assert any("FP8 is off" in w for w in warnings("ddp", compile_mode="default"))
+    for graphs in ("reduce-overhead", "max-autotune"):
+        (warning,) = warnings("fsdp", compile_mode=graphs)
+        assert f"--compile_mode {graphs} under FSDP2" in warning and "--compile_mode default" in warning
+    assert not any("FSDP2" in w for w in warnings("ddp", compile_mode="reduce-overhead"))
 
 
 def _on_two_gloo_ranks(rank: int, init_file: str, out: str, work) -> None:
@@ -593,9 +608,9 @@ def test_fp8_all_gather_only_when_asked_under_fsdp_with_tensorwise():
     assert "not used here: --fp8_all_gather" in alone.summary_line()
     assert plan.unused_flags == () and "not used" not in plan.summary_line()
     with pytest.raises(ConfigError, match="needs --fp8_recipe tensorwise"):
-        choose_fp8(asked.replace(fp8={"fp8_recipe": "rowwise"}).fp8, parallel_mode="fsdp", world_size=2)
+        choose_fp8(asked.replace(fp8={"fp8_recipe": "rowwise"}).fp8, world_size=2)
     with pytest.raises(ConfigError, match="--fp8_path fused has no FP8 all-gather"):
-        choose_fp8(asked.replace(fp8={"fp8_path": "fused"}).fp8, parallel_mode="fsdp", world_size=2)
+        choose_fp8(asked.replace(fp8={"fp8_path": "fused"}).fp8, world_size=2)
     from cs336_basics.precision import torchao_float8_config
 
     assert torchao_float8_config(asked.fp8, fsdp_float8_all_gather=True).enable_fsdp_float8_all_gather
@@ -695,8 +710,7 @@ BF16_REL = 2e-2
 GPU_RESUME_REL = 1e-3
 BF16 = ["--device", "cuda", "--no_use_fp8", "--compile_model"]
 # Tensorwise. --no_fp8_shape_filter: on a GPU the auto preset (366m) turns the shape rule on, which would skip every
-# linear of the tiny model. The path is named: auto picks the fused one under DDP and in one process, TorchAO's under
-# FSDP2.
+# linear of the tiny model. The path is named: auto picks the fused one (TorchAO's only where only it runs).
 GPU_FP8 = ["--device", "cuda", "--use_fp8", "--compile_model", "--no_fp8_shape_filter"]
 TORCHAO_FP8 = [*GPU_FP8, "--fp8_path", "torchao"]
 GPU_FUSED = [*GPU_FP8, *FUSED]
@@ -705,7 +719,7 @@ GPU_FUSED = [*GPU_FP8, *FUSED]
 # mode either way.
 GRAPHS = ["--compile_mode", "reduce-overhead", "--gradient_accumulation_steps", "1"]
 NO_GRAPHS = ["--compile_mode", "default"]
-CPP = ["--compile_wrapper", "cpp"]  # asked for: auto keeps the Python wrapper across processes
+CPP = ["--compile_wrapper", "cpp"]  # asked for: auto keeps the Python wrapper under DDP
 
 
 def gpu_base_flags(root: Path) -> list:
@@ -808,6 +822,8 @@ def test_gpu_fp8_under_ddp_and_fsdp(gpu_runs):
     assert "weights all-gathered in FP8" in done["fsdp_fp8"].stdout
     assert "FP8 linears counted" in done["fsdp_fp8"].stdout and "FP8 linears counted" in done["ddp_fused"].stdout
     assert "SwiGLU blocks fused, producers: Triton kernels" in done["ddp_fused"].stdout
+    # Auto launches the fused step's kernels from C++ under FSDP2 (its step waits for the host there), not under DDP.
+    assert "compile_wrapper=cpp" in done["fsdp_fused"].stdout and "C++ wrapper" not in done["ddp_fused"].stdout
 
 
 @pytest.mark.gpu
@@ -858,7 +874,7 @@ def test_gpu_ddp_under_cuda_graphs_with_accumulation_trains_like_ddp_without_the
 @pytest.mark.gpu
 @needs_two_gpus
 def test_gpu_ddp_with_the_cpp_wrapper_trains_like_the_python_wrapper(gpu_runs):
-    """--compile_wrapper cpp under DDP (asked for; auto keeps Python across processes until measured there, and
+    """--compile_wrapper cpp under DDP (asked for; auto keeps Python under DDP until measured there, and
     leaves CUDA graphs out for it): the regions' kernels launched from C++ while DDP's hooks all-reduce the gradients,
     against the Python wrapper in the same mode. Not the same kernels to the bit: with the C++ wrapper inductor tunes
     its kernels at compile time, on random inputs, and may pick another reduction tiling (on 2 H200s a gradient norm

@@ -1,5 +1,5 @@
 """The FP8 path and its settings are chosen in one place (precision/choice.py): the measured-best path by default,
-TorchAO's where only it runs or measured faster, explicit settings kept, and the README saying what the defaults are."""
+TorchAO's where only it runs, explicit settings kept, and the README saying what the defaults are."""
 
 from __future__ import annotations
 
@@ -21,10 +21,8 @@ from cs336_basics.precision.choice import AUTO_SETTINGS, choose_fp8
 README = Path(__file__).resolve().parents[1] / "README.md"
 
 
-def chosen(
-    parallel_mode: str = "none", world_size: int = 1, lora: bool = False, cuda_graphs: bool = False, **fp8
-) -> FP8Config:
-    where = {"parallel_mode": parallel_mode, "world_size": world_size, "lora": lora, "cuda_graphs": cuda_graphs}
+def chosen(world_size: int = 1, lora: bool = False, cuda_graphs: bool = False, **fp8) -> FP8Config:
+    where = {"world_size": world_size, "lora": lora, "cuda_graphs": cuda_graphs}
     return choose_fp8(FP8Config(**fp8), **where).config
 
 
@@ -39,22 +37,17 @@ def test_the_default_is_the_fused_path_with_the_fp8_head_and_delayed_scaling():
 @pytest.mark.parametrize(
     "where, fp8, expected",
     [
-        # DDP: the fused path measured fastest there too, with delayed scaling
-        ({"parallel_mode": "ddp", "world_size": 2}, {}, ("fused", True, False, "delayed", False)),
-        ({"parallel_mode": "ddp", "world_size": 2, "cuda_graphs": True}, {}, ("fused", True, False, "delayed", False)),
-        ({"parallel_mode": "ddp", "world_size": 2}, {"fp8_path": "torchao"}, ("torchao", False, True, "dynamic", None)),
-        # FSDP2: TorchAO's path measured faster on one rank (TorchAO's has no backward-accumulation setting: None)
-        ({"parallel_mode": "fsdp", "world_size": 2}, {}, ("torchao", False, True, "dynamic", None)),
+        # several processes (DDP, FSDP2): the fused path measured fastest there too, with delayed scaling
+        ({"world_size": 2}, {}, ("fused", True, False, "delayed", False)),
+        ({"world_size": 2, "cuda_graphs": True}, {}, ("fused", True, False, "delayed", False)),
+        # TorchAO's path asked for (it has no backward-accumulation setting: None)
+        ({"world_size": 2}, {"fp8_path": "torchao"}, ("torchao", False, True, "dynamic", None)),
         ({}, {"fp8_recipe": "rowwise"}, ("torchao", False, True, "dynamic", None)),
         ({}, {"fp8_all_gather": True}, ("torchao", False, True, "dynamic", None)),
         # emulation is TorchAO's, and a speed rule means nothing under it
         ({}, {"fp8_emulate": True}, ("torchao", False, False, "dynamic", None)),
         # a setting only the fused path has picks it, even where TorchAO's would be chosen
-        (
-            {"parallel_mode": "fsdp", "world_size": 2},
-            {"fp8_fast_accum_backward": True},
-            ("fused", True, False, "delayed", True),
-        ),
+        ({}, {"fp8_emulate": True, "fp8_fast_accum_backward": True}, ("fused", True, False, "delayed", True)),
         # explicit settings are kept
         ({}, {"fp8_lm_head": False, "fp8_scaling": "dynamic"}, ("fused", False, False, "dynamic", False)),
         ({}, {"fp8_path": "torchao", "fp8_shape_filter": False}, ("torchao", False, False, "dynamic", None)),
@@ -106,7 +99,7 @@ def test_the_readme_says_what_the_defaults_are():
         parser = config_parser(None)
         with_flags = config_from_args(parser.parse_args(["--preset", preset, "--device", "cpu", *flags])).fp8
         default = config_from_args(parser.parse_args(["--preset", preset, "--device", "cpu", "--use_fp8"])).fp8
-        as_chosen = choose_fp8(default, parallel_mode="none", world_size=1).config
+        as_chosen = choose_fp8(default, world_size=1).config
         assert as_chosen == with_flags, preset
 
 
@@ -122,9 +115,8 @@ def test_settings_of_one_path_are_grouped_under_it_in_help_and_name_it():
         chosen(fp8_path="torchao", fp8_fused_swiglu=False)
     # A switch each path's defaults choose names the fused path only when on: off is what TorchAO's path does (and
     # the saved default of older run folders, which must still resume there).
-    fsdp = {"parallel_mode": "fsdp", "world_size": 2}
-    assert chosen(**fsdp, fp8_fast_accum_backward=False).fp8_path == "torchao"
-    assert chosen(**fsdp, fp8_fast_accum_backward=True).fp8_path == "fused"
+    assert chosen(fp8_emulate=True, fp8_fast_accum_backward=False).fp8_path == "torchao"
+    assert chosen(fp8_emulate=True, fp8_fast_accum_backward=True).fp8_path == "fused"
 
 
 def test_every_fp8_implementation_is_a_registered_converter_with_its_own_defaults_and_checks():

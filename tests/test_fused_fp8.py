@@ -364,7 +364,7 @@ def test_a_step_runs_three_fp8_gemms_per_linear_less_the_joined_input_gradients(
 )
 def test_impossible_combinations_are_refused(fp8, message):
     with pytest.raises(ConfigError, match=message):  # by the config's field checks, or by the chosen path
-        choose_fp8(build_config({"fp8": fp8}).fp8, parallel_mode="none", world_size=1)
+        choose_fp8(build_config({"fp8": fp8}).fp8, world_size=1)
 
 
 def test_the_fused_path_needs_no_torchao(monkeypatch):

@@ -26,6 +26,7 @@ def test_refuses_without_a_gpu(capsys):
         ("--ddp_bucket_mb", "25,big"),
         ("--fp8_scaling", "dynamic,fastest"),
         ("--grad_sync", "on,sometimes"),
+        ("--fsdp_reshard_after_forward", "on,later"),
     ],
 )
 def test_refuses_unknown_precisions_and_compile_modes(monkeypatch, capsys, flag, value):

@@ -5,12 +5,12 @@ linear in FP8 including the lm_head, and delayed scaling (benchmarks/results/IND
 on first runs on 2 GPUs at 1.3b it ran ahead of TorchAO's path with CUDA graphs and without them, and with gradient
 accumulation (2026-11-28-ddp-levers-4xh200); its delayed scaling ran ahead of its dynamic scaling on 2 and 4 GPUs
 (2026-11-28-ddp-delayed-4xh200).
-TorchAO's path is chosen where only it runs, and under FSDP2:
+Under FSDP2 too: there, on first runs on 2 GPUs at 1.3b, the fused path ran ahead of TorchAO's, both behind BF16
+(2026-11-28-fsdp2-x2-h200); with inductor's C++ wrapper, which auto gives it there, it came to 0.91-1.03x of BF16
+(2026-11-28-fsdp2-cpp-wrapper-x2-h200). TorchAO's path takes about 3 GiB per GPU less.
+TorchAO's path is chosen where only it runs:
   - a rowwise recipe or --fp8_all_gather (the fused path is tensorwise and has no FP8 all-gather);
-  - --fp8_emulate (emulation is TorchAO's; the fused path runs real FP8 casts even on the CPU);
-  - FSDP2: there both paths ran slower than BF16 on first runs on 2 GPUs, TorchAO's with the least memory per GPU
-    and the fused path a little faster (INDEX.md: 2026-11-28-fsdp2-x2-h200; on one rank of FSDP2 TorchAO's was the
-    faster, 2026-11-23-fsdp-overheads-h200): TorchAO's keeps FSDP2's point, memory, until FP8 pays there.
+  - --fp8_emulate (emulation is TorchAO's; the fused path runs real FP8 casts even on the CPU).
 The modes and what auto gives in each, with their records: defaults_table.py (the README's table).
 A Hugging Face model (--hf_model) takes TorchAO's path: the fused path converts this package's model only.
 `--fp8_path accelerate` is never chosen automatically: it is there to measure what Accelerate's FP8 gives.
@@ -48,20 +48,19 @@ class FP8Choice:
 def choose_fp8(
     fp8: FP8Config,
     *,
-    parallel_mode: str,
     world_size: int,
     lora: bool = False,
     own_model: bool = True,
     cuda_graphs: bool = False,
 ) -> FP8Choice:
-    """Resolve fp8's automatic settings for a run in `parallel_mode` ("none", "ddp", "fsdp") on `world_size`
-    processes. `lora`: a LoRA fine-tune, whose frozen base runs this package's own FP8 linears on either path, with
-    defaults of its own (README, "Fine-tuning"), which depend on `cuda_graphs`: whether its FP8 step will replay under
-    CUDA graphs. `own_model`: False for a Hugging Face model."""
+    """Resolve fp8's automatic settings for a run on `world_size` processes (in one process, under DDP or FSDP2
+    alike: the paths measured in the same order in each). `lora`: a LoRA fine-tune, whose frozen base runs this
+    package's own FP8 linears on either path, with defaults of its own (README, "Fine-tuning"), which depend on
+    `cuda_graphs`: whether its FP8 step will replay under CUDA graphs. `own_model`: False for a Hugging Face model."""
     notes = []
     path = fp8.fp8_path
     if path == "auto":
-        path, why = _auto_path(fp8, parallel_mode, own_model)
+        path, why = _auto_path(fp8, own_model)
         other = "torchao" if path == "fused" else "fused" if own_model else "accelerate"
         notes.append(f"fp8_path={path} ({why}; another: --fp8_path {other})")
     if path == "fused" and not own_model:
@@ -113,7 +112,7 @@ def run_converter(config: RunConfig, world_size: int = 1, fsdp_float8_all_gather
     return fp8_implementation(name).for_run(config, world_size, fsdp_float8_all_gather)
 
 
-def _auto_path(fp8: FP8Config, parallel_mode: str, own_model: bool) -> tuple[str, str]:
+def _auto_path(fp8: FP8Config, own_model: bool) -> tuple[str, str]:
     implied = fp8.implied_path()
     if implied:
         path, flags = implied
@@ -122,9 +121,4 @@ def _auto_path(fp8: FP8Config, parallel_mode: str, own_model: bool) -> tuple[str
         return "torchao", "the fused path converts this package's model only"
     if fp8.fp8_emulate:
         return "torchao", "--fp8_emulate is TorchAO's emulation"
-    if parallel_mode == "fsdp":
-        return "torchao", (
-            "the least memory of the FP8 paths under FSDP2, where neither beat BF16 on 2 GPUs: --no_use_fp8 trained "
-            "faster there, benchmarks/results/2026-11-28-fsdp2-x2-h200"
-        )
     return "fused", "measured fastest"

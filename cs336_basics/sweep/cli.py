@@ -70,13 +70,13 @@ def build_parser() -> argparse.ArgumentParser:
         allow_abbrev=False,
     )
     full = lambda key: ",".join(DEFAULTS[key])  # noqa: E731
-    grid = parser.add_argument_group("the grid (comma-separated subsets; defaults: the full grid, lm_head off)")
+    grid = parser.add_argument_group("the grid (comma-separated subsets; defaults: the full grid)")
     grid.add_argument("--presets", help=f"from {', '.join(PRESETS)} (default {full('presets')})")
     grid.add_argument("--precisions", help=f"from {', '.join(PRECISIONS)} (default {full('precisions')})")
     grid.add_argument(
         "--fp8_lm_head",
-        help="off,on: also convert the output projection; multiplies only the FP8 precisions (default off, as in "
-        "train_h100.py)",
+        help="off,on: also convert the output projection; multiplies only the FP8 precisions (default: as each "
+        "precision says: fp8-* off unless named +lm_head, fp8 its path's default, as in train_h100.py)",
     )
     grid.add_argument("--compile", help=f"from {', '.join(COMPILE_CHOICES)} (default {full('compile')})")
     grid.add_argument("--attention", help=f"from {', '.join(ATTENTION_BACKENDS)} (default {full('attention')})")

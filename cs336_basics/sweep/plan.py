@@ -296,8 +296,7 @@ def plan_sweep(options: SweepOptions) -> list[Planned]:
         try:
             if point.world_size > 1:
                 check_parallel_request(config, World(world_size=point.world_size, launched=True))
-            mode = config.train.parallel if point.world_size > 1 else NONE
-            choose_fp8(config.fp8, parallel_mode=mode, world_size=point.world_size, lora=config.finetune.lora)
+            choose_fp8(config.fp8, world_size=point.world_size, lora=config.finetune.lora)
         except ConfigError as exc:
             raise ConfigError(f"{point.label}: {exc} (narrow --precisions or --parallel)") from exc
         plan.append(Planned(point, overrides, options.from_file, config))
