@@ -25,6 +25,10 @@ synchronisation inside them:
                  graphs that a CUDA-graph compile mode could not capture (their reasons are in the log)
   grad_sync      False where --grad_sync off had DDP skip the gradients' all-reduce in the timed steps: against the
                  same configuration with it, what the reduction costs the step, whatever the profiler sees
+  skip_guard_eval
+                 True where --skip_guard_eval on had dynamo skip its guard checks in the timed and profiled steps
+                 (torch.compiler.set_stance's skip_guard_eval_unsafe, after warm-up: each compiled region has one
+                 graph by then): against the same configuration without, what the guard checks cost the step's host
   top_host_ops   with --top_ops N: the N ops (aten ops, custom ops, compiled regions' wrappers) with the most host
                  time of their own per step, from the profiler's CPU activity over --steps more steps, each step
                  started on an idle GPU so that no launch waits for a full launch queue: what to cut where the step
@@ -41,6 +45,8 @@ other; compare rows of one run only. Under torchrun every rank measures and rank
         --fp8_scaling dynamic,delayed --grad_sync on,off    # what DDP's all-reduce costs each step, per scaling
     torchrun --standalone --nproc_per_node 2 -m lab.host_time --presets 1.3b --parallel fsdp \
         --fp8_path torchao,fused --top_ops 20               # FSDP2's step, each FP8 path
+    torchrun --standalone --nproc_per_node 2 -m lab.host_time --presets 1.3b --parallel fsdp \
+        --fsdp_reshard_after_forward on,off --skip_guard_eval off,on   # FSDP2's levers on the host
 """
 
 from __future__ import annotations
@@ -152,6 +158,7 @@ def measure(
     compile_wrapper: str = "auto",
     settings: dict[str, dict[str, Any]] | None = None,
     grad_sync: bool = True,
+    skip_guard_eval: bool = False,
 ) -> dict[str, Any]:
     """One configuration's record (the module's docstring lists its fields). `settings`: more config settings by
     section (probe.warmed_up_preset). `grad_sync` False, under DDP only: the timed and profiled steps skip the
@@ -169,7 +176,8 @@ def measure(
             "under torchrun with --nproc_per_node 2 or more (or leave --grad_sync at on)."
         )
     sync = contextlib.nullcontext() if grad_sync else trainer.step_model.no_sync()
-    with sync:
+    guards = torch.compiler.set_stance(skip_guard_eval_unsafe=True) if skip_guard_eval else contextlib.nullcontext()
+    with sync, guards:
         times = host_and_wall(trainer, steps)
         phases = {name: ms for name, ms in times.items() if name not in ("wall_ms", "host_ms")}
         # Kernel times from a profile (the profiler's own host cost does not change them), against the unprofiled wall.
@@ -180,6 +188,7 @@ def measure(
             world_size=built.parallel.world.world_size,
             parallel=built.parallel.mode,
             grad_sync=grad_sync,
+            skip_guard_eval=skip_guard_eval,
             tokens_per_sec=trainer.tokens_per_step / (times["wall_ms"] / 1e3),
             **times,
             backward_and_rest_ms=times["host_ms"] - sum(phases.values()),
@@ -228,6 +237,10 @@ def main(argv: list[str] | None = None) -> int:
         "keeps each block's gathered weights from its forward to its backward (no second all-gather)",
     )  # fmt: skip
     parser.add_argument(
+        "--skip_guard_eval", default="off", help="off, on or both (off,on): on skips dynamo's guard checks in the "
+        "timed steps (after warm-up), to measure what they cost the host",
+    )  # fmt: skip
+    parser.add_argument(
         "--grad_sync", default="on", help="on, off or both (on,off): off, under torchrun with DDP, times the steps "
         "without the gradients' all-reduce (what it costs the step, against on)",
     )  # fmt: skip
@@ -250,13 +263,14 @@ def main(argv: list[str] | None = None) -> int:
             for scaling in parse_choices(args.fp8_scaling, FP8_SCALINGS, "--fp8_scaling")
         ]
         syncs = parse_on_off(args.grad_sync, "--grad_sync")
-        grid = itertools.product(presets, modes, wrappers, parallels, buckets, syncs)
-        for preset, mode, wrapper, parallel, bucket, sync in grid:
+        skips = parse_on_off(args.skip_guard_eval, "--skip_guard_eval")
+        grid = itertools.product(presets, modes, wrappers, parallels, buckets, syncs, skips)
+        for preset, mode, wrapper, parallel, bucket, sync, skip in grid:
             for precision in precisions:
                 for fp8 in fp8_choices if precision == "fp8" else [{}]:
                     settings = {"train": {**parallel, **bucket}, "fp8": fp8}
                     yield measure(preset, precision == "fp8", mode, args.warmup, args.steps, args.top_ops, wrapper,
-                                  settings, sync)  # fmt: skip
+                                  settings, sync, skip)  # fmt: skip
 
     return run_probe(args, "the host-time profile", "it measures CUDA training steps", measure_all, describe)
 
@@ -276,6 +290,7 @@ def describe(record: Record) -> str:
         + (f"FSDP2 x{record['world_size']}, " if record["parallel"] == "fsdp" else "")
         + ("gathered weights kept for backward, " if not record["fsdp_reshard_after_forward"] else "")
         + ("no gradient all-reduce, " if not record["grad_sync"] else "")
+        + ("guard checks skipped, " if record["skip_guard_eval"] else "")
         + f"wall {record['wall_ms']:6.2f} ms, GPU idle {record['gpu_idle_ms']:5.2f} ms, "
         f"{_collectives(record)}, "
         f"host {record['host_ms']:6.2f} ms (forward "

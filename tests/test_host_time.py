@@ -27,6 +27,7 @@ def test_refuses_without_a_gpu(capsys):
         ("--fp8_scaling", "dynamic,fastest"),
         ("--grad_sync", "on,sometimes"),
         ("--fsdp_reshard_after_forward", "on,later"),
+        ("--skip_guard_eval", "off,maybe"),
     ],
 )
 def test_refuses_unknown_precisions_and_compile_modes(monkeypatch, capsys, flag, value):
