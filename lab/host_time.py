@@ -252,10 +252,11 @@ def main(argv: list[str] | None = None) -> int:
         buckets = [{}]
         if args.ddp_bucket_mb:
             buckets = [{"ddp_bucket_mb": mb} for mb in parse_positive_ints(args.ddp_bucket_mb, "--ddp_bucket_mb", "25")]
-        parallels = [
+        reshards = parse_on_off(args.fsdp_reshard_after_forward, "--fsdp_reshard_after_forward")
+        parallels = [  # DDP does not read the reshard setting: its rows are not repeated for it (auto may be FSDP2)
             {"parallel": p, "fsdp_reshard_after_forward": reshard}
             for p in parse_choices(args.parallel, PARALLEL_MODES, "--parallel")
-            for reshard in parse_on_off(args.fsdp_reshard_after_forward, "--fsdp_reshard_after_forward")
+            for reshard in (reshards[:1] if p == "ddp" else reshards)
         ]
         fp8_choices = [
             {"fp8_scaling": scaling, "fp8_path": path}
