@@ -417,12 +417,6 @@ class TrainConfig:
         "step for about one more unsharded copy of the weights per GPU. The last block keeps them either way (its "
         "backward comes right after its forward)",
     )  # fmt: skip
-    fsdp_forward_prefetch: bool = setting(
-        False, "under --parallel fsdp: each block, as its forward starts, also starts the next block's all-gather, so "
-        "the gather is queued before the host reaches the next block (FSDP2's own order gathers a block only when the "
-        "host calls it: where the host is the bottleneck, the GPU then waits for the gather). One more block's "
-        "weights are gathered at a time",
-    )  # fmt: skip
     dist_timeout_s: int = setting(
         600, "under torchrun: seconds a rank waits for the others in a collective before the run fails (a rank "
         "that is stuck or gone never leaves the others hanging)", check=at_least(1),

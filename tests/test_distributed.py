@@ -635,29 +635,6 @@ def test_fsdp_blocks_reshard_after_forward_as_configured_but_the_last(monkeypatc
     assert (kept in plan.summary_line()) is not reshard
 
 
-@pytest.mark.parametrize("prefetch", [False, True])
-def test_fsdp_forward_prefetch_chains_each_block_to_the_next(monkeypatch, prefetch):
-    import torch.distributed.device_mesh
-    import torch.distributed.fsdp
-
-    prefetched = {}
-
-    def fake_fully_shard(module, **kwargs):
-        module.set_modules_to_forward_prefetch = lambda modules: prefetched.setdefault(module, []).extend(modules)
-
-    monkeypatch.setattr(torch.distributed.device_mesh, "init_device_mesh", lambda *args, **kwargs: "mesh")
-    monkeypatch.setattr(torch.distributed.fsdp, "fully_shard", fake_fully_shard)
-    plan = two_rank_plan(config(parallel="fsdp", fsdp_forward_prefetch=prefetch))
-    model = torch.nn.Module()
-    model.layers = torch.nn.ModuleList(torch.nn.Linear(2, 2) for _ in range(3))
-    wrap.parallelize(model, model, plan, torch.device("cpu"))
-    blocks = list(model.layers)
-    assert prefetched == ({blocks[0]: [blocks[1]], blocks[1]: [blocks[2]]} if prefetch else {})
-    assert ("starts the next block's all-gather" in plan.summary_line()) is prefetch
-    ddp = two_rank_plan(config(parallel="ddp", fsdp_forward_prefetch=prefetch))
-    assert ("not used here: --fsdp_forward_prefetch" in ddp.summary_line()) is prefetch
-
-
 def test_each_rank_reads_its_rows_of_the_global_batch():
     from cs336_basics.data import get_batch, get_rank_batch
 

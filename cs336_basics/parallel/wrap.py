@@ -65,7 +65,6 @@ class ParallelPlan:
     fp8_all_gather: bool = False  # FSDP2 all-gathers FP8 weights (torchao's tensorwise recipe)
     ddp_bucket_mb: int = 25  # gradient megabytes per DDP all-reduce bucket
     reshard_after_forward: bool = True  # FSDP2 frees a block's gathered weights after its forward
-    forward_prefetch: bool = False  # FSDP2: each block's forward starts the next block's all-gather
     unused_flags: tuple[str, ...] = ()  # FSDP2 settings this run asked for that its mode does not use
 
     def summary_line(self) -> str:
@@ -81,8 +80,6 @@ class ParallelPlan:
                 if self.reshard_after_forward
                 else "; blocks keep their gathered weights from forward to backward"
             )
-            if self.forward_prefetch:
-                line += "; each block's forward starts the next block's all-gather"
         return line
 
     def memory_line(self) -> str:
@@ -151,7 +148,7 @@ def resolve_parallel(config: RunConfig, world: World, device: torch.device, n_pa
     return ParallelPlan(
         mode, world, reason, per_rank, device_gib, fp8_all_gather=_fp8_all_gather(config, mode),
         ddp_bucket_mb=config.train.ddp_bucket_mb, reshard_after_forward=config.train.fsdp_reshard_after_forward,
-        forward_prefetch=config.train.fsdp_forward_prefetch, unused_flags=_unused(config, mode),
+        unused_flags=_unused(config, mode),
     )  # fmt: skip
 
 
@@ -168,8 +165,6 @@ def _unused(config: RunConfig, mode: str) -> tuple[str, ...]:
         unused.append("--fp8_all_gather")
     if not config.train.fsdp_reshard_after_forward and mode != FSDP:
         unused.append("--no_fsdp_reshard_after_forward")
-    if config.train.fsdp_forward_prefetch and mode != FSDP:
-        unused.append("--fsdp_forward_prefetch")
     return tuple(unused)
 
 
@@ -237,9 +232,6 @@ def parallelize(model: nn.Module, compiled: nn.Module, plan: ParallelPlan, devic
             fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
         # The embedding, final norm and lm_head. FSDP2 never reshards the root after forward.
         fully_shard(model, mesh=mesh, mp_policy=policy)
-        if plan.forward_prefetch:
-            for block, following in zip(model.layers, model.layers[1:], strict=False):
-                block.set_modules_to_forward_prefetch([following])
         return model
     return compiled
 
