@@ -58,11 +58,9 @@ def suboptimal_choices(config: RunConfig, facts: RunFacts) -> list[str]:
         warnings.append("torch.compile is off: eager mode leaves kernel fusion on the table; add --compile_model.")
     if fp8.use_fp8 and fp8.fp8_emulate:
         warnings.append("--fp8_emulate runs FP8 numerics in high precision: slower than BF16; for debugging only.")
-    fsdp = facts.parallel.mode == FSDP
-    # Under FSDP2 FP8 has not yet measured clearly ahead of BF16 (README, "Several GPUs"): BF16 is no mistake there.
-    if not fp8.use_fp8 and facts.fp8_capable and not fsdp:
+    if not fp8.use_fp8 and facts.fp8_capable:
         warnings.append("FP8 is off on a GPU that supports it: add --use_fp8 (FP8 training).")
-    if fsdp and t.compile_model and t.compile_mode in CUDA_GRAPH_MODES:
+    if facts.parallel.mode == FSDP and t.compile_model and t.compile_mode in CUDA_GRAPH_MODES:
         warnings.append(
             f"--compile_mode {t.compile_mode} under FSDP2: its CUDA graphs were recorded again nearly every step and "
             "the step ran at a quarter of its speed without them (benchmarks/results/"
