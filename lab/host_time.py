@@ -70,6 +70,7 @@ from cs336_basics.diagnostics.measurement import release_memory
 from cs336_basics.errors import ConfigError
 from cs336_basics.measure.results import run_record
 from cs336_basics.measure.timing import StepTimer
+from cs336_basics.parallel.world import torchrun_world
 from cs336_basics.sweep.plan import parse_choices, parse_on_off, parse_positive_ints
 from lab.probe import Record, probe_parser, run_probe, warmed_up_preset
 
@@ -170,11 +171,8 @@ def measure(
     started = time.perf_counter()  # compile_s: the build and warm-up steps, compile included
     built, trainer = warmed_up_preset(preset, fp8, compile_mode, warmup, compile_wrapper, settings)
     compile_s = time.perf_counter() - started
-    if not grad_sync and built.parallel.mode != "ddp":
-        raise ConfigError(
-            f"--grad_sync off skips DDP's gradient all-reduce; this run is {built.parallel.mode!r}, not DDP: start it "
-            "under torchrun with --nproc_per_node 2 or more (or leave --grad_sync at on)."
-        )
+    if not grad_sync and built.parallel.mode != "ddp":  # --parallel auto resolved to FSDP2
+        raise grad_sync_refusal(built.parallel.mode)
     sync = contextlib.nullcontext() if grad_sync else trainer.step_model.no_sync()
     guards = torch.compiler.set_stance(skip_guard_eval_unsafe=True) if skip_guard_eval else contextlib.nullcontext()
     with sync, guards:
@@ -264,6 +262,11 @@ def main(argv: list[str] | None = None) -> int:
             for scaling in parse_choices(args.fp8_scaling, FP8_SCALINGS, "--fp8_scaling")
         ]
         syncs = parse_on_off(args.grad_sync, "--grad_sync")
+        if False in syncs:  # refused before any build where no row can run DDP (auto is known only once built)
+            if torchrun_world() is None:
+                raise grad_sync_refusal("none")
+            if not {"ddp", "auto"} & {p["parallel"] for p in parallels}:
+                raise grad_sync_refusal("fsdp")
         skips = parse_on_off(args.skip_guard_eval, "--skip_guard_eval")
         grid = itertools.product(presets, modes, wrappers, parallels, buckets, syncs, skips)
         for preset, mode, wrapper, parallel, bucket, sync, skip in grid:
@@ -274,6 +277,13 @@ def main(argv: list[str] | None = None) -> int:
                                   settings, sync, skip)  # fmt: skip
 
     return run_probe(args, "the host-time profile", "it measures CUDA training steps", measure_all, describe)
+
+
+def grad_sync_refusal(mode: str) -> ConfigError:
+    return ConfigError(
+        f"--grad_sync off skips DDP's gradient all-reduce; this run is {mode!r}, not DDP: start it under torchrun "
+        "with --nproc_per_node 2 or more and --parallel ddp (or auto), or leave --grad_sync at on."
+    )
 
 
 def _collectives(record: Record) -> str:

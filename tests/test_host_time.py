@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from cs336_basics.errors import ConfigError
+from cs336_basics.parallel.world import World
 from cs336_basics.precision.converter import NO_CONVERSION
 from lab import host_time
 
@@ -34,6 +35,20 @@ def test_refuses_unknown_precisions_and_compile_modes(monkeypatch, capsys, flag,
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the check comes before any CUDA work
     assert host_time.main([flag, value]) != 0
     assert value.split(",")[-1] in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("world_size", "parallel", "mode"), [(None, "auto", "'none'"), ("2", "fsdp", "'fsdp'")])
+def test_grad_sync_off_is_refused_before_any_build_where_no_row_runs_ddp(
+    monkeypatch, capsys, world_size, parallel, mode
+):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(host_time, "warmed_up_preset", lambda *args: pytest.fail("built a model"))
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    if world_size:  # torchrun's variables, without its process group: the refusal comes first
+        monkeypatch.setattr(host_time, "torchrun_world", lambda: World(0, int(world_size), 0, launched=True))
+    assert host_time.main(["--grad_sync", "on,off", "--parallel", parallel]) != 0
+    assert f"this run is {mode}, not DDP" in capsys.readouterr().err
 
 
 @pytest.mark.gpu
