@@ -115,6 +115,44 @@ def test_full_grid_by_default_and_fp8_lm_head_only_multiplies_fp8():
     assert got[6] == "1.3b/bs4/bf16/default/sdpa/ac-on"
 
 
+def test_vary_makes_a_grid_axis_of_any_setting_each_value_with_its_own_baseline():
+    options = sweep_cli.parse_options(
+        cli(
+            "--presets 1.3b --precisions bf16,fp8-tensorwise --compile default --attention sdpa --ac off "
+            "--world_sizes 2 --parallel fsdp --vary fsdp_reshard_after_forward=on,off --vary ddp_bucket_mb=25,100"
+        )
+    )
+    plan = sweep_plan.plan_sweep(options)
+    settings = [f"fsdp_reshard_after_forward={r},ddp_bucket_mb={mb}" for r in ("on", "off") for mb in (25, 100)]
+    assert [p.point.label for p in plan] == [
+        f"1.3b/bs4/{precision}/default/sdpa/ac-off/fsdp-x2/{setting}"
+        for setting in settings
+        for precision in ("bf16", "fp8-tensorwise")  # each setting's group: its BF16 baseline first
+    ]
+    for planned, setting in zip(plan[::2], settings, strict=True):
+        reshard, bucket = planned.config.train.fsdp_reshard_after_forward, planned.config.train.ddp_bucket_mb
+        assert setting == f"fsdp_reshard_after_forward={'on' if reshard else 'off'},ddp_bucket_mb={bucket}"
+        assert planned.spec["extra"]["varied"] == setting  # what the record names
+        assert build_config(planned.spec["overrides"]) == planned.config  # what the worker rebuilds
+    assert "varied" not in sweep_plan.plan_sweep(sweep_cli.parse_options(cli("--quick")))[0].spec["extra"]
+
+    # Each value pairs with its own BF16 row, and the table shows the setting.
+    records = [
+        {**rec(tok_s=100.0), "varied": "seed=1"},
+        {**rec("fp8-tensorwise", tok_s=130.0), "varied": "seed=1"},
+        {**rec(tok_s=200.0), "varied": "seed=2"},
+        {**rec("fp8-tensorwise", tok_s=260.0), "varied": "seed=2"},
+    ]
+    speedups = sweep_report.pair_speedups(records)
+    assert speedups == [1.0, 1.3, 1.0, 1.3]
+    table = sweep_report.format_table(records, speedups, [None] * 4)
+    assert (
+        "| # | preset | batch | setting | precision |" in table
+        and "| 4 | 366m | 8 | seed=2 | fp8-tensorwise |" in table
+    )
+    assert "| setting |" not in sweep_report.format_table([rec()], [1.0], [None])  # without --vary: as before
+
+
 def test_each_point_builds_the_config_it_names():
     options = sweep_cli.parse_options(
         cli(
@@ -183,6 +221,16 @@ def test_quick_plan_and_dry_run_runs_nothing(tmp_path, capsys, monkeypatch):
         (["--parallel", "ddp"], "--parallel sets the mode of world sizes above 1"),
         (["--lora_ranks", "8", "--cold"], "--repeats and --cold apply to the throughput sweep"),
         (["--world_sizes", "2", "--parallel", "ddp,zero"], "--parallel: unknown value(s) 'zero'; choose from ddp"),
+        (["--vary", "bucket_mb=25,100"], "'bucket_mb' is no train_h100.py setting"),
+        (["--vary", "ddp_bucket_mb="], "--vary takes SETTING=VALUE,VALUE"),
+        (["--vary", "ddp_bucket_mb=25,big"], "--vary ddp_bucket_mb: 'big' is not a int"),
+        (["--vary", "fsdp_reshard_after_forward=yes"], "a switch takes on or off, got 'yes'"),
+        (["--vary", "batch_size=4,8"], "--batch_size is set per configuration by the sweep; use --batch_sizes"),
+        (["--vary", "fp8_format=e4m3,e9"], "'e9' is not one of"),
+        (["--vary", "seed=1", "--vary", "seed=2"], "--vary seed is given twice"),
+        (["--seed", "1", "--vary", "seed=1,2"], "--seed is given for every configuration and as --vary seed=1,2"),
+        (["--vary", "ddp_bucket_mb=0"], "ddp_bucket_mb"),  # the setting's own check, for every configuration up front
+        (["--lora_ranks", "8", "--vary", "seed=1,2"], "drop --precisions, --world_sizes, --parallel, --vary"),
         # what the ranks would refuse is refused before anything runs, naming the configuration
         (
             ["--world_sizes", "2", "--parallel", "fsdp", "--precisions", "bf16,fp8-fused-dynamic", "--fp8_all_gather"],

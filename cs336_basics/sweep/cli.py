@@ -36,6 +36,7 @@ from cs336_basics.sweep.plan import (
     parse_choices,
     parse_on_off,
     parse_positive_ints,
+    parse_variants,
     parse_world_sizes,
     plan_sweep,
 )
@@ -57,6 +58,8 @@ examples:
       # three first runs of each (fresh processes, empty compile caches): the median and the range
   optimize_performance.py --presets 1.3b --precisions bf16,fp8-tensorwise --compile default --attention sdpa \\
       --ac off --batch_sizes 4 --world_sizes 1,2 --parallel ddp,fsdp   # 1 GPU vs 2 (torchrun), DDP and FSDP2
+  optimize_performance.py --presets 1.3b --precisions bf16,fp8 --compile auto --world_sizes 2 --parallel fsdp \\
+      --vary fsdp_reshard_after_forward=on,off --repeats 2 --cold   # a setting's two values in one command
 """
 
 
@@ -91,6 +94,13 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"from {', '.join(PARALLEL_CHOICES)}: the --parallel mode of each world size above 1 (default "
         f"{full('parallel')})",
     )
+    grid.add_argument(
+        "--vary", action="append", default=[], metavar="SETTING=A,B",
+        help="any other train_h100.py setting as a grid axis, e.g. --vary ddp_bucket_mb=25,100 or --vary "
+        "fsdp_reshard_after_forward=on,off (a switch takes on,off); once per setting, every combination. Each value "
+        "gets its own BF16 baseline, and each record names its values (field 'varied'): a lever and the setting it "
+        "replaces in one command, taking turns with --repeats",
+    )  # fmt: skip
     lora = parser.add_argument_group(
         "LoRA mode: BF16 vs FP8 base fine-tuned with adapters, profiled, with three predictions (lora.json, lora.md)"
     )
@@ -166,6 +176,7 @@ def parse_options(argv: Sequence[str] | None = None) -> SweepOptions:
         batch_sizes=pick("batch_sizes", parse_batch_sizes),
         world_sizes=pick("world_sizes", parse_world_sizes),
         parallel=pick("parallel", lambda s: parse_choices(s, PARALLEL_CHOICES, "--parallel")),
+        variants=parse_variants(args.vary, base),
     )
     if args.parallel is not None and max(grid.world_sizes) == 1:
         raise ConfigError("--parallel sets the mode of world sizes above 1: add them, e.g. --world_sizes 1,2.")
@@ -200,10 +211,10 @@ def parse_options(argv: Sequence[str] | None = None) -> SweepOptions:
 def check_lora_mode(args: argparse.Namespace) -> None:
     """LoRA mode measures both bases of each configuration in one process, on one GPU, with one compile mode,
     attention and checkpointing setting."""
-    if args.precisions or args.world_sizes or args.parallel or args.quick or args.amdahl:
+    if args.precisions or args.world_sizes or args.parallel or args.quick or args.amdahl or args.vary:
         raise ConfigError(
             "LoRA mode (--lora_ranks) measures a BF16 and an FP8 base together on one GPU, profiled; drop "
-            "--precisions, --world_sizes, --parallel, --quick and --amdahl."
+            "--precisions, --world_sizes, --parallel, --vary, --quick and --amdahl."
         )
     for flag in ("compile", "attention", "ac", "fp8_lm_head"):
         value = getattr(args, flag)

@@ -5,15 +5,17 @@ that many processes under torchrun (one per GPU) with a --parallel mode; world s
 from __future__ import annotations
 
 import copy
+import dataclasses
 import datetime
 import itertools
 import re
+import typing
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cs336_basics.config import PRESETS, RunConfig, TrainConfig
+from cs336_basics.config import PRESETS, SECTIONS, RunConfig, TrainConfig
 from cs336_basics.config_layers import build_config
 from cs336_basics.errors import ConfigError
 from cs336_basics.parallel.world import World
@@ -117,6 +119,15 @@ def precision_settings(precision: str) -> dict[str, dict[str, Any]]:
 
 # ---- the grid ----
 
+# One --vary setting of a configuration: (config section, setting name, value).
+Setting = tuple[str, str, Any]
+
+
+def varied_label(variant: Sequence[Setting]) -> str | None:
+    """The --vary settings of a configuration as its label and records name them, e.g. "ddp_bucket_mb=100"."""
+    shown = lambda value: on_off(value) if isinstance(value, bool) else str(value)  # noqa: E731
+    return ",".join(f"{name}={shown(value)}" for _, name, value in variant) or None
+
 
 @dataclass(frozen=True)
 class SweepPoint:
@@ -131,6 +142,7 @@ class SweepPoint:
     ac: bool
     world_size: int = 1  # processes (GPUs), launched by torchrun when above 1
     parallel: str = NONE  # ddp or fsdp when world_size > 1
+    variant: tuple[Setting, ...] = ()  # its --vary settings
 
     @property
     def is_fp8(self) -> bool:
@@ -145,7 +157,8 @@ class SweepPoint:
     def label(self) -> str:
         precision = self.precision + (LM_HEAD_SUFFIX if self.fp8_lm_head else "")
         label = f"{self.preset}/bs{self.batch_size}/{precision}/{self.compile}/{self.attention}/ac-{on_off(self.ac)}"
-        return label + (f"/{self.parallel}-x{self.world_size}" if self.world_size > 1 else "")
+        label += f"/{self.parallel}-x{self.world_size}" if self.world_size > 1 else ""
+        return label + (f"/{varied_label(self.variant)}" if self.variant else "")
 
     def overrides(self, base: dict[str, Any], steps: int) -> dict[str, Any]:
         """config.build_config overrides for this point: the pass-through settings plus the swept ones."""
@@ -167,6 +180,8 @@ class SweepPoint:
         values.setdefault("fp8", {}).update(precision_settings(self.precision)["fp8"])
         if self.fp8_lm_head is not None:
             values["fp8"]["fp8_lm_head"] = self.fp8_lm_head
+        for section, name, value in self.variant:  # never a setting the sweep sets (parse_variants refuses those)
+            values.setdefault(section, {})[name] = value
         return values
 
 
@@ -181,6 +196,7 @@ class Grid:
     batch_sizes: tuple[int, ...] | None  # None: each preset's own batch size
     world_sizes: tuple[int, ...] = (1,)
     parallel: tuple[str, ...] = PARALLEL_CHOICES  # for the world sizes above 1
+    variants: tuple[tuple[Setting, ...], ...] = ((),)  # --vary: every combination of the settings' values
 
 
 def on_off(flag: bool) -> str:
@@ -203,15 +219,16 @@ def placements(grid: Grid) -> list[tuple[int, str]]:
 
 
 def expand_grid(grid: Grid) -> list[SweepPoint]:
-    """Every combination, grouped by (preset, batch, attention, AC, world size, parallel mode) with the group's BF16 +
-    compile(default) baseline first. fp8_lm_head only multiplies the FP8 precisions (it means nothing without FP8);
-    the parallel modes only the world sizes above 1."""
+    """Every combination, grouped by (preset, batch, attention, AC, world size, parallel mode, --vary settings) with
+    the group's BF16 + compile(default) baseline first. fp8_lm_head only multiplies the FP8 precisions (it means
+    nothing without FP8); the parallel modes only the world sizes above 1."""
     points = []
     for preset in grid.presets:
         for batch in grid.batch_sizes or (preset_batch_size(preset),):
-            for attention, ac, (world, parallel) in itertools.product(grid.attention, grid.ac, placements(grid)):
+            axes = itertools.product(grid.attention, grid.ac, placements(grid), grid.variants)
+            for attention, ac, (world, parallel), variant in axes:
                 group = [
-                    SweepPoint(preset, batch, precision, lm_head, mode, attention, ac, world, parallel)
+                    SweepPoint(preset, batch, precision, lm_head, mode, attention, ac, world, parallel, variant)
                     for mode in grid.compile
                     for precision in grid.precisions
                     for lm_head in (grid.fp8_lm_head if precision.startswith("fp8") else (None,))
@@ -246,6 +263,54 @@ def parse_positive_ints(text: str, flag: str, example: str) -> tuple[int, ...]:
     return tuple(dict.fromkeys(sizes))
 
 
+def parse_variants(items: Sequence[str], base: dict[str, Any]) -> tuple[tuple[Setting, ...], ...]:
+    """--vary SETTING=A,B, once per setting: every combination of their values, each a configuration's settings. A
+    SETTING is any train_h100.py setting (on/off for a switch) that the sweep does not set itself and that `base`
+    (the settings given for every configuration) does not hold."""
+    axes: dict[str, tuple[Setting, ...]] = {}
+    for item in items:
+        name, _, text = (part.strip() for part in item.partition("="))
+        section, scalar, choices = _setting_field(name, item)
+        if (section, name) in SWEPT_SETTINGS:
+            instead = SWEPT_SETTINGS[section, name]
+            raise ConfigError(f"--vary {item}: --{name} is set per configuration by the sweep; use {instead}.")
+        if name in base.get(section, {}):
+            raise ConfigError(f"--{name} is given for every configuration and as --vary {item}: pass one of them.")
+        if name in axes:
+            raise ConfigError(f"--vary {name} is given twice: list its values in one --vary {name}=A,B.")
+        texts = [value.strip() for value in text.split(",") if value.strip()]
+        if not texts:
+            raise ConfigError(f"--vary takes SETTING=VALUE,VALUE (e.g. ddp_bucket_mb=25,100), got {item!r}.")
+        values = [_setting_value(value, scalar, choices, name) for value in texts]
+        axes[name] = tuple((section, name, value) for value in dict.fromkeys(values))
+    return tuple(itertools.product(*axes.values()))
+
+
+def _setting_field(name: str, item: str) -> tuple[str, type, Sequence[Any] | None]:
+    """The config section of setting `name`, its value type and its choices."""
+    for section, cls in SECTIONS.items():
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        if name in fields:
+            kind = typing.get_type_hints(cls)[name]
+            scalar = next(t for t in typing.get_args(kind) or (kind,) if t is not type(None))
+            return section, scalar, fields[name].metadata.get("choices")
+    raise ConfigError(f"--vary {item}: {name!r} is no train_h100.py setting (see train_h100.py --help).")
+
+
+def _setting_value(text: str, scalar: type, choices: Sequence[Any] | None, name: str) -> Any:
+    if scalar is bool:
+        if text not in ON_OFF:
+            raise ConfigError(f"--vary {name}: a switch takes on or off, got {text!r}.")
+        return ON_OFF[text]
+    try:
+        value = scalar(text)
+    except ValueError:
+        raise ConfigError(f"--vary {name}: {text!r} is not a {scalar.__name__}.") from None
+    if choices is not None and value not in choices:
+        raise ConfigError(f"--vary {name}: {text!r} is not one of {', '.join(map(str, choices))}.")
+    return value
+
+
 def parse_batch_sizes(text: str) -> tuple[int, ...]:
     return parse_positive_ints(text, "--batch_sizes", "4,8")
 
@@ -267,7 +332,10 @@ class Planned:
     @property
     def spec(self) -> dict[str, Any]:
         """What the worker gets: it rebuilds the same config with config.build_config."""
-        return {"overrides": self.overrides, "from_file": self.from_file, "extra": {"label": self.point.label}}
+        extra = {"label": self.point.label}
+        if self.point.variant:  # the records name what they vary (sweep/report.py groups by it)
+            extra["varied"] = varied_label(self.point.variant)
+        return {"overrides": self.overrides, "from_file": self.from_file, "extra": extra}
 
 
 @dataclass

@@ -48,7 +48,12 @@ def _values(record: dict[str, Any], fields: Sequence[str]) -> tuple:
 
 
 def group_key(record: dict[str, Any]) -> tuple:
-    return _values(record, SHAPE_FIELDS) + (world_size_of(record), record.get("parallel") or "none")
+    """The record's group: its shape, where it ran, and its --vary settings (each value its own BF16 baseline)."""
+    return _values(record, SHAPE_FIELDS) + (
+        world_size_of(record),
+        record.get("parallel") or "none",
+        record.get("varied"),
+    )
 
 
 def config_key(record: dict[str, Any]) -> tuple:
@@ -57,7 +62,7 @@ def config_key(record: dict[str, Any]) -> tuple:
 
 def setting_key(record: dict[str, Any]) -> tuple:
     """The configuration apart from where it ran (world size, parallel mode)."""
-    return _values(record, SHAPE_FIELDS + VARIANT_FIELDS)
+    return _values(record, (*SHAPE_FIELDS, *VARIANT_FIELDS, "varied"))
 
 
 def world_size_of(record: dict[str, Any]) -> int:
@@ -83,7 +88,8 @@ def _ratio_to_reference(record, records, is_reference, key) -> float | None:
 
 def speedup_for(record: dict[str, Any], records: Sequence[dict[str, Any]]) -> float | None:
     """tokens/s of `record` over that of the BF16 + compile(default) run of its group (same preset, shape,
-    batch, attention, AC, world size and parallel mode) among `records` (the last one if several); None if either
+    batch, attention, AC, world size, parallel mode and --vary settings) among `records` (the last one if several);
+    None if either
     did not run OK or the group has no baseline. The baseline itself gets 1.0."""
     if is_baseline(record) and _measured(record):
         return 1.0
@@ -178,8 +184,10 @@ def placement_label(record: dict[str, Any]) -> str:
 def format_table(
     records: Sequence[dict[str, Any]], speedups: Sequence[float | None], scalings: Sequence[float | None]
 ) -> str:
-    # The GPU columns only where some run used several: a one-GPU sweep's table stays as it was.
+    # The GPU columns only where some run used several, the setting column only with --vary: a one-GPU sweep's table
+    # stays as it was.
     several = any(world_size_of(r) > 1 for r in records)
+    varied = any(r.get("varied") for r in records)
     header = [
         "#",
         "preset",
@@ -198,6 +206,8 @@ def format_table(
         "loss",
         "vs BF16+compile",
     ]
+    if varied:
+        header[3:3] = ["setting"]
     if several:
         header[3:3] = ["GPUs"]
         header.append("vs 1 GPU")
@@ -222,6 +232,8 @@ def format_table(
             format_or_na(r.get("loss"), ".4f"),
             format_or_na(speedup, ".3f", "x"),
         ]
+        if varied:
+            row[3:3] = [str(r.get("varied") or "-")]
         if several:
             row[3:3] = [placement_label(r)]
             row.append(format_or_na(scaling, ".3f", "x"))
@@ -250,7 +262,7 @@ def format_report(
         f"{'/'.join(map(str, steps)) or 'N'} (the first {WARMUP_STEPS_EXCLUDED}, which compile and warm up, "
         "excluded); tokens/s = tokens per step / that median; compile (s): the first step, reported apart.",
         "- vs BF16+compile: tokens/s over the BF16 + torch.compile (default mode) run of the same preset, batch, "
-        "attention, AC and GPUs in this file; n/a without that baseline.",
+        "attention, AC, GPUs and --vary settings in this file; n/a without that baseline.",
         "- loss: mean training loss over the last log interval; peak mem: torch.cuda.max_memory_allocated.",
     ]
     if any(r.get("repeats", 1) > 1 for r in records):
@@ -303,6 +315,8 @@ def _variant_label(record: dict[str, Any], show_compile: bool) -> str:
 
 def _group_label(record: dict[str, Any], show_attention: bool, show_ac: bool, show_gpus: bool) -> str:
     label = f"{record.get('preset')}\nbs{record.get('batch_size')}"
+    if record.get("varied"):
+        label += f"\n{record['varied']}"
     if show_gpus:
         label += f" GPUs {placement_label(record)}"
     if show_attention:
