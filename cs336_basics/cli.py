@@ -90,6 +90,11 @@ def add_config_arguments(parser: argparse.ArgumentParser, defaults: RunConfig | 
                 )
 
 
+def scalar_type(kind: Any) -> type:
+    """A setting's value type without its None (`int | None` -> int)."""
+    return next(t for t in typing.get_args(kind) or (kind,) if t is not type(None))
+
+
 def add_field_arguments(
     group: argparse._ActionsContainer,
     cls: type,
@@ -103,13 +108,12 @@ def add_field_arguments(
     hints = typing.get_type_hints(cls)
     for f in fields if fields is not None else dataclasses.fields(cls):
         dest = f"{dest_prefix}{f.name}"
-        kind = hints[f.name]
+        scalar = scalar_type(hints[f.name])
         help_text = f"{f.metadata.get('help', '')} {default_text(f)}".strip()
-        if kind is bool or kind == (bool | None):
+        if scalar is bool:
             group.add_argument(f"--{f.name}", action="store_true", default=None, dest=dest, help=help_text)
             group.add_argument(f"--no_{f.name}", action="store_false", default=None, dest=dest)
         else:
-            scalar = next(t for t in typing.get_args(kind) or (kind,) if t is not type(None))
             group.add_argument(
                 f"--{f.name}",
                 type=scalar,

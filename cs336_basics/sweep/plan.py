@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cs336_basics.cli import scalar_type
 from cs336_basics.config import PRESETS, SECTIONS, RunConfig, TrainConfig
 from cs336_basics.config_layers import build_config
 from cs336_basics.errors import ConfigError
@@ -291,8 +292,7 @@ def _setting_field(name: str, item: str) -> tuple[str, type, Sequence[Any] | Non
     for section, cls in SECTIONS.items():
         fields = {f.name: f for f in dataclasses.fields(cls)}
         if name in fields:
-            kind = typing.get_type_hints(cls)[name]
-            scalar = next(t for t in typing.get_args(kind) or (kind,) if t is not type(None))
+            scalar = scalar_type(typing.get_type_hints(cls)[name])
             return section, scalar, fields[name].metadata.get("choices")
     raise ConfigError(f"--vary {item}: {name!r} is no train_h100.py setting (see train_h100.py --help).")
 
