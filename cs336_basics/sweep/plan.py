@@ -155,11 +155,15 @@ class SweepPoint:
         return self.precision == BASELINE_PRECISION and self.compile in (BASELINE_COMPILE, "auto")
 
     @property
+    def varied(self) -> str | None:
+        return varied_label(self.variant)
+
+    @property
     def label(self) -> str:
         precision = self.precision + (LM_HEAD_SUFFIX if self.fp8_lm_head else "")
         label = f"{self.preset}/bs{self.batch_size}/{precision}/{self.compile}/{self.attention}/ac-{on_off(self.ac)}"
         label += f"/{self.parallel}-x{self.world_size}" if self.world_size > 1 else ""
-        return label + (f"/{varied_label(self.variant)}" if self.variant else "")
+        return label + (f"/{self.varied}" if self.variant else "")
 
     def overrides(self, base: dict[str, Any], steps: int) -> dict[str, Any]:
         """config.build_config overrides for this point: the pass-through settings plus the swept ones."""
@@ -334,7 +338,7 @@ class Planned:
         """What the worker gets: it rebuilds the same config with config.build_config."""
         extra = {"label": self.point.label}
         if self.point.variant:  # the records name what they vary (sweep/report.py groups by it)
-            extra["varied"] = varied_label(self.point.variant)
+            extra["varied"] = self.point.varied
         return {"overrides": self.overrides, "from_file": self.from_file, "extra": extra}
 
 

@@ -89,8 +89,7 @@ def _ratio_to_reference(record, records, is_reference, key) -> float | None:
 def speedup_for(record: dict[str, Any], records: Sequence[dict[str, Any]]) -> float | None:
     """tokens/s of `record` over that of the BF16 + compile(default) run of its group (same preset, shape,
     batch, attention, AC, world size, parallel mode and --vary settings) among `records` (the last one if several);
-    None if either
-    did not run OK or the group has no baseline. The baseline itself gets 1.0."""
+    None if either did not run OK or the group has no baseline. The baseline itself gets 1.0."""
     if is_baseline(record) and _measured(record):
         return 1.0
     return _ratio_to_reference(record, records, is_baseline, group_key)
