@@ -200,6 +200,11 @@ def runs(tmp_path_factory):
     one_process([*base, *ONE_PROCESS, "--out_dir", root / "single"])
     one_process([*base, *ONE_PROCESS, *FP8, "--out_dir", root / "single_fp8"])
     one_process([*base, *ONE_PROCESS, *FP8, *FUSED, "--out_dir", root / "single_fused"])
+    # The fused path's delayed state of one process after step 2, resumed by 2 ranks (half its tokens per rank).
+    one_process([*base, *ONE_PROCESS, *FP8, *FUSED, *CUT_AFTER_2, "--out_dir", root / "one_delayed"])
+    launches["one_then_two_delayed"] = torchrun(
+        ["--resume", "--max_steps", "3", *TWO_RANKS, "--parallel", "ddp", "--out_dir", root / "one_delayed"]
+    )
     one_process([*base, *ONE_PROCESS, "--max_steps", "3", "--lr_decay_steps", str(STEPS), "--out_dir", root / "one"])
     # A one-process checkpoint (step 3) resumed by 2 ranks sharding it.
     launches["one_then_two"] = torchrun(
@@ -286,6 +291,20 @@ def test_delayed_scaling_on_two_ranks_trains_like_one_process_and_resumes_exactl
     done["ddp_delayed_cut"].assert_succeeded()
     done["ddp_delayed_resumed"].assert_succeeded()
     assert_same_losses(metrics(root / "ddp_delayed_cut"), metrics(root / "ddp_delayed"), rel=None, steps={3})
+
+
+@pytest.mark.slow
+def test_delayed_scaling_resumed_at_another_world_size_casts_gradients_as_the_uninterrupted_run(runs):
+    """One process's amax history resumed by 2 ranks, whose output gradients are twice one process's (each rank
+    divides its loss by half the tokens): the saved gradient amaxes are rescaled to them, so step 3 casts as the
+    uninterrupted 2-rank run does. Kept as saved, the history would scale them twice too high and clamp the top
+    binade of every output gradient at the FP8 maximum."""
+    root, done = runs
+    done["one_then_two_delayed"].assert_succeeded()
+    resumed, uninterrupted = metrics(root / "one_delayed")[-1], metrics(root / "ddp_delayed")[2]
+    assert resumed["step"] == uninterrupted["step"] == 3
+    assert resumed["fp8_saturated"] == uninterrupted["fp8_saturated"]
+    assert resumed["grad_norm"] == pytest.approx(uninterrupted["grad_norm"], rel=FP8_REL)
 
 
 @pytest.mark.slow
@@ -778,6 +797,12 @@ def gpu_runs(tmp_path_factory):
     one_process([*base, *ONE_PROCESS, *BF16, "--out_dir", root / "single_bf16"])
     one_process([*base, *ONE_PROCESS, *TORCHAO_FP8, "--out_dir", root / "single_fp8"])
     one_process([*base, *ONE_PROCESS, *GPU_FUSED, "--out_dir", root / "single_fused"])
+    # Its delayed state after step 2 (the schedule the whole run's), resumed by 2 ranks below.
+    cut = ["--max_steps", "2", "--lr_decay_steps", STEPS, "--out_dir", root / "one_fused_cut"]
+    one_process([*base, *ONE_PROCESS, *GPU_FUSED, *cut])
+    launches["one_then_two_fused"] = torchrun(
+        ["--resume", "--max_steps", "3", *TWO_RANKS, "--parallel", "ddp", "--out_dir", root / "one_fused_cut"]
+    )
     done = {"failed": launches.pop("failed").wait(600)}
     shutil.copytree(root / "failed", root / "two_then_one")
     launches["resumed"] = torchrun(["--resume", "--out_dir", root / "failed"])
@@ -845,6 +870,19 @@ def test_gpu_both_scalings_under_ddp_and_fsdp_train_like_one_gpu(gpu_runs):
 
 @pytest.mark.gpu
 @needs_two_gpus
+def test_gpu_delayed_scaling_resumed_by_two_ranks_continues_as_two_ranks_do(gpu_runs):
+    """One GPU's amax history resumed by 2 ranks (their output gradients twice one process's: each divides its loss
+    by half the tokens), rescaled to them on load: step 3 as the uninterrupted 2-rank run's, at BF16's bound. The
+    history kept as saved scaled those gradients twice too high: on 4 H200s the 1 -> 2 -> 4 chain's gradient norm
+    then left that bound at step 3 (2026-11-28-x4-items-4xh200)."""
+    root, done = gpu_runs
+    done["one_then_two_fused"].assert_succeeded()
+    # Step 2 left out: the cut run evaluated there, where it stopped, and the uninterrupted one did not.
+    assert_same_losses(metrics(root / "one_fused_cut"), metrics(root / "ddp_fused"), rel=BF16_REL, steps={1, 3})
+
+
+@pytest.mark.gpu
+@needs_two_gpus
 def test_gpu_ddp_under_cuda_graphs_trains_like_ddp_without_them(gpu_runs):
     """--compile_mode reduce-overhead under DDP (auto's choice there for FP8; asked for here): each
     block's compiled forward and backward replay as CUDA graphs while DDP's reducer all-reduces the gradients they
@@ -893,14 +931,16 @@ def test_gpu_ddp_with_the_cpp_wrapper_trains_like_the_python_wrapper(gpu_runs):
 CHAIN_PRECISIONS = {"bf16": BF16, "fp8": TORCHAO_FP8, "fused": GPU_FUSED}
 
 
-@pytest.fixture(scope="module")
-def gpu_resume_chains(tmp_path_factory):
-    """Each precision trained two steps at a time, one world size after another, from the same global batch: down
+@pytest.fixture(scope="module", params=list(CHAIN_PRECISIONS))
+def gpu_resume_chain(request, tmp_path_factory):
+    """One precision trained two steps at a time, one world size after another, from the same global batch: down
     (4 ranks, then 2, then one process) and up (one process, then 2 ranks, then 4), the ranks sharding with FSDP2;
     beside them the uninterrupted one-process run. FP8 by TorchAO's path, kept on every leg (auto would give one
     process the fused path), whose dynamic scaling has no state to carry; and by the fused path with its delayed
-    scaling (auto's), whose amax history each leg resumes from the checkpoint the last one wrote."""
-    root = tmp_path_factory.mktemp("resume_chains_gpu")
+    scaling (auto's), whose amax history each leg resumes from the checkpoint the last one wrote (its gradient amaxes
+    rescaled to each leg's tokens per rank). Returns the folder and the precision's name."""
+    name, precision = request.param, CHAIN_PRECISIONS[request.param]
+    root = tmp_path_factory.mktemp(f"resume_chain_gpu_{name}")
     # The schedule of the whole run from the first leg; an evaluation every 2 steps, where each leg ends (a run
     # evaluates where it stops), so that the uninterrupted run evaluates at the same steps.
     base = [*gpu_base_flags(root), "--lr_decay_steps", STEPS, "--eval_every", "2"]
@@ -914,23 +954,21 @@ def gpu_resume_chains(tmp_path_factory):
             return None
         return torchrun([*flags, *shards[size]], nproc=size)
 
-    for name, precision in CHAIN_PRECISIONS.items():
-        first = [*base, *precision]
-        one_process([*first, *ONE_PROCESS, "--out_dir", root / f"{name}_single"])
-        for number, sizes in enumerate(((4, 1), (2, 2), (1, 4)), start=1):
-            # Down and up side by side: a leg of ranks runs while this process trains the other chain's.
-            chains = zip((root / f"{name}_down", root / f"{name}_up"), sizes, strict=True)
-            launches = [leg(out, size, 2 * number, first if number == 1 else None) for out, size in chains]
-            for launch in filter(None, launches):
-                launch.wait().assert_succeeded()
-    return root
+    first = [*base, *precision]
+    one_process([*first, *ONE_PROCESS, "--out_dir", root / f"{name}_single"])
+    for number, sizes in enumerate(((4, 1), (2, 2), (1, 4)), start=1):
+        # Down and up side by side: a leg of ranks runs while this process trains the other chain's.
+        chains = zip((root / f"{name}_down", root / f"{name}_up"), sizes, strict=True)
+        launches = [leg(out, size, 2 * number, first if number == 1 else None) for out, size in chains]
+        for launch in filter(None, launches):
+            launch.wait().assert_succeeded()
+    return root, name
 
 
 @pytest.mark.gpu
 @needs_four_gpus
-@pytest.mark.parametrize("precision", CHAIN_PRECISIONS)
-def test_gpu_checkpoints_move_between_four_two_and_one_gpus(gpu_resume_chains, precision):
-    root = gpu_resume_chains
+def test_gpu_checkpoints_move_between_four_two_and_one_gpus(gpu_resume_chain):
+    root, precision = gpu_resume_chain
     single = metrics(root / f"{precision}_single")
     for chain, last_format in (("down", CHECKPOINT_FORMAT), ("up", SHARDED_FORMAT)):
         run = metrics(root / f"{precision}_{chain}")
@@ -942,3 +980,5 @@ def test_gpu_checkpoints_move_between_four_two_and_one_gpus(gpu_resume_chains, p
         if precision == "fused":  # the amax history went through every leg: as many updates as the whole run's
             uninterrupted = read_checkpoint(root / f"{precision}_single" / CHECKPOINT_NAME)["extra"]["fp8_scaling"]
             assert checkpoint["extra"]["fp8_scaling"]["cursor"] == uninterrupted["cursor"] == STEPS
+            last_leg_ranks = 1 if chain == "down" else 4  # its tokens per rank: the global batch's over its ranks
+            assert checkpoint["extra"]["fp8_scaling"]["step_tokens"] * last_leg_ranks == uninterrupted["step_tokens"]

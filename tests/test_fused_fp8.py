@@ -217,6 +217,40 @@ def test_scaling_state_round_trips_for_resume():
         delayed_sites(history_len=8)[1].load_scaling_state(saved)
 
 
+def test_a_resume_with_other_tokens_per_step_rescales_the_gradient_amaxes():
+    # A rank's backward divides each token's loss by its tokens per step, so its output gradients, and their amaxes,
+    # scale with the inverse: a state saved at 4 x 2 tokens per step, resumed at 8 x 2 (half the ranks, the same
+    # global batch), sees gradients half as large.
+    sites, state = delayed_sites(history_len=4)
+    state.set_step_tokens(4, 2)
+    for value in (2.0, 4.0):
+        record(sites[0], INPUT, value)
+        record(sites[0], GRAD, value)
+        state.update()
+    saved = state.scaling_state()
+    fresh_sites, fresh = delayed_sites(history_len=4)
+    fresh.set_step_tokens(8, 2)
+    fresh.load_scaling_state(saved)
+    assert torch.equal(fresh.history[:, GRAD], state.history[:, GRAD] / 2)
+    assert torch.equal(fresh.history[:, INPUT], state.history[:, INPUT])
+    assert fresh_sites[0].scale[GRAD] == 2 * sites[0].scale[GRAD]
+    assert torch.equal(fresh_sites[0].scale[:GRAD], sites[0].scale[:GRAD])
+    assert fresh_sites[0].scale_inv(GRAD) == 1 / fresh_sites[0].scale[GRAD]
+    assert fresh_sites[1].scale.tolist() == [1.0, 1.0, 1.0]  # nothing recorded: the initial scales stay
+    # The next step's gradients, half as large as the saved run's would be, get its scale times two: the same FP8.
+    record(sites[0], GRAD, 3.0)
+    record(fresh_sites[0], GRAD, 1.5)
+    state.update()
+    fresh.update()
+    assert fresh_sites[0].scale[GRAD] == 2 * sites[0].scale[GRAD]
+    # The same tokens per step, or a checkpoint written before they were kept: loaded as saved.
+    for state_tokens in (8, None):
+        again_sites, again = delayed_sites(history_len=4)
+        again.set_step_tokens(4, 2)
+        again.load_scaling_state({**saved, "step_tokens": state_tokens})
+        assert torch.equal(again.history, saved["history"]) and torch.equal(again_sites[0].scale, saved["scale"][0])
+
+
 def test_scale_update_in_one_launch_matches_the_op_by_op_update_in_the_triton_interpreter():
     # The kernel's arithmetic on the CPU, for CI: the interpreter must be on before triton is imported.
     pytest.importorskip("triton")

@@ -35,10 +35,11 @@ class Converter:
         """The FP8 part of convert()'s report (an FP8ConversionReport, or None without FP8): what count() checks."""
         return report
 
-    def prepare(self, tokens_per_micro_batch: int) -> None:
-        """Before the first (compiled) step: its graph keeps the sizes of the per-row recordings."""
+    def prepare(self, tokens_per_micro_batch: int, micro_batches: int) -> None:
+        """Before the first (compiled) step, whose graph keeps the sizes of the per-row recordings, and before a
+        resume's load_state_dict (which rescales saved gradient amaxes to this run's tokens per rank and step)."""
         if self.scaling is not None:
-            self.scaling.size_row_buffers(tokens_per_micro_batch)
+            self.scaling.set_step_tokens(tokens_per_micro_batch, micro_batches)
 
     def after_optimizer_step(self) -> None:
         """Once per optimizer step, after it: this step's amaxes become the next step's scales."""

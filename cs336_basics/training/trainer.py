@@ -181,7 +181,7 @@ class Trainer:
             world_size=self.world.world_size,
         )  # fmt: skip
         self.converter = converter
-        self.converter.prepare(t.batch_size * m.context_length)  # before the first compiled step
+        self.converter.prepare(t.batch_size * m.context_length, t.gradient_accumulation_steps)  # before _restore
         self.step = 0
         # Counted as trained, and kept in checkpoints: a resumed run may train another global batch.
         self.tokens = 0

@@ -255,6 +255,8 @@ class DelayedScalingState(nn.Module):
     On several processes (`reduce_amax=max_over_ranks`) each step's amaxes are reduced to their maximum over the ranks
     before they are filed, once per step, as Transformer Engine reduces its amaxes: every rank then keeps the same
     history and scales (those of the global batch), so any rank's state, the one a checkpoint keeps, is every rank's.
+    Its output gradients' amaxes are those of one rank's tokens per step (`step_tokens`): a resume with another count
+    rescales them (load_scaling_state).
     """
 
     def __init__(self, sites: list[SiteScaling], history_len: int = 16, algo: str = "max", margin: int = 0,
@@ -268,6 +270,12 @@ class DelayedScalingState(nn.Module):
         self.algo = algo
         self.margin = margin
         self.cursor = 0  # the history column the next update writes
+        # The tokens of one optimizer step on this rank (micro-batch tokens x micro-batches; set by set_step_tokens).
+        # The backward sees each token's loss divided by this count (a mean per micro-batch, divided by the number of
+        # micro-batches), so the output gradients and their recorded amaxes scale with its inverse: a run that
+        # resumes with another count (another world size at the same global batch, another batch or accumulation)
+        # rescales the saved gradient amaxes to its own, else its first steps cast with scales off by the ratio.
+        self.step_tokens: int | None = None
         self.reduce_amax = reduce_amax  # reduces a step's amaxes (one per history row) in place; None: this process's
         device = sites[0].scale.device
         self.register_buffer("history", torch.zeros(len(sites), 3, history_len, device=device), persistent=False)
@@ -285,6 +293,12 @@ class DelayedScalingState(nn.Module):
         """Size every site's input and gradient recordings for micro-batches of `tokens` rows (SiteScaling's)."""
         for site in self.sites:
             site.size_row_buffers(tokens)
+
+    def set_step_tokens(self, tokens_per_micro_batch: int, micro_batches: int) -> None:
+        """Size the row recordings for micro-batches of `tokens_per_micro_batch` rows and note this rank's tokens per
+        optimizer step (`step_tokens`). Call before the first compiled step and before load_scaling_state."""
+        self.size_row_buffers(tokens_per_micro_batch)
+        self.step_tokens = tokens_per_micro_batch * micro_batches
 
     @torch.no_grad()
     def update(self) -> None:
@@ -328,7 +342,9 @@ class DelayedScalingState(nn.Module):
 
     def scaling_state(self) -> dict:
         scale = torch.stack([site.scale for site in self.sites])
-        return {"history": self.history.cpu(), "scale": scale.cpu(), "cursor": self.cursor}
+        return {
+            "history": self.history.cpu(), "scale": scale.cpu(), "cursor": self.cursor, "step_tokens": self.step_tokens,
+        }  # fmt: skip
 
     @torch.no_grad()
     def load_scaling_state(self, state: dict) -> None:
@@ -341,3 +357,15 @@ class DelayedScalingState(nn.Module):
         self._set_scales(state["scale"].to(self.history))
         torch._foreach_zero_([buffer for site in self.sites for buffer in site.amax_buffers()])
         self.cursor = int(state["cursor"])
+        saved = state.get("step_tokens")  # None in checkpoints written before it was kept: taken as this run's
+        if saved and self.step_tokens and saved != self.step_tokens:
+            self._rescale_gradients(saved / self.step_tokens)
+
+    def _rescale_gradients(self, factor: float) -> None:
+        """The output gradients' amaxes (the history's and the scales derived from them) as if recorded `factor` times
+        as large. A role with no amax recorded yet keeps its initial scale, as update() leaves it."""
+        grad = self.history[:, GRAD]
+        grad.mul_(factor)
+        scales = torch.stack([site.scale for site in self.sites])
+        scales[:, GRAD] = torch.where(grad.amax(dim=-1) > 0, scales[:, GRAD] / factor, scales[:, GRAD])
+        self._set_scales(scales)
