@@ -873,8 +873,8 @@ def test_gpu_both_scalings_under_ddp_and_fsdp_train_like_one_gpu(gpu_runs):
 def test_gpu_delayed_scaling_resumed_by_two_ranks_continues_as_two_ranks_do(gpu_runs):
     """One GPU's amax history resumed by 2 ranks (their output gradients twice one process's: each divides its loss
     by half the tokens), rescaled to them on load: step 3 as the uninterrupted 2-rank run's, at BF16's bound. The
-    history kept as saved scaled those gradients twice too high: on 4 H200s the 1 -> 2 -> 4 chain's gradient norm
-    then left that bound at step 3 (2026-11-28-x4-items-4xh200)."""
+    history kept as saved scaled those gradients twice too high: on 4 H200s the GPU chain's gradient norm then left
+    that bound at the step after a change of world size (2026-11-28-x4-items-4xh200)."""
     root, done = gpu_runs
     done["one_then_two_fused"].assert_succeeded()
     # Step 2 left out: the cut run evaluated there, where it stopped, and the uninterrupted one did not.
