@@ -929,6 +929,8 @@ def test_gpu_ddp_with_the_cpp_wrapper_trains_like_the_python_wrapper(gpu_runs):
 # ---- GPU: checkpoints across world sizes, 4 -> 2 -> 1 and 1 -> 2 -> 4 (a 4-GPU machine) ----
 
 CHAIN_PRECISIONS = {"bf16": BF16, "fp8": TORCHAO_FP8, "fused": GPU_FUSED}
+CHAINS = ("down", "up")
+LEGS = ((4, 1), (2, 2), (1, 4))  # each leg's ranks in the down chain and in the up chain (1: one process)
 
 
 @pytest.fixture(scope="module", params=list(CHAIN_PRECISIONS))
@@ -956,9 +958,9 @@ def gpu_resume_chain(request, tmp_path_factory):
 
     first = [*base, *precision]
     one_process([*first, *ONE_PROCESS, "--out_dir", root / f"{name}_single"])
-    for number, sizes in enumerate(((4, 1), (2, 2), (1, 4)), start=1):
+    for number, sizes in enumerate(LEGS, start=1):
         # Down and up side by side: a leg of ranks runs while this process trains the other chain's.
-        chains = zip((root / f"{name}_down", root / f"{name}_up"), sizes, strict=True)
+        chains = zip((root / f"{name}_{chain}" for chain in CHAINS), sizes, strict=True)
         launches = [leg(out, size, 2 * number, first if number == 1 else None) for out, size in chains]
         for launch in filter(None, launches):
             launch.wait().assert_succeeded()
@@ -970,7 +972,7 @@ def gpu_resume_chain(request, tmp_path_factory):
 def test_gpu_checkpoints_move_between_four_two_and_one_gpus(gpu_resume_chain):
     root, precision = gpu_resume_chain
     single = metrics(root / f"{precision}_single")
-    for chain, last_format in (("down", CHECKPOINT_FORMAT), ("up", SHARDED_FORMAT)):
+    for chain, last_format, last_leg_ranks in zip(CHAINS, (CHECKPOINT_FORMAT, SHARDED_FORMAT), LEGS[-1], strict=True):
         run = metrics(root / f"{precision}_{chain}")
         assert [r["step"] for r in run] == list(range(1, STEPS + 1))  # each leg appended its own steps, none twice
         # BF16 weights, reduced in another order at each world size: within BF16's bound of the one-process run.
@@ -980,5 +982,5 @@ def test_gpu_checkpoints_move_between_four_two_and_one_gpus(gpu_resume_chain):
         if precision == "fused":  # the amax history went through every leg: as many updates as the whole run's
             uninterrupted = read_checkpoint(root / f"{precision}_single" / CHECKPOINT_NAME)["extra"]["fp8_scaling"]
             assert checkpoint["extra"]["fp8_scaling"]["cursor"] == uninterrupted["cursor"] == STEPS
-            last_leg_ranks = 1 if chain == "down" else 4  # its tokens per rank: the global batch's over its ranks
+            # The last leg's tokens per rank: the global batch's over its ranks.
             assert checkpoint["extra"]["fp8_scaling"]["step_tokens"] * last_leg_ranks == uninterrupted["step_tokens"]
