@@ -11,12 +11,16 @@ job per line, `NAME GPUS COMMAND`:
 GPUS is how many GPUs the job takes; with `!` it also runs alone on the host: a step that waits for the host (no CUDA
 graphs) is slowed by what else runs on the host, so its timing compares only with the host to itself
 (2026-11-28-rope-one-launch-ab: beside other jobs, one compiled graph's host time differed by a quarter between two
-processes). Jobs start
-in file order, each when its GPUs are free (a later job never overtakes an earlier one that waits). Each runs with
-bash in the current folder, `CUDA_VISIBLE_DEVICES` set to its GPUs and `JOB_OUT` to its own folder under `--out`,
-its output in `--out/NAME.log`; `lanes.json` there records each job's GPUs, start, end and exit status. Blank lines
-and lines starting with # are skipped. Each job is stopped at `--timeout_s`; a Ctrl-C stops the lanes from starting
-more but leaves the started jobs to that limit (on a device machine the command's own limit ends them all).
+processes). Jobs start in file order, each when its GPUs are free (a later job never overtakes an earlier one that
+waits). Each runs with bash in the current folder, `CUDA_VISIBLE_DEVICES` set to its GPUs and `JOB_OUT` to its own
+folder under `--out`, its output in `--out/NAME.log`; `lanes.json` there records each job's GPUs, start, end and exit
+status. Blank lines and lines starting with # are skipped.
+
+A job past `--timeout_s` is stopped: a SIGTERM (a sweep then writes what finished and stops its own worker), then a
+SIGKILL after STOP_GRACE_S. A Ctrl-C or a SIGTERM (`timeout`'s) stops the lanes: no job starts after it, and each
+running one is stopped so. Each job runs in a session of its own, out of reach of a signal to the lanes' process
+group: before the lanes passed the stop on, a job outlived them and timed its steps beside the next command's
+(2026-11-28-fsdp2-x4-4xh200). Under `timeout`, leave STOP_GRACE_S between its limit and the device command's.
 
     python -m lab.lanes --gpus 4 --out $OUT/lanes jobs.txt
 """
@@ -34,9 +38,12 @@ from pathlib import Path
 
 from cs336_basics.cli import positive_int
 from cs336_basics.errors import ConfigError, run_program
-from cs336_basics.sweep.run import run_logged
+from cs336_basics.sweep.run import TORCHRUN_GRACE_S, run_logged
+from cs336_basics.training.signals import terminate_raises
 
 _NAME = re.compile(r"[A-Za-z0-9._-]+")
+# A stopped job's time to exit after its SIGTERM: a sweep in it gives its torchrun worker TORCHRUN_GRACE_S.
+STOP_GRACE_S = TORCHRUN_GRACE_S + 15
 
 
 @dataclass
@@ -50,6 +57,7 @@ class Job:
     ended_s: float | None = None
     returncode: int | None = None
     timed_out: bool = False
+    stopped: bool = False  # running when the lanes were stopped (Ctrl-C, SIGTERM)
 
 
 def parse_jobs(text: str, gpus: int) -> list[Job]:
@@ -90,14 +98,16 @@ def run_lanes(jobs: list[Job], gpus: int, out: Path, timeout_s: float, log=print
     free = list(range(gpus))
     running: dict[str, threading.Thread] = {}
     lock = threading.Lock()
+    stop = threading.Event()
     t0 = time.perf_counter()
 
     def run(job: Job) -> None:
         job_out = out / job.name
         job_out.mkdir(exist_ok=True)
         env = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, job.assigned)), "JOB_OUT": str(job_out)}
-        job.returncode, job.timed_out = run_logged(["bash", "-c", job.command], out / f"{job.name}.log", timeout_s,
-                                                   env=env)  # fmt: skip
+        job.returncode, job.timed_out = run_logged(
+            ["bash", "-c", job.command], out / f"{job.name}.log", timeout_s, STOP_GRACE_S, env, stop
+        )
         with lock:
             job.ended_s = time.perf_counter() - t0
             free.extend(job.assigned)
@@ -106,28 +116,43 @@ def run_lanes(jobs: list[Job], gpus: int, out: Path, timeout_s: float, log=print
         log(f"[lanes] {job.name} ended: exit {job.returncode}{' (timed out)' if job.timed_out else ''}, "
             f"{job.ended_s - job.started_s:.0f} s")  # fmt: skip
 
-    for job in jobs:
-        while True:
-            with lock:
-                alone_running = any(j.alone for j in jobs if j.name in running)
-                fits = len(free) >= job.gpus and not alone_running and not (job.alone and running)
-                if fits:
-                    job.assigned, free[:] = free[: job.gpus], free[job.gpus :]
-                    job.started_s = time.perf_counter() - t0
-                    thread = threading.Thread(target=run, args=(job,), daemon=True)
-                    running[job.name] = thread
-                    break
-            time.sleep(poll_s)
-        log(f"[lanes] {job.name} started on GPU {','.join(map(str, job.assigned))}{' alone' if job.alone else ''}")
-        thread.start()
+    try:
+        for job in jobs:
+            while True:
+                with lock:
+                    alone_running = any(j.alone for j in jobs if j.name in running)
+                    fits = len(free) >= job.gpus and not alone_running and not (job.alone and running)
+                    if fits:
+                        job.assigned, free[:] = free[: job.gpus], free[job.gpus :]
+                        job.started_s = time.perf_counter() - t0
+                        thread = threading.Thread(target=run, args=(job,))
+                        running[job.name] = thread
+                        log(f"[lanes] {job.name} started on GPU {','.join(map(str, job.assigned))}"
+                            f"{' alone' if job.alone else ''}")  # fmt: skip
+                        thread.start()
+                        break
+                time.sleep(poll_s)
+        _join_all(running, lock)
+    except BaseException:  # Ctrl-C, SIGTERM (see main): no job may outlive the lanes
+        with lock:
+            for job in jobs:
+                job.stopped = job.name in running
+        log(f"[lanes] stopping the running jobs (each has {STOP_GRACE_S} s to exit after its SIGTERM) ...")
+        stop.set()
+        _join_all(running, lock)
+        raise
+    finally:
+        (out / "lanes.json").write_text(json.dumps({"gpus": gpus, "jobs": [asdict(j) for j in jobs]}, indent=2) + "\n")
+    return jobs
+
+
+def _join_all(running: dict[str, threading.Thread], lock: threading.Lock) -> None:
     while True:
         with lock:
             threads = list(running.values())
         if not threads:
-            break
+            return
         threads[0].join()
-    (out / "lanes.json").write_text(json.dumps({"gpus": gpus, "jobs": [asdict(j) for j in jobs]}, indent=2) + "\n")
-    return jobs
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -141,7 +166,12 @@ def main(argv: list[str] | None = None) -> int:
 
     def body() -> int:
         check_gpus(args.gpus)
-        done = run_lanes(parse_jobs(args.jobs.read_text(), args.gpus), args.gpus, args.out, args.timeout_s)
+        try:
+            with terminate_raises():
+                done = run_lanes(parse_jobs(args.jobs.read_text(), args.gpus), args.gpus, args.out, args.timeout_s)
+        except KeyboardInterrupt as exc:
+            print(f"[lanes] stopped ({exc or 'Ctrl-C'}): {args.out}/lanes.json records each job", file=sys.stderr)
+            return getattr(exc, "exit_code", 130)
         for job in done:
             print(f"{job.name:>24}  GPU {','.join(map(str, job.assigned)):<8} {job.started_s:7.0f} -> "
                   f"{job.ended_s:7.0f} s  exit {job.returncode}{' (timed out)' if job.timed_out else ''}")  # fmt: skip

@@ -4,6 +4,11 @@ jobs (shell commands that record CUDA_VISIBLE_DEVICES and sleep), so this runs o
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -85,3 +90,34 @@ def test_more_gpus_than_the_host_has_are_refused_before_any_job_starts(tmp_path,
     assert main([str(jobs_file), "--gpus", "4", "--out", str(tmp_path / "out")]) == 2
     assert "--gpus 4, but this host has 2 CUDA GPUs" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_a_sigterm_to_the_lanes_stops_each_running_job_and_lets_it_clean_up_first(tmp_path):
+    # `timeout` signals the lanes, not the jobs (each in a session of its own): the lanes must pass the stop on, or a
+    # job keeps its GPUs busy under the next command. The job traps the SIGTERM to prove it had its time to clean up.
+    job = "trap 'echo done > $JOB_OUT/cleaned; exit 0' TERM; echo $$ > $JOB_OUT/pid; sleep 60 & wait"
+    jobs_file = tmp_path / "jobs.txt"
+    jobs_file.write_text(f"long 1 {job}\nnever 1 true\n")
+    lanes = subprocess.Popen([sys.executable, "-m", "lab.lanes", str(jobs_file), "--gpus", "1", "--out",
+                              str(tmp_path / "out")], stderr=subprocess.PIPE, text=True)  # fmt: skip
+    pid_file = tmp_path / "out" / "long" / "pid"
+    deadline = time.monotonic() + 60
+    while not (pid_file.exists() and pid_file.read_text().strip()):
+        assert time.monotonic() < deadline and lanes.poll() is None, "the job never started"
+        time.sleep(0.05)
+    job_pid = int(pid_file.read_text())
+    lanes.send_signal(signal.SIGTERM)
+    assert lanes.wait(timeout=30) == 128 + signal.SIGTERM
+    assert "stopped" in lanes.stderr.read()
+    assert not _alive(job_pid)
+    assert (tmp_path / "out" / "long" / "cleaned").read_text() == "done\n"
+    recorded = {job["name"]: job for job in json.loads((tmp_path / "out" / "lanes.json").read_text())["jobs"]}
+    assert recorded["long"]["stopped"] and recorded["never"]["started_s"] is None

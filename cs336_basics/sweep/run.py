@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -67,17 +68,28 @@ def _worker_env() -> dict[str, str]:
 
 def _kill_group(proc: subprocess.Popen, grace_s: float = 0.0) -> None:
     """Kill the worker and anything it started (torch.compile's compile workers), all in its own session. torchrun
-    starts each rank in a session of its own, out of reach of that kill: with `grace_s`, torchrun first gets a SIGTERM,
-    which it passes on to its ranks (killing them if they do not exit in 30 s), and that long to finish."""
+    starts each rank in a session of its own, out of reach of that kill: with `grace_s`, the group first gets a
+    SIGTERM, which torchrun passes on to its ranks (killing them if they do not exit in 30 s), and that long to exit,
+    the whole group, not only its leader (a `bash -c` running two commands dies at once; the one it runs may not)."""
     try:
-        if grace_s and proc.poll() is None:
+        if grace_s and _group_alive(proc):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pid, signal.SIGTERM)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=grace_s)
+            deadline = time.monotonic() + grace_s
+            while _group_alive(proc) and time.monotonic() < deadline:
+                time.sleep(0.1)
     finally:  # also when a second Ctrl-C cuts the grace short
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _group_alive(proc: subprocess.Popen) -> bool:
+    proc.poll()  # reaps the leader once it has exited: unreaped, it would count as a member of the group
+    try:
+        os.killpg(proc.pid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
 
 
 def _tail(path: Path, n_bytes: int = 20000) -> str:
@@ -90,11 +102,16 @@ def _tail(path: Path, n_bytes: int = 20000) -> str:
 
 
 def run_logged(
-    command: list[str], log_path: Path, timeout_s: float, grace_s: float = 0.0, env: dict[str, str] | None = None
+    command: list[str],
+    log_path: Path,
+    timeout_s: float,
+    grace_s: float = 0.0,
+    env: dict[str, str] | None = None,
+    stop: threading.Event | None = None,
 ) -> tuple[int, bool]:
     """Run command in its own session with its output in log_path; (return code, timed out). Never leaves it
-    running: on timeout or Ctrl-C the whole process group is killed (after `grace_s`, see _kill_group). `env`:
-    variables set for it on top of the worker environment."""
+    running: on timeout, Ctrl-C or once `stop` is set (how another thread ends it: lab.lanes) the whole process group
+    is killed (after `grace_s`, see _kill_group). `env`: variables set for it on top of the worker environment."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     timed_out = False
     with log_path.open("w") as log:
@@ -104,13 +121,28 @@ def run_logged(
             command, stdout=log, stderr=subprocess.STDOUT, env={**_worker_env(), **(env or {})}, start_new_session=True
         )
         try:
-            proc.wait(timeout=timeout_s)
+            _wait(proc, timeout_s, stop)
         except subprocess.TimeoutExpired:
             timed_out = True
         finally:  # also on Ctrl-C: the worker is in its own session, so the terminal's SIGINT never reaches it
             _kill_group(proc, grace_s)
             proc.wait()
     return proc.returncode, timed_out
+
+
+def _wait(proc: subprocess.Popen, timeout_s: float, stop: threading.Event | None) -> None:
+    """proc.wait(timeout_s) that also returns once `stop` is set."""
+    if stop is None:
+        proc.wait(timeout=timeout_s)
+        return
+    deadline = time.monotonic() + timeout_s
+    while not stop.is_set():
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise subprocess.TimeoutExpired(proc.args, timeout_s)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=min(remaining, 0.2))
+            return
 
 
 def cold_cache_env(cache_dir: Path) -> dict[str, str]:
