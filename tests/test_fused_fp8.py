@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from numerics import RecordScaledMM, sqnr_db
-from tiny import TINY_FLAGS, tiny_model
+from tiny import TINY_FLAGS, TINY_MODEL, tiny_model
 from torch import nn
 
 import train_h100
@@ -40,6 +41,7 @@ from cs336_basics.precision.fused.scaling import (
     cast_to_fp8,
 )
 from cs336_basics.precision.fused.swiglu import Fp8SwiGLU
+from cs336_basics.training.checkpoint import CHECKPOINT_NAME, read_checkpoint, save_torch_file
 from cs336_basics.training.metrics import read_metrics
 from cs336_basics.training.restore import load_checkpoint
 
@@ -438,6 +440,24 @@ def test_delayed_run_reports_saturations_and_resumes_exactly(tmp_path, base, cap
     assert run(["--resume", "--out_dir", split, "--max_steps", "8"], capsys)[0] == 0
     resumed = read_metrics(split / "metrics.jsonl")
     assert [(r["step"], r["loss"]) for r in resumed] == [(r["step"], r["loss"]) for r in records]  # bit for bit
+
+
+def test_a_checkpoint_written_before_step_tokens_were_kept_rescales_from_its_saved_config(tmp_path, base, capsys):
+    # Such a checkpoint's gradient amaxes were recorded at its saved config's tokens per rank and step: resumed at
+    # another batch it must rescale them as a checkpoint that kept the count does.
+    fused = ["--use_fp8", "--fp8_emulate", "--fp8_path", "fused", "--fp8_scaling", "delayed"]
+    kept, old = tmp_path / "kept", tmp_path / "old"
+    assert run([*base, *fused, "--max_steps", "4", "--lr_decay_steps", "6", "--out_dir", kept], capsys)[0] == 0
+    shutil.copytree(kept, old)
+    checkpoint = read_checkpoint(old / CHECKPOINT_NAME)
+    del checkpoint["extra"]["fp8_scaling"]["step_tokens"]
+    save_torch_file(old / CHECKPOINT_NAME, checkpoint)
+    for folder in (kept, old):
+        assert run(["--resume", "--out_dir", folder, "--max_steps", "5", "--batch_size", "2"], capsys)[0] == 0
+    resumed = [read_checkpoint(folder / CHECKPOINT_NAME)["extra"]["fp8_scaling"] for folder in (kept, old)]
+    assert resumed[0]["step_tokens"] == resumed[1]["step_tokens"] == 2 * TINY_MODEL["context_length"]
+    assert torch.equal(resumed[0]["history"], resumed[1]["history"])
+    assert torch.equal(resumed[0]["scale"], resumed[1]["scale"])
 
 
 @pytest.mark.parametrize(

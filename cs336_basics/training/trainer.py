@@ -75,6 +75,15 @@ def global_batch_tokens(config: RunConfig, world_size: int) -> int:
     return t.batch_size * config.model.context_length * t.gradient_accumulation_steps * world_size
 
 
+def _with_step_tokens(scaling_state: dict | None, saved_config: dict) -> dict | None:
+    """Delayed scaling's saved state with the tokens per rank and step its gradient amaxes were recorded at. A
+    checkpoint written before the state kept them has its saved config's (batch per rank x context x micro-batches),
+    the same count, so that a resume at another world size or batch rescales those amaxes all the same."""
+    if scaling_state is None or scaling_state.get("step_tokens") is not None:
+        return scaling_state
+    return {**scaling_state, "step_tokens": global_batch_tokens(RunConfig.from_dict(saved_config), world_size=1)}
+
+
 class TrainingDiverged(WorkFailed):
     """The loss or the gradient norm became NaN or infinite. No checkpoint is written from such a state."""
 
@@ -218,7 +227,7 @@ class Trainer:
         if interval:
             self._loss_sum = interval["loss_sum"].to(self.device)
             self._loss_count = interval["count"]
-        self.converter.load_state_dict(extra.get("fp8_scaling"))
+        self.converter.load_state_dict(_with_step_tokens(extra.get("fp8_scaling"), state["config"]))
 
     def save(self, stop: GracefulStop | None = None) -> Path:
         """Write a checkpoint of the state at this step boundary: only a finite one, atomically."""

@@ -357,7 +357,7 @@ class DelayedScalingState(nn.Module):
         self._set_scales(state["scale"].to(self.history))
         torch._foreach_zero_([buffer for site in self.sites for buffer in site.amax_buffers()])
         self.cursor = int(state["cursor"])
-        saved = state.get("step_tokens")  # None in checkpoints written before it was kept: taken as this run's
+        saved = state.get("step_tokens")  # None: taken as this run's (the trainer fills an old checkpoint's in)
         if saved and self.step_tokens and saved != self.step_tokens:
             self._rescale_gradients(saved / self.step_tokens)
 
