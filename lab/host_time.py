@@ -173,6 +173,10 @@ def measure(
     compile_s = time.perf_counter() - started
     if not grad_sync and built.parallel.mode != "ddp":  # --parallel auto resolved to FSDP2
         raise grad_sync_refusal(built.parallel.mode)
+    if not grad_sync:  # without its all-reduce, DDP's step is another one to dynamo and CUDA graphs: warm it up too
+        with trainer.step_model.no_sync():
+            for _ in range(warmup):
+                trainer.train_step()
     sync = contextlib.nullcontext() if grad_sync else trainer.step_model.no_sync()
     guards = torch.compiler.set_stance(skip_guard_eval_unsafe=True) if skip_guard_eval else contextlib.nullcontext()
     with sync, guards:
