@@ -117,14 +117,18 @@ def validate_fields(obj: Any) -> None:
     for f in dataclasses.fields(obj):
         value = _checked_value(f.name, getattr(obj, f.name), hints[f.name])
         object.__setattr__(obj, f.name, value)  # the frozen dataclass keeps the normalised value
-        if value is None:
-            continue
-        choices, check = f.metadata.get("choices"), f.metadata.get("check")
-        if choices and value not in choices:
-            raise ConfigError(f"{f.name} must be one of {', '.join(choices)}; got {value!r}.")
-        problem = check(value) if check else None
+        problem = field_problem(f, value) if value is not None else None
         if problem:
             raise ConfigError(f"{f.name} {problem}; got {value!r}.")
+
+
+def field_problem(f: dataclasses.Field, value: Any) -> str | None:
+    """What is wrong with `value` (of the field's type) for config field `f`: off its choices or its range; None if
+    nothing."""
+    choices, check = f.metadata.get("choices"), f.metadata.get("check")
+    if choices and value not in choices:
+        return f"must be one of {', '.join(map(str, choices))}"
+    return check(value) if check else None
 
 
 @dataclass(frozen=True)

@@ -226,7 +226,7 @@ def test_quick_plan_and_dry_run_runs_nothing(tmp_path, capsys, monkeypatch):
         (["--vary", "ddp_bucket_mb=25,big"], "--vary ddp_bucket_mb: 'big' is not a int"),
         (["--vary", "fsdp_reshard_after_forward=yes"], "a switch takes on or off, got 'yes'"),
         (["--vary", "batch_size=4,8"], "--batch_size is set per configuration by the sweep; use --batch_sizes"),
-        (["--vary", "fp8_format=e4m3,e9"], "'e9' is not one of"),
+        (["--vary", "fp8_format=e4m3,e9"], "--vary fp8_format: must be one of auto, e4m3, hybrid; got 'e9'"),
         (["--vary", "seed=1", "--vary", "seed=2"], "--vary seed is given twice"),
         (["--seed", "1", "--vary", "seed=1,2"], "--seed is given for every configuration and as --vary seed=1,2"),
         (["--vary", "ddp_bucket_mb=0"], "ddp_bucket_mb"),  # the setting's own check, for every configuration up front

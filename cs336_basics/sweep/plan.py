@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from cs336_basics.cli import scalar_type
-from cs336_basics.config import PRESETS, SECTIONS, RunConfig, TrainConfig
+from cs336_basics.config import PRESETS, SECTIONS, RunConfig, TrainConfig, field_problem
 from cs336_basics.config_layers import build_config
 from cs336_basics.errors import ConfigError
 from cs336_basics.parallel.world import World
@@ -275,7 +275,7 @@ def parse_variants(items: Sequence[str], base: dict[str, Any]) -> tuple[tuple[Se
     axes: dict[str, tuple[Setting, ...]] = {}
     for item in items:
         name, _, text = (part.strip() for part in item.partition("="))
-        section, scalar, choices = _setting_field(name, item)
+        section, scalar, field = _setting_field(name, item)
         if (section, name) in SWEPT_SETTINGS:
             instead = SWEPT_SETTINGS[section, name]
             raise ConfigError(f"--vary {item}: --{name} is set per configuration by the sweep; use {instead}.")
@@ -286,22 +286,22 @@ def parse_variants(items: Sequence[str], base: dict[str, Any]) -> tuple[tuple[Se
         texts = [value.strip() for value in text.split(",") if value.strip()]
         if not texts:
             raise ConfigError(f"--vary takes SETTING=VALUE,VALUE (e.g. ddp_bucket_mb=25,100), got {item!r}.")
-        values = [_setting_value(value, scalar, choices, name) for value in texts]
+        values = [_setting_value(value, scalar, field, name) for value in texts]
         axes[name] = tuple((section, name, value) for value in dict.fromkeys(values))
     return tuple(itertools.product(*axes.values()))
 
 
-def _setting_field(name: str, item: str) -> tuple[str, type, Sequence[Any] | None]:
-    """The config section of setting `name`, its value type and its choices."""
+def _setting_field(name: str, item: str) -> tuple[str, type, dataclasses.Field]:
+    """The config section of setting `name`, its value type and its field."""
     for section, cls in SECTIONS.items():
         fields = {f.name: f for f in dataclasses.fields(cls)}
         if name in fields:
             scalar = scalar_type(typing.get_type_hints(cls)[name])
-            return section, scalar, fields[name].metadata.get("choices")
+            return section, scalar, fields[name]
     raise ConfigError(f"--vary {item}: {name!r} is no train_h100.py setting (see train_h100.py --help).")
 
 
-def _setting_value(text: str, scalar: type, choices: Sequence[Any] | None, name: str) -> Any:
+def _setting_value(text: str, scalar: type, field: dataclasses.Field, name: str) -> Any:
     if scalar is bool:
         if text not in ON_OFF:
             raise ConfigError(f"--vary {name}: a switch takes on or off, got {text!r}.")
@@ -310,8 +310,9 @@ def _setting_value(text: str, scalar: type, choices: Sequence[Any] | None, name:
         value = scalar(text)
     except ValueError:
         raise ConfigError(f"--vary {name}: {text!r} is not a {scalar.__name__}.") from None
-    if choices is not None and value not in choices:
-        raise ConfigError(f"--vary {name}: {text!r} is not one of {', '.join(map(str, choices))}.")
+    problem = field_problem(field, value)  # the setting's own rule, as every configuration's config checks it
+    if problem:
+        raise ConfigError(f"--vary {name}: {problem}; got {text!r}.")
     return value
 
 
