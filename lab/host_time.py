@@ -29,13 +29,17 @@ synchronisation inside them:
                  True where --skip_guard_eval on had dynamo skip its guard checks in the timed and profiled steps
                  (torch.compiler.set_stance's skip_guard_eval_unsafe, after warm-up: each compiled region has one
                  graph by then): against the same configuration without, what the guard checks cost the step's host
+  <field>_ranks  under torchrun, every rank's host_ms, forward_ms, gpu_idle_ms, comm_ms and exposed_comm_ms, rank 0
+                 first: an NCCL kernel runs until the last rank joins it, so one rank slower to reach each collective
+                 (its host) shows as the others' collective time, and a rank's own line cannot tell which
   top_host_ops   with --top_ops N: the N ops (aten ops, custom ops, compiled regions' wrappers) with the most host
                  time of their own per step, from the profiler's CPU activity over --steps more steps, each step
                  started on an idle GPU so that no launch waits for a full launch queue: what to cut where the step
                  is host-bound (compare a BF16 and an FP8 row)
 
 Random token arrays (host time does not depend on the text). All configurations run in this process, one after the
-other; compare rows of one run only. Under torchrun every rank measures and rank 0 reports its own.
+other; compare rows of one run only. Under torchrun every rank measures and rank 0 reports its own (and the
+`<field>_ranks` of all).
 
     python -m lab.host_time --presets gpt2-small --precisions bf16,fp8 --json out.json
     python -m lab.host_time --presets 366m --compile default --compile_wrappers python,cpp   # inductor's wrappers
@@ -74,6 +78,8 @@ from cs336_basics.parallel.world import torchrun_world
 from cs336_basics.sweep.plan import parse_choices, parse_on_off, parse_positive_ints
 from lab.probe import Record, probe_parser, run_probe, warmed_up_preset
 
+# The fields each rank reports under torchrun (`<field>_ranks`): what tells the rank the others wait for.
+PER_RANK = ("host_ms", "forward_ms", "gpu_idle_ms", "comm_ms", "exposed_comm_ms")
 PHASES = {"batch": ("sampler", "next_batch"), "optimizer": ("optimizer", "step"),
           "scaling_update": ("converter", "after_optimizer_step")}  # fmt: skip
 
@@ -204,6 +210,7 @@ def measure(
         )
         if top_ops:
             record["top_host_ops"] = top_host_ops(trainer.train_step, steps, top_ops, torch.cuda.synchronize)
+    record.update(every_rank(record))
     del trainer, built
     release_memory()
     return record
@@ -283,11 +290,30 @@ def main(argv: list[str] | None = None) -> int:
     return run_probe(args, "the host-time profile", "it measures CUDA training steps", measure_all, describe)
 
 
+def every_rank(record: Record) -> dict[str, list]:
+    """Under torchrun, each PER_RANK field of every rank's record (`<field>_ranks`, in rank order); {} in one
+    process. Every rank must call it, as every rank measures."""
+    if not (torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1):
+        return {}
+    gathered: list[Any] = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(gathered, {field: record[field] for field in PER_RANK})
+    return {f"{field}_ranks": [ranks[field] for ranks in gathered] for field in PER_RANK}
+
+
 def grad_sync_refusal(mode: str) -> ConfigError:
     return ConfigError(
         f"--grad_sync off skips DDP's gradient all-reduce; this run is {mode!r}, not DDP: start it under torchrun "
         "with --nproc_per_node 2 or more and --parallel ddp (or auto), or leave --grad_sync at on."
     )
+
+
+def _over_ranks(record: Record) -> str:
+    hosts = record.get("host_ms_ranks")
+    if not hosts:
+        return ""
+    exposed = [ms for ms in record["exposed_comm_ms_ranks"] if ms is not None]
+    spread = f"; over the ranks: host {min(hosts):.2f}-{max(hosts):.2f} ms (slowest rank {hosts.index(max(hosts))})"
+    return spread + (f", exposed collectives {min(exposed):.2f}-{max(exposed):.2f} ms" if exposed else "")
 
 
 def _collectives(record: Record) -> str:
@@ -310,7 +336,7 @@ def describe(record: Record) -> str:
         f"{_collectives(record)}, "
         f"host {record['host_ms']:6.2f} ms (forward "
         f"{record['forward_ms']:.2f}, optimizer {record['optimizer_ms']:.2f}, scaling update "
-        f"{record['scaling_update_ms']:.2f}), cudagraph skips {record['cudagraph_skips']}"
+        f"{record['scaling_update_ms']:.2f}), cudagraph skips {record['cudagraph_skips']}" + _over_ranks(record)
     )
     ops = [f"    {op['self_cpu_ms']:8.3f} ms/step {op['calls']:8.1f} calls/step  {op['op']}"
            for op in record.get("top_host_ops", [])]  # fmt: skip

@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from gloo_ranks import on_two_gloo_ranks
 from tiny import tiny_flags
 
 import train_h100
@@ -492,23 +493,6 @@ def test_the_summary_flags_cuda_graphs_under_fsdp2_and_bf16_in_every_mode():
     assert not any("FSDP2" in w for w in warnings("ddp", compile_mode="reduce-overhead"))
 
 
-def _on_two_gloo_ranks(rank: int, init_file: str, out: str, work) -> None:
-    """torch.multiprocessing.spawn's target: `work(rank)` in a 2-process gloo group, its result saved to out.RANK;
-    whatever it built is freed before the group is destroyed (a DDP reducer outliving it aborted the process at exit
-    in 1 run of 6)."""
-    import gc
-
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
-    try:
-        torch.save(work(rank), f"{out}.{rank}")
-        gc.collect()
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
-
-
 def _max_over_ranks_of_this_ranks_amaxes(rank: int) -> torch.Tensor:
     from cs336_basics.precision.fused.scaling import max_over_ranks
 
@@ -519,12 +503,9 @@ def _max_over_ranks_of_this_ranks_amaxes(rank: int) -> torch.Tensor:
 
 def test_amaxes_reduce_to_their_max_over_ranks_and_a_nan_stays_a_nan(tmp_path):
     """Delayed scaling's reduction over ranks (gloo, 2 processes): each row's max, a NaN on either rank kept."""
-    out = str(tmp_path / "amax")
-    args = (str(tmp_path / "init"), out, _max_over_ranks_of_this_ranks_amaxes)
-    torch.multiprocessing.spawn(_on_two_gloo_ranks, args=args, nprocs=2)
     want = torch.tensor([2.0, float("nan"), 3.0, 0.0])
-    for rank in range(2):
-        torch.testing.assert_close(torch.load(f"{out}.{rank}"), want, rtol=0, atol=0, equal_nan=True)
+    for got in on_two_gloo_ranks(_max_over_ranks_of_this_ranks_amaxes, tmp_path):
+        torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
 
 
 def _accumulated_three_ways(rank: int) -> dict[str, list[torch.Tensor]]:
@@ -566,10 +547,7 @@ def test_graph_accumulation_under_ddp_averages_the_sums_as_eager_ddp_accumulatio
     """Gradient accumulation under CUDA graphs with DDP (gloo, 2 processes, no graphs on the CPU: the accumulator
     and the synchronisation are what is tested): every rank ends with eager DDP accumulation's gradients. Without
     the average after the last micro-batch, the earlier micro-batches would stay each rank's own."""
-    out = str(tmp_path / "grads")
-    args = (str(tmp_path / "init"), out, _accumulated_three_ways)
-    torch.multiprocessing.spawn(_on_two_gloo_ranks, args=args, nprocs=2)
-    ranks = [torch.load(f"{out}.{rank}") for rank in range(2)]
+    ranks = on_two_gloo_ranks(_accumulated_three_ways, tmp_path)
     for got in ranks:
         for graphs, eager in zip(got["graphs"], got["eager"], strict=True):
             torch.testing.assert_close(graphs, eager, rtol=1e-6, atol=1e-7)

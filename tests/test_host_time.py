@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from gloo_ranks import on_two_gloo_ranks
 
 from cs336_basics.errors import ConfigError
 from cs336_basics.parallel.world import World
@@ -138,3 +139,18 @@ def test_collectives_called_without_their_kernels_in_the_profile_are_unknown_not
     assert times == {"collective_calls": 1.0, "comm_ms": None, "exposed_comm_ms": None}
     record = {"comm_ms": None, "collective_calls": 1.0}
     assert "none of their kernels in the profile" in host_time._collectives(record)
+
+
+def _a_ranks_record(rank: int) -> dict:
+    record = {field: 10.0 * (rank + 1) for field in host_time.PER_RANK}
+    record["exposed_comm_ms"] = None if rank else 4.5  # a rank whose profile held no collective kernel
+    return {**record, **host_time.every_rank(record)}
+
+
+def test_every_rank_reports_each_ranks_host_and_collective_times_and_the_line_names_the_slowest(tmp_path):
+    ranks = on_two_gloo_ranks(_a_ranks_record, tmp_path)
+    assert ranks[0]["host_ms_ranks"] == ranks[1]["host_ms_ranks"] == [10.0, 20.0]
+    assert ranks[0]["exposed_comm_ms_ranks"] == [4.5, None]
+    line = host_time._over_ranks(ranks[0])
+    assert "host 10.00-20.00 ms (slowest rank 1)" in line and "exposed collectives 4.50-4.50 ms" in line
+    assert host_time.every_rank({}) == {} and host_time._over_ranks({}) == ""  # one process
