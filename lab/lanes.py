@@ -132,27 +132,29 @@ def run_lanes(jobs: list[Job], gpus: int, out: Path, timeout_s: float, log=print
                         thread.start()
                         break
                 time.sleep(poll_s)
-        _join_all(running, lock)
+        _wait_for_all(running, lock, poll_s)
     except BaseException:  # Ctrl-C, SIGTERM (see main): no job may outlive the lanes
         with lock:
             for job in jobs:
                 job.stopped = job.name in running
         log(f"[lanes] stopping the running jobs (each has {STOP_GRACE_S} s to exit after its SIGTERM) ...")
         stop.set()
-        _join_all(running, lock)
+        _wait_for_all(running, lock, poll_s)
         raise
     finally:
         (out / "lanes.json").write_text(json.dumps({"gpus": gpus, "jobs": [asdict(j) for j in jobs]}, indent=2) + "\n")
     return jobs
 
 
-def _join_all(running: dict[str, threading.Thread], lock: threading.Lock) -> None:
+def _wait_for_all(running: dict[str, threading.Thread], lock: threading.Lock, poll_s: float) -> None:
+    """Until every started job's thread has finished. Polled, not Thread.join(): a signal's exception raised inside
+    join() left the thread marked as stopped while it still ran (CPython 3.11), and the interpreter then exits
+    without waiting for it, its job never stopped."""
     while True:
         with lock:
-            threads = list(running.values())
-        if not threads:
-            return
-        threads[0].join()
+            if not running:
+                return
+        time.sleep(poll_s)
 
 
 def main(argv: list[str] | None = None) -> int:

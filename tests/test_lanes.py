@@ -100,7 +100,7 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def test_a_sigterm_to_the_lanes_stops_each_running_job_and_lets_it_clean_up_first(tmp_path):
+def test_sigterms_to_the_lanes_stop_each_running_job_and_let_it_clean_up_first(tmp_path):
     # `timeout` signals the lanes, not the jobs (each in a session of its own): the lanes must pass the stop on, or a
     # job keeps its GPUs busy under the next command. The job traps the SIGTERM to prove it had its time to clean up.
     job = "trap 'echo done > $JOB_OUT/cleaned; exit 0' TERM; echo $$ > $JOB_OUT/pid; sleep 60 & wait"
@@ -114,6 +114,8 @@ def test_a_sigterm_to_the_lanes_stops_each_running_job_and_lets_it_clean_up_firs
         assert time.monotonic() < deadline and lanes.poll() is None, "the job never started"
         time.sleep(0.05)
     job_pid = int(pid_file.read_text())
+    lanes.send_signal(signal.SIGTERM)  # twice, as `timeout` sends it (to the lanes, then to their process group)
+    time.sleep(0.05)
     lanes.send_signal(signal.SIGTERM)
     assert lanes.wait(timeout=30) == 128 + signal.SIGTERM
     assert "stopped" in lanes.stderr.read()

@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,7 @@ from cs336_basics.training.checkpoint import CHECKPOINT_NAME
 from cs336_basics.training.metrics import MetricsLog, read_metrics
 from cs336_basics.training.restore import load_checkpoint
 from cs336_basics.training.run_folder import RUN_FILES, RunFolder
+from cs336_basics.training.signals import Interrupted, terminate_raises
 from cs336_basics.training.trainer import Trainer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -139,6 +141,23 @@ def test_a_fresh_run_into_a_finished_runs_folder_is_refused(tmp_path, base, caps
 
 
 # ---- 4. SIGINT and SIGTERM: finish the step, save at its boundary, resume exactly ----
+
+
+def test_outside_training_repeated_sigterms_are_one_request_that_raises_once():
+    # `timeout` signals the process, then its process group: the second SIGTERM must not cut short the clean-up that
+    # the first started (a sweep stopping its torchrun worker with a grace, the lanes stopping their jobs).
+    previous = signal.getsignal(signal.SIGTERM)
+    caught = []
+    with terminate_raises():
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)
+        except Interrupted as first:
+            caught.append(first.exit_code)
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.2)  # a handler runs between bytecodes: this is where a second raise would land
+    assert caught == [143]
+    assert signal.getsignal(signal.SIGTERM) is previous
 
 
 def signal_self_at_step(monkeypatch, at_step: int, signums: list[int]) -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
-import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -41,6 +40,7 @@ from cs336_basics.sweep.plan import (
     plan_sweep,
 )
 from cs336_basics.sweep.report import format_amdahl, write_outputs
+from cs336_basics.training.signals import terminate_raises
 from cs336_basics.training.trainer import WARMUP_STEPS_EXCLUDED
 
 EPILOG = """\
@@ -254,22 +254,16 @@ def _lora_main(options: SweepOptions, out_dir: Path) -> int:
         print("dry run: nothing was run.")
         return 0
     out_dir.mkdir(parents=True, exist_ok=True)
-    previous_handler = signal.signal(signal.SIGTERM, _terminate)
     try:
-        records = sweep_lora.run_lora_sweep(options, out_dir, sweep_run.run_logged)
+        with terminate_raises():
+            records = sweep_lora.run_lora_sweep(options, out_dir, sweep_run.run_logged)
     except KeyboardInterrupt:
         finished = f"{out_dir}/{sweep_lora.LORA_JSON}"
         print(f"\ninterrupted: {finished} holds the configurations that finished.", file=sys.stderr)
         return 130
-    finally:
-        signal.signal(signal.SIGTERM, previous_handler)
     print()
     print((out_dir / sweep_lora.LORA_MD).read_text())
     return 0 if len(records) >= 2 * len(points) else 1
-
-
-def _terminate(signum, frame):
-    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -291,12 +285,12 @@ def _main(argv: Sequence[str] | None) -> int:
         print("note: --quick is sized for an H100/H200; without a GPU the FP8 row is skipped and 366m is slow.")
     say = lambda line: print(line, flush=True)  # noqa: E731
     records: list[dict[str, Any]] = []
-    # A scheduler's SIGTERM takes the Ctrl-C path: the running worker (in its own session) is killed, not orphaned.
-    previous_handler = signal.signal(signal.SIGTERM, _terminate)
     try:
-        sweep_run.prepare_all_data(plan, log=say)
-        out_dir.mkdir(parents=True, exist_ok=True)
-        records = sweep_run.run_sweep(plan, options, out_dir, log=say)
+        # A scheduler's SIGTERM takes the Ctrl-C path: the running worker (in its own session) is stopped, not orphaned.
+        with terminate_raises():
+            sweep_run.prepare_all_data(plan, log=say)
+            out_dir.mkdir(parents=True, exist_ok=True)
+            records = sweep_run.run_sweep(plan, options, out_dir, log=say)
     except KeyboardInterrupt:
         if not (out_dir / "sweep.json").exists():
             print("\ninterrupted before any configuration finished; nothing was written.", file=sys.stderr)
@@ -308,8 +302,6 @@ def _main(argv: Sequence[str] | None) -> int:
             file=sys.stderr,
         )
         return 130
-    finally:
-        signal.signal(signal.SIGTERM, previous_handler)
     report, _ = write_outputs(out_dir, plot=True)
     print()
     print(report)

@@ -35,18 +35,22 @@ class StopNow(Interrupted):
     """A second Ctrl-C: the run stops where it is, without writing a checkpoint."""
 
 
-def _raise_interrupted(signum: int, frame: object) -> None:
+def _raise_interrupted_once(signum: int, frame: object) -> None:
+    # Later SIGTERMs are the same request (`timeout` signals the process, then its process group): raised again,
+    # one would cut short the clean-up the first started (stopping a worker with its grace).
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     raise Interrupted(signum)
 
 
 @contextlib.contextmanager
 def terminate_raises() -> Iterator[None]:
     """While held, SIGTERM ends the work the way Ctrl-C does (an exception the script reports) instead of killing
-    the process without a word. Signal handlers can only be set from the main thread; elsewhere this does nothing."""
+    the process without a word; the SIGTERMs after it are ignored until the block exits. Signal handlers can only be
+    set from the main thread; elsewhere this does nothing."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGTERM, _raise_interrupted)
+    previous = signal.signal(signal.SIGTERM, _raise_interrupted_once)
     try:
         yield
     finally:
