@@ -179,13 +179,13 @@ def measure(
     compile_s = time.perf_counter() - started
     if not grad_sync and built.parallel.mode != "ddp":  # --parallel auto resolved to FSDP2
         raise grad_sync_refusal(built.parallel.mode)
-    if not grad_sync:  # without its all-reduce, DDP's step is another one to dynamo and CUDA graphs: warm it up too
-        with trainer.step_model.no_sync():
-            for _ in range(warmup):
+    with contextlib.ExitStack() as held:
+        if not grad_sync:
+            held.enter_context(trainer.step_model.no_sync())
+            for _ in range(warmup):  # without its all-reduce, DDP's step is another one to dynamo and CUDA graphs
                 trainer.train_step()
-    sync = contextlib.nullcontext() if grad_sync else trainer.step_model.no_sync()
-    guards = torch.compiler.set_stance(skip_guard_eval_unsafe=True) if skip_guard_eval else contextlib.nullcontext()
-    with sync, guards:
+        if skip_guard_eval:  # after every warm-up: each compiled region has its graph by then
+            held.enter_context(torch.compiler.set_stance(skip_guard_eval_unsafe=True))
         times = host_and_wall(trainer, steps)
         phases = {name: ms for name, ms in times.items() if name not in ("wall_ms", "host_ms")}
         # Kernel times from a profile (the profiler's own host cost does not change them), against the unprofiled wall.

@@ -96,7 +96,7 @@ def run_lanes(jobs: list[Job], gpus: int, out: Path, timeout_s: float, log=print
     """Run `jobs` on GPUs 0..gpus-1 as described in the module's docstring; returns them with their outcome."""
     out.mkdir(parents=True, exist_ok=True)
     free = list(range(gpus))
-    running: dict[str, threading.Thread] = {}
+    running: set[str] = set()  # the jobs whose threads have not finished
     lock = threading.Lock()
     stop = threading.Event()
     t0 = time.perf_counter()
@@ -112,7 +112,7 @@ def run_lanes(jobs: list[Job], gpus: int, out: Path, timeout_s: float, log=print
             job.ended_s = time.perf_counter() - t0
             free.extend(job.assigned)
             free.sort()
-            del running[job.name]
+            running.discard(job.name)
         log(f"[lanes] {job.name} ended: exit {job.returncode}{' (timed out)' if job.timed_out else ''}, "
             f"{job.ended_s - job.started_s:.0f} s")  # fmt: skip
 
@@ -126,7 +126,7 @@ def run_lanes(jobs: list[Job], gpus: int, out: Path, timeout_s: float, log=print
                         job.assigned, free[:] = free[: job.gpus], free[job.gpus :]
                         job.started_s = time.perf_counter() - t0
                         thread = threading.Thread(target=run, args=(job,))
-                        running[job.name] = thread
+                        running.add(job.name)
                         log(f"[lanes] {job.name} started on GPU {','.join(map(str, job.assigned))}"
                             f"{' alone' if job.alone else ''}")  # fmt: skip
                         thread.start()
@@ -146,7 +146,7 @@ def run_lanes(jobs: list[Job], gpus: int, out: Path, timeout_s: float, log=print
     return jobs
 
 
-def _wait_for_all(running: dict[str, threading.Thread], lock: threading.Lock, poll_s: float) -> None:
+def _wait_for_all(running: set[str], lock: threading.Lock, poll_s: float) -> None:
     """Until every started job's thread has finished. Polled, not Thread.join(): a signal's exception raised inside
     join() left the thread marked as stopped while it still ran (CPython 3.11), and the interpreter then exits
     without waiting for it, its job never stopped."""
