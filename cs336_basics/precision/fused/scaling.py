@@ -321,11 +321,15 @@ class DelayedScalingState(nn.Module):
             self.reduce_amax(amax)
         self.history[:, :, self.cursor] = amax.view(len(self.sites), 3)
         amax = self.history.amax(dim=-1) if self.algo == "max" else self.history[:, :, self.cursor]
-        old = torch.stack([site.scale for site in self.sites])
+        old = self._scales()
         # A role with no amax recorded yet (all-zero history) keeps its scale.
         new = torch.where(amax > 0, self.limits / (amax * 2.0**self.margin), old)
         self._set_scales(new)
         torch._foreach_zero_(rows)
+
+    def _scales(self) -> torch.Tensor:
+        """Every site's scales, (sites, 3): what _set_scales writes."""
+        return torch.stack([site.scale for site in self.sites])
 
     def _set_scales(self, scales: torch.Tensor) -> None:
         """Every site's scales from `scales` (sites, 3), and their inverses."""
@@ -341,9 +345,9 @@ class DelayedScalingState(nn.Module):
         return total
 
     def scaling_state(self) -> dict:
-        scale = torch.stack([site.scale for site in self.sites])
         return {
-            "history": self.history.cpu(), "scale": scale.cpu(), "cursor": self.cursor, "step_tokens": self.step_tokens,
+            "history": self.history.cpu(), "scale": self._scales().cpu(), "cursor": self.cursor,
+            "step_tokens": self.step_tokens,
         }  # fmt: skip
 
     @torch.no_grad()
@@ -366,6 +370,6 @@ class DelayedScalingState(nn.Module):
         as large. A role with no amax recorded yet keeps its initial scale, as update() leaves it."""
         grad = self.history[:, GRAD]
         grad.mul_(factor)
-        scales = torch.stack([site.scale for site in self.sites])
+        scales = self._scales()
         scales[:, GRAD] = torch.where(grad.amax(dim=-1) > 0, scales[:, GRAD] / factor, scales[:, GRAD])
         self._set_scales(scales)
