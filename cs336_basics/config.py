@@ -421,6 +421,13 @@ class TrainConfig:
         "step for about one more unsharded copy of the weights per GPU. The last block keeps them either way (its "
         "backward comes right after its forward)",
     )  # fmt: skip
+    fsdp_blocks_per_unit: int = setting(
+        2, "under --parallel fsdp: consecutive transformer blocks sharded as one FSDP2 unit (one all-gather and one "
+        "reduce-scatter for them all, and one set of FSDP2's hooks): fewer, larger collectives and less host work a "
+        "step, for up to this many blocks' gathered weights at a time. 2: FSDP2's step at small batches waits for "
+        "the slowest rank's host, and halving its hooks made FP8 pay there (INDEX.md: 2026-11-28-fsdp2-units-x4-4xh200)",
+        check=at_least(1),
+    )  # fmt: skip
     dist_timeout_s: int = setting(
         600, "under torchrun: seconds a rank waits for the others in a collective before the run fails (a rank "
         "that is stuck or gone never leaves the others hanging)", check=at_least(1),

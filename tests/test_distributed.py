@@ -215,8 +215,11 @@ def runs(tmp_path_factory):
     launches["ddp_delayed_resumed"] = torchrun(["--resume", "--max_steps", "3", "--out_dir", root / "ddp_delayed_cut"])
     done["failed_checkpoint_step"] = read_checkpoint(root / "failed" / CHECKPOINT_NAME)["step"]
     shutil.copytree(root / "failed", root / "two_then_one")
+    shutil.copytree(root / "failed", root / "regrouped")
     # The failed run resumed as it was launched (its config.json has every setting) ...
     launches["resumed"] = torchrun(["--resume", "--out_dir", root / "failed"])
+    # ... and with its blocks sharded one per FSDP2 unit instead of the default's two (the shards are per parameter).
+    launches["regrouped"] = torchrun(["--resume", "--fsdp_blocks_per_unit", "1", "--out_dir", root / "regrouped"])
     # ... and its sharded checkpoint resumed by one process.
     one_process(["--resume", "--parallel", "auto", *ONE_PROCESS, "--out_dir", root / "two_then_one"])
     done |= {name: launch.wait() for name, launch in launches.items()}
@@ -364,6 +367,17 @@ def test_resume_at_two_ranks_reproduces_the_uninterrupted_run(runs):
     root, done = runs
     done["resumed"].assert_succeeded()
     assert_same_losses(metrics(root / "failed"), metrics(root / "fsdp"), rel=None)
+
+
+@pytest.mark.slow
+def test_an_fsdp_checkpoint_resumes_with_another_number_of_blocks_per_unit(runs):
+    """A checkpoint written with two blocks per FSDP2 unit (the default) resumed with one, as a run from before the
+    default changed resumes with two: the uninterrupted run's losses."""
+    root, done = runs
+    done["regrouped"].assert_succeeded()
+    assert "2 blocks per FSDP2 unit" in done["fsdp"].stdout  # the uninterrupted run (and the cut one) grouped two
+    assert "blocks per FSDP2 unit" not in done["regrouped"].stdout
+    assert_same_losses(metrics(root / "regrouped"), metrics(root / "fsdp"), rel=None)
 
 
 @pytest.mark.slow
@@ -617,6 +631,34 @@ def test_fp8_all_gather_only_when_asked_under_fsdp_with_tensorwise():
     assert not torchao_float8_config(asked.fp8).enable_fsdp_float8_all_gather
 
 
+def _fsdp_grads_per_unit_size(rank: int) -> dict[int, list[torch.Tensor]]:
+    """The tiny model (3 blocks) under FSDP2 on this rank's batch, with 1, 2 and 3 blocks per unit: its loss and its
+    parameters' full gradients after one backward."""
+    from tiny import tiny_model
+
+    from cs336_basics.model import TransformerLM
+
+    results = {}
+    for size in (1, 2, 3):
+        torch.manual_seed(0)  # the same initial weights on both ranks and for every unit size
+        model = TransformerLM(tiny_model(n_layers=3))
+        plan = two_rank_plan(config(parallel="fsdp", fsdp_blocks_per_unit=size))
+        wrap.parallelize(model, model, plan, torch.device("cpu"))
+        ids = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(1 + rank))
+        loss = model(ids[:, :-1], ids[:, 1:])
+        loss.backward()
+        results[size] = [loss.detach(), *(p.grad.full_tensor() for p in model.parameters())]
+    return results
+
+
+def test_fsdp_blocks_per_unit_groups_blocks_and_leaves_the_gradients_as_they_were(tmp_path):
+    """FSDP2 (gloo, 2 processes) with 2 or 3 blocks per unit (3 blocks: a unit of 2 and one of 1, or one of 3): the
+    same loss and gradients as one block per unit."""
+    for got in on_two_gloo_ranks(_fsdp_grads_per_unit_size, tmp_path):
+        for size in (2, 3):
+            torch.testing.assert_close(got[size], got[1], rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("reshard", [True, False])
 def test_fsdp_blocks_reshard_after_forward_as_configured_but_the_last(monkeypatch, reshard):
     import torch.distributed.device_mesh
@@ -625,7 +667,7 @@ def test_fsdp_blocks_reshard_after_forward_as_configured_but_the_last(monkeypatc
     calls = []
     monkeypatch.setattr(torch.distributed.device_mesh, "init_device_mesh", lambda *args, **kwargs: "mesh")
     monkeypatch.setattr(torch.distributed.fsdp, "fully_shard", lambda module, **kwargs: calls.append((module, kwargs)))
-    plan = two_rank_plan(config(parallel="fsdp", fsdp_reshard_after_forward=reshard))
+    plan = two_rank_plan(config(parallel="fsdp", fsdp_reshard_after_forward=reshard, fsdp_blocks_per_unit=1))
     model = torch.nn.Module()
     model.layers = torch.nn.ModuleList(torch.nn.Linear(2, 2) for _ in range(3))
     wrap.parallelize(model, model, plan, torch.device("cpu"))
@@ -633,6 +675,33 @@ def test_fsdp_blocks_reshard_after_forward_as_configured_but_the_last(monkeypatc
     assert [kwargs.get("reshard_after_forward") for _, kwargs in calls] == [reshard, reshard, False, None]
     kept = "blocks keep their gathered weights from forward to backward"
     assert (kept in plan.summary_line()) is not reshard
+    # Two blocks per unit (the default): the first two sharded together, the last alone (kept gathered for its
+    # backward).
+    calls.clear()
+    plan = two_rank_plan(config(parallel="fsdp", fsdp_reshard_after_forward=reshard))
+    wrap.parallelize(model, model, plan, torch.device("cpu"))
+    assert [module for module, _ in calls] == [list(model.layers[:2]), model.layers[2], model]
+    assert [kwargs.get("reshard_after_forward") for _, kwargs in calls] == [reshard, False, None]
+    assert "2 blocks per FSDP2 unit" in plan.summary_line()
+    # The default is not "asked for"; another value is, and DDP does not use it.
+    assert "--fsdp_blocks_per_unit" not in two_rank_plan(config(parallel="ddp")).summary_line()
+    ddp = two_rank_plan(config(parallel="ddp", fsdp_blocks_per_unit=3))
+    assert "not used here: --fsdp_blocks_per_unit" in ddp.summary_line()
+
+
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_the_embedding_and_output_are_compiled_regions_in_every_mode(parallel):
+    """Under FSDP2 too (the root's own forward stays eager): an eager loss there upcast the whole logits tensor."""
+    from tiny import tiny_model
+
+    from cs336_basics.model import TransformerLM
+
+    model = TransformerLM(tiny_model())
+    eager_output = model.output
+    wrap.compile_for_training(model, two_rank_plan(config(parallel=parallel)), "default", "blocks", "python")
+    compiled = [model.output, model.token_embeddings.forward, *(block.forward for block in model.layers)]
+    assert all(hasattr(fn, "_torchdynamo_orig_callable") for fn in compiled)
+    assert model.output._torchdynamo_orig_callable == eager_output
 
 
 def test_each_rank_reads_its_rows_of_the_global_batch():
@@ -783,7 +852,10 @@ def gpu_runs(tmp_path_factory):
     )
     done = {"failed": launches.pop("failed").wait(600)}
     shutil.copytree(root / "failed", root / "two_then_one")
+    shutil.copytree(root / "failed", root / "regrouped")
     launches["resumed"] = torchrun(["--resume", "--out_dir", root / "failed"])
+    # ... and with its blocks sharded one per FSDP2 unit instead of the default's two (the shards are per parameter).
+    launches["regrouped"] = torchrun(["--resume", "--fsdp_blocks_per_unit", "1", "--out_dir", root / "regrouped"])
     one_process(["--resume", "--parallel", "auto", *ONE_PROCESS, "--out_dir", root / "two_then_one"])
     done |= {name: launch.wait(600) for name, launch in launches.items()}
     return root, done

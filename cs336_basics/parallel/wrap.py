@@ -1,10 +1,10 @@
 """--parallel: which data-parallel mode a run uses, and the model wrapped and compiled for it.
 
 The model itself holds no parallelism code. The Trainer applies, in order: the built model (already on its device,
-BF16 and FP8-converted) -> `compile_for_training` -> `parallelize` (DDP wrapper, or FSDP2's `fully_shard` per
-transformer block and the root) -> the optimizer over the (possibly sharded) parameters. Compiling first is
+BF16 and FP8-converted) -> `compile_for_training` -> `parallelize` (DDP wrapper, or FSDP2's `fully_shard` per unit
+of consecutive blocks and the root) -> the optimizer over the (possibly sharded) parameters. Compiling first is
 torchtitan's order, and under DDP the one that keeps fullgraph. This package's model is compiled by region, in
-place (each block's forward and, but under FSDP2, the embedding and the output: `compile_for_training`):
+place (each block's forward, the embedding and the output: `compile_for_training`):
 
 - DDP replicates the model; gradients are all-reduced in buckets while backward still runs (DDP's reducer hooks),
   with no search for unused parameters (every parameter gets a gradient every step). DDP wraps the model whose
@@ -16,12 +16,16 @@ place (each block's forward and, but under FSDP2, the embedding and the output: 
   micro-batch skips it, and each rank's sums, kept outside the graphs' memory, are averaged once after the last
   (`graph_accumulation_reduce`; training/accumulation.py says why).
 - FSDP2 shards each block's parameters (and so its gradients, fp32 masters and AdamW moments, which the optimizer
-  keeps per local shard) over the ranks, all-gathering a block's weights just before it runs. The parameters stay
+  keeps per local shard) over the ranks, all-gathering a unit's weights just before its first block runs. A unit is
+  --fsdp_blocks_per_unit consecutive blocks (2 by default): each unit costs FSDP2's hooks and collectives on the
+  host every step, and at small batches the step waits for the slowest rank's host. The parameters stay
   in the weight dtype (BF16 on GPU): all-gathers move BF16 and gradients are reduce-scattered in BF16, as DDP
   all-reduces them and as one GPU accumulates them; the fp32 masters take the averaged gradient. Each block's
   forward is compiled on its own (fullgraph): FSDP2's all-gather and reshard hooks, registered on the block module,
-  run around it, outside the graph. The root's own forward (embedding, final norm, lm_head, loss) runs eager: it
-  calls the blocks, whose hooks a fullgraph compile could not trace.
+  run around it, outside the graph. The root's own forward runs eager (it calls the blocks, whose hooks a fullgraph
+  compile could not trace), but the embedding and the output (final norm, lm_head, loss) it calls are compiled
+  regions of their own, as without FSDP2: the root's all-gather has run by then, so they see gathered weights, and
+  the loss never materialises fp32 logits.
   With FP8 the weights are all-gathered in BF16 and cast inside the compiled blocks, by either FP8 path (the fused
   path's linears read their weights when they run, so they see FSDP2's gathered ones), unless
   --fp8_all_gather: then torchao casts each shard to FP8 before its all-gather, in its own eager kernels, outside
@@ -42,7 +46,7 @@ import torch
 from torch import nn
 
 from cs336_basics.compiled import compile_options, write_shared_fp8_gemm_inputs_once
-from cs336_basics.config import RunConfig
+from cs336_basics.config import RunConfig, TrainConfig
 from cs336_basics.errors import ConfigError
 from cs336_basics.parallel.world import World, all_reduce_
 
@@ -65,6 +69,7 @@ class ParallelPlan:
     fp8_all_gather: bool = False  # FSDP2 all-gathers FP8 weights (torchao's tensorwise recipe)
     ddp_bucket_mb: int = 25  # gradient megabytes per DDP all-reduce bucket
     reshard_after_forward: bool = True  # FSDP2 frees a block's gathered weights after its forward
+    blocks_per_unit: int = 1  # FSDP2: consecutive blocks sharded (gathered, reduced) as one unit
     unused_flags: tuple[str, ...] = ()  # FSDP2 settings this run asked for that its mode does not use
 
     def summary_line(self) -> str:
@@ -80,6 +85,8 @@ class ParallelPlan:
                 if self.reshard_after_forward
                 else "; blocks keep their gathered weights from forward to backward"
             )
+            if self.blocks_per_unit > 1:
+                line += f"; {self.blocks_per_unit} blocks per FSDP2 unit"
         return line
 
     def memory_line(self) -> str:
@@ -148,7 +155,7 @@ def resolve_parallel(config: RunConfig, world: World, device: torch.device, n_pa
     return ParallelPlan(
         mode, world, reason, per_rank, device_gib, fp8_all_gather=_fp8_all_gather(config, mode),
         ddp_bucket_mb=config.train.ddp_bucket_mb, reshard_after_forward=config.train.fsdp_reshard_after_forward,
-        unused_flags=_unused(config, mode),
+        blocks_per_unit=config.train.fsdp_blocks_per_unit, unused_flags=_unused(config, mode),
     )  # fmt: skip
 
 
@@ -165,6 +172,8 @@ def _unused(config: RunConfig, mode: str) -> tuple[str, ...]:
         unused.append("--fp8_all_gather")
     if not config.train.fsdp_reshard_after_forward and mode != FSDP:
         unused.append("--no_fsdp_reshard_after_forward")
+    if config.train.fsdp_blocks_per_unit != TrainConfig.fsdp_blocks_per_unit and mode != FSDP:
+        unused.append("--fsdp_blocks_per_unit")
     return tuple(unused)
 
 
@@ -172,11 +181,11 @@ def compile_for_training(model: nn.Module, plan: ParallelPlan, mode: str, scope:
     """`model` compiled for the training step in `mode` with inductor's `wrapper` (compiled.compile_options), before
     it is parallelized. `scope` "model" (compiled.resolve_compile_scope refuses it under FSDP2): one graph, in a
     torch.compile wrapper. "blocks", for this package's TransformerLM: compiled by region, in place: each block's
-    forward and, but under FSDP2, the embedding and the output (final norm, lm_head and loss). The blocks are one
+    forward, the embedding and the output (final norm, lm_head and loss). The blocks are one
     class of one shape, so dynamo compiles the first and reuses its code for the rest: compile time no longer grows
     with depth. The whole-model graph compiled several times as long (FP8's most) and its step ran a little faster,
     in BF16 and FP8 alike, for its fusions across the blocks' boundaries
-    (INDEX.md: 2026-11-26-regional-compile). Under FSDP2 the root's forward stays eager as it must: it
+    (INDEX.md: 2026-11-26-regional-compile). Under FSDP2 the root's own forward stays eager as it must: it
     calls the blocks, whose hooks a fullgraph compile could not trace."""
     write_shared_fp8_gemm_inputs_once()
     options = compile_options(mode, wrapper)
@@ -185,9 +194,8 @@ def compile_for_training(model: nn.Module, plan: ParallelPlan, mode: str, scope:
     for block in model.layers:
         # The instance attribute shadows the class's forward: nn.Module.__call__ runs any hooks (FSDP2's), then this.
         block.forward = torch.compile(block.forward, **options)
-    if plan.mode != FSDP:
-        model.token_embeddings.forward = torch.compile(model.token_embeddings.forward, **options)
-        model.output = torch.compile(model.output, **options)
+    model.token_embeddings.forward = torch.compile(model.token_embeddings.forward, **options)
+    model.output = torch.compile(model.output, **options)
     return model
 
 
@@ -225,11 +233,12 @@ def parallelize(model: nn.Module, compiled: nn.Module, plan: ParallelPlan, devic
         dtype = next(model.parameters()).dtype
         # Parameters are already in the weight dtype: all-gather and reduce-scatter in it (see the module docstring).
         policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=dtype)
-        last = len(model.layers) - 1
-        for i, block in enumerate(model.layers):
-            # The last block's backward follows its forward at once: re-gathering its weights would only cost.
-            reshard = plan.reshard_after_forward and i < last
-            fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
+        blocks, size = list(model.layers), plan.blocks_per_unit
+        units = [blocks[i : i + size] for i in range(0, len(blocks), size)]
+        for i, unit in enumerate(units):
+            # The last unit's backward follows its forward at once: re-gathering its weights would only cost.
+            reshard = plan.reshard_after_forward and i < len(units) - 1
+            fully_shard(unit[0] if len(unit) == 1 else unit, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
         # The embedding, final norm and lm_head. FSDP2 never reshards the root after forward.
         fully_shard(model, mesh=mesh, mp_policy=policy)
         return model

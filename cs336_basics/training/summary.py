@@ -123,8 +123,6 @@ def _compile_line(config: RunConfig, par: ParallelPlan) -> str:
         return "off (eager)"
     if t.compile_scope == "model":
         scope = "the whole model"
-    elif par.mode == FSDP:
-        scope = "per block, the root eager"
     else:
         scope = "per block (one graph for all blocks), the embedding and the output apart"
     wrapper = ", C++ wrapper" if t.compile_wrapper == "cpp" else ""
