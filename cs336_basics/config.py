@@ -425,7 +425,8 @@ class TrainConfig:
         2, "under --parallel fsdp: consecutive transformer blocks sharded as one FSDP2 unit (one all-gather and one "
         "reduce-scatter for them all, and one set of FSDP2's hooks): fewer, larger collectives and less host work a "
         "step, for up to this many blocks' gathered weights at a time. 2: FSDP2's step at small batches waits for "
-        "the slowest rank's host, and halving its hooks made FP8 pay there (INDEX.md: 2026-11-28-fsdp2-units-x4-4xh200)",
+        "the slowest rank's host, and halving its hooks sped up every FSDP2 run measured "
+        "(INDEX.md: 2026-11-28-fsdp2-units-x4-4xh200, 2026-11-28-fsdp2-units-merge-h200)",
         check=at_least(1),
     )  # fmt: skip
     dist_timeout_s: int = setting(
