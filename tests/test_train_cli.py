@@ -2,6 +2,7 @@
 
 import ast
 import json
+import statistics
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +13,7 @@ from tiny import TINY_FLAGS
 import train_h100
 from cs336_basics.training.metrics import read_metrics
 from cs336_basics.training.restore import load_checkpoint
+from cs336_basics.training.trainer import WARMUP_STEPS_EXCLUDED
 
 TINY = TINY_FLAGS
 
@@ -58,6 +60,9 @@ def test_smoke_run_writes_every_artifact_and_learns(tmp_path, token_files, capsy
     median_ms = 1e3 * tokens_per_step / result["tokens_per_sec"]
     assert 0 < result["step_ms_p10"] <= result["step_ms_p90"]
     assert result["step_ms_p10"] - 1e-6 <= median_ms <= result["step_ms_p90"] + 1e-6  # the spread of that median
+    # Every step after the first WARMUP_STEPS_EXCLUDED (compile and warm-up), in order: their median is tokens/s's.
+    assert len(result["step_ms"]) == 30 - WARMUP_STEPS_EXCLUDED
+    assert statistics.median(result["step_ms"]) == pytest.approx(median_ms, rel=1e-4)
     saved = json.loads((out / "config.json").read_text())
     assert saved["model"]["dim"] == 32
     # What auto chose is chosen again on resume (another machine or world size may choose otherwise).

@@ -136,7 +136,7 @@ def run_record(config: RunConfig, status: str = "ok", **measured: Any) -> dict[s
 def result_record(config: RunConfig, result: Any, **extra: Any) -> dict[str, Any]:
     """The record of a finished training run (a trainer.TrainResult)."""
     measured = ("tokens_per_sec", "mfu", "peak_mem_gib", "compile_s", "loss", "val_loss", "steps", "tokens",
-                "step_ms_p10", "step_ms_p90")  # fmt: skip
+                "step_ms_p10", "step_ms_p90", "step_ms")  # fmt: skip
     return run_record(config, **{name: getattr(result, name) for name in measured}, **extra)
 
 

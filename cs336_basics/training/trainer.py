@@ -105,6 +105,8 @@ class TrainResult:
     # Apart, they tell slow steps among fast ones (a pause, another process) from every step being slow.
     step_ms_p10: float | None = None
     step_ms_p90: float | None = None
+    # Every timed step's time in ms, in order: whether slow steps come in bursts, at a period or at random.
+    step_ms: list[float] = field(default_factory=list)
 
 
 @dataclass
@@ -473,6 +475,7 @@ class Trainer:
             checkpoint_path=str(self.checkpoint_path) if self.saved_step is not None else None,
             step_ms_p10=1e3 * spread[0] if spread else None,
             step_ms_p90=1e3 * spread[-1] if spread else None,
+            step_ms=[round(1e3 * seconds, 3) for seconds in times],
         )
 
     def _stop(self, stop: GracefulStop) -> None:
