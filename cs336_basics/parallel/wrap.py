@@ -69,7 +69,7 @@ class ParallelPlan:
     fp8_all_gather: bool = False  # FSDP2 all-gathers FP8 weights (torchao's tensorwise recipe)
     ddp_bucket_mb: int = 25  # gradient megabytes per DDP all-reduce bucket
     reshard_after_forward: bool = True  # FSDP2 frees a block's gathered weights after its forward
-    blocks_per_unit: int = 1  # FSDP2: consecutive blocks sharded (gathered, reduced) as one unit
+    blocks_per_unit: int = 2  # FSDP2: consecutive blocks sharded (gathered, reduced) as one unit
     unused_flags: tuple[str, ...] = ()  # FSDP2 settings this run asked for that its mode does not use
 
     def summary_line(self) -> str:
