@@ -852,10 +852,7 @@ def gpu_runs(tmp_path_factory):
     )
     done = {"failed": launches.pop("failed").wait(600)}
     shutil.copytree(root / "failed", root / "two_then_one")
-    shutil.copytree(root / "failed", root / "regrouped")
     launches["resumed"] = torchrun(["--resume", "--out_dir", root / "failed"])
-    # ... and with its blocks sharded one per FSDP2 unit instead of the default's two (the shards are per parameter).
-    launches["regrouped"] = torchrun(["--resume", "--fsdp_blocks_per_unit", "1", "--out_dir", root / "regrouped"])
     one_process(["--resume", "--parallel", "auto", *ONE_PROCESS, "--out_dir", root / "two_then_one"])
     done |= {name: launch.wait(600) for name, launch in launches.items()}
     return root, done

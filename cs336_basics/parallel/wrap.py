@@ -238,6 +238,7 @@ def parallelize(model: nn.Module, compiled: nn.Module, plan: ParallelPlan, devic
         for i, unit in enumerate(units):
             # The last unit's backward follows its forward at once: re-gathering its weights would only cost.
             reshard = plan.reshard_after_forward and i < len(units) - 1
+            # A unit of one block is sharded as the block itself, so one block per unit is FSDP2 as it was before.
             fully_shard(unit[0] if len(unit) == 1 else unit, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
         # The embedding, final norm and lm_head. FSDP2 never reshards the root after forward.
         fully_shard(model, mesh=mesh, mp_policy=policy)
