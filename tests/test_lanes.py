@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
+from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -123,3 +126,22 @@ def test_sigterms_to_the_lanes_stop_each_running_job_and_let_it_clean_up_first(t
     assert (tmp_path / "out" / "long" / "cleaned").read_text() == "done\n"
     recorded = {job["name"]: job for job in json.loads((tmp_path / "out" / "lanes.json").read_text())["jobs"]}
     assert recorded["long"]["stopped"] and recorded["never"]["started_s"] is None
+
+
+TESTS = Path(__file__).resolve().parent
+# A GPU test is marked on its own line (a decorator) or for its whole file.
+GPU_MARK = re.compile(r"^(@pytest\.mark\.gpu|pytestmark = pytest\.mark\.gpu)$", re.MULTILINE)
+
+
+def test_the_gpu_tier_jobs_run_every_file_with_gpu_tests_once():
+    """tests/gpu-tier-*.jobs split the GPU tier over one 4-GPU host's GPUs; a file of GPU tests they leave out would
+    never run there. Each file is named once, but test_distributed.py: its 4-GPU chain in a job of 4 GPUs, the rest
+    in a job of 2, by complementary -k expressions."""
+    with_gpu_tests = {path.name for path in TESTS.glob("test_*.py") if GPU_MARK.search(path.read_text())}
+    jobs = [job for part in (1, 2) for job in parse_jobs((TESTS / f"gpu-tier-{part}.jobs").read_text(), gpus=4)]
+    named = Counter(name for job in jobs for name in re.findall(r"\btests/(test_\w+\.py)\b", job.command))
+    assert set(named) == with_gpu_tests
+    assert {name for name, count in named.items() if count > 1} == {"test_distributed.py"}
+    assert all(" -m gpu " in job.command for job in jobs)
+    distributed = sorted((job.gpus, job.command.split(" -k ")[1]) for job in jobs if "test_distributed" in job.command)
+    assert distributed == [(2, '"not four"'), (4, "four")]
