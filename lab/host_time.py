@@ -36,6 +36,13 @@ synchronisation inside them:
                  time of their own per step, from the profiler's CPU activity over --steps more steps, each step
                  started on an idle GPU so that no launch waits for a full launch queue: what to cut where the step
                  is host-bound (compare a BF16 and an FP8 row)
+  python_areas_ms, top_python
+                 with --top_python N: the host's time per step in Python functions' own code (cProfile over --steps more
+                 steps, each started on an idle GPU) summed by where the code lives (FSDP2, DTensor, dynamo,
+                 AOTAutograd, autograd, inductor's generated wrappers, this package, ...; "C functions" is time inside C
+                 calls: torch's ops, kernel launches), and the N functions with the most. The ops above say which
+                 kernels' launches cost; this says which Python layer around them does. cProfile's own cost falls on
+                 Python calls, so compare the rows of one run, not the milliseconds with host_ms
 
 Random token arrays (host time does not depend on the text). All configurations run in this process, one after the
 other; compare rows of one run only. Under torchrun every rank measures and rank 0 reports its own (and the
@@ -51,13 +58,17 @@ other; compare rows of one run only. Under torchrun every rank measures and rank
         --fp8_path torchao,fused --top_ops 20               # FSDP2's step, each FP8 path
     torchrun --standalone --nproc_per_node 2 -m lab.host_time --presets 1.3b --parallel fsdp \
         --fsdp_reshard_after_forward on,off --skip_guard_eval off,on   # FSDP2's levers on the host
+    torchrun --standalone --nproc_per_node 2 -m lab.host_time --presets 1.3b --parallel fsdp --compile auto \
+        --top_python 25                                     # which Python layer FSDP2's host-bound FP8 step spends in
 """
 
 from __future__ import annotations
 
 import contextlib
+import cProfile
 import functools
 import itertools
+import pstats
 import sys
 import time
 from collections import defaultdict
@@ -136,6 +147,61 @@ def top_host_ops(step: Callable[[], Any], steps: int, n: int, synchronize: Calla
     return [{"op": e.key, "self_cpu_ms": e.self_cpu_time_total / 1e3 / steps, "calls": e.count / steps} for e in ranked]
 
 
+# Where a Python function's own time is counted: the first of these path fragments its file holds (pstats names C
+# functions' file "~").
+PYTHON_AREAS = (
+    ("/torch/distributed/fsdp/", "FSDP2"),
+    ("/torch/distributed/tensor/", "DTensor"),
+    ("/torch/distributed/", "torch.distributed"),
+    ("/torch/_dynamo/", "dynamo"),
+    ("/torch/_inductor/", "inductor"),
+    ("/torch/_functorch/", "AOTAutograd"),
+    ("/torch/autograd/", "autograd"),
+    ("/torch/nn/", "torch.nn"),
+    ("/torch/", "torch, other"),
+    ("/triton/", "triton"),
+    ("/cs336_basics/", "cs336_basics"),
+)
+GENERATED = "inductor's generated code"  # the Python wrappers of compiled graphs, written into inductor's cache
+
+
+def python_area(filename: str, generated_root: str | None = None) -> str:
+    """The PYTHON_AREAS name of a pstats file name: GENERATED below `generated_root` (inductor's cache folder),
+    "C functions" for built-ins, "other" for the rest."""
+    if filename == "~":
+        return "C functions"
+    path = filename.replace("\\", "/")
+    if generated_root and path.startswith(generated_root.replace("\\", "/").rstrip("/") + "/"):
+        return GENERATED
+    return next((name for fragment, name in PYTHON_AREAS if fragment in path), "other")
+
+
+def python_profile(step: Callable[[], Any], steps: int, n: int, synchronize: Callable[[], Any] = lambda: None):
+    """Per step of `steps` calls of `step` under cProfile: {"python_areas_ms": {area: own time in ms}, most first;
+    "top_python": the `n` functions with the most own time, [{"function", "self_ms", "calls"}]}. `synchronize` runs
+    before each step, outside the profile (as in top_host_ops)."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    generated_root = cache_dir()
+    profile = cProfile.Profile()
+    for _ in range(steps):
+        synchronize()
+        profile.enable()
+        try:
+            step()
+        finally:
+            profile.disable()
+    areas: dict[str, float] = defaultdict(float)
+    functions = []
+    for (filename, line, name), (_, calls, own_s, _, _) in pstats.Stats(profile).stats.items():
+        areas[python_area(filename, generated_root)] += own_s * 1e3 / steps
+        where = name if filename == "~" else f"{filename.rsplit('site-packages/', 1)[-1]}:{line}({name})"
+        functions.append({"function": where, "self_ms": own_s * 1e3 / steps, "calls": calls / steps})
+    functions.sort(key=lambda f: f["self_ms"], reverse=True)
+    return {"python_areas_ms": dict(sorted(areas.items(), key=lambda kv: kv[1], reverse=True)),
+            "top_python": functions[:n]}  # fmt: skip
+
+
 def collective_time(events: list[Any], steps: int) -> dict[str, float | None]:
     """Per step, from a profile's events over `steps` steps: comm_ms, the time some collective (NCCL) kernel ran, and
     exposed_comm_ms, the time collectives ran with no other kernel beside them; collective_calls, the host's calls of
@@ -166,6 +232,7 @@ def measure(
     settings: dict[str, dict[str, Any]] | None = None,
     grad_sync: bool = True,
     skip_guard_eval: bool = False,
+    top_python: int = 0,
 ) -> dict[str, Any]:
     """One configuration's record (the module's docstring lists its fields). `settings`: more config settings by
     section (probe.warmed_up_preset). `grad_sync` False, under DDP only: the timed and profiled steps skip the
@@ -210,6 +277,8 @@ def measure(
         )
         if top_ops:
             record["top_host_ops"] = top_host_ops(trainer.train_step, steps, top_ops, torch.cuda.synchronize)
+        if top_python:
+            record.update(python_profile(trainer.train_step, steps, top_python, torch.cuda.synchronize))
     record.update(every_rank(record))
     del trainer, built
     release_memory()
@@ -226,6 +295,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=positive_int, default=8, help="steps before timing (compile included)")
     parser.add_argument("--steps", type=positive_int, default=20, help="timed steps")
     parser.add_argument("--top_ops", type=int, default=0, help="also list the N ops with the most host time per step")
+    parser.add_argument(
+        "--top_python", type=int, default=0, help="also sum the host's Python time per step by library (FSDP2, "
+        "dynamo, ...) and list the N functions with the most (cProfile)",
+    )  # fmt: skip
     parser.add_argument(
         "--compile_wrappers", default="auto", help=f"inductor's wrappers, comma-separated, from {COMPILE_WRAPPERS}"
     )
@@ -285,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
                 for fp8 in fp8_choices if precision == "fp8" else [{}]:
                     settings = {"train": {**parallel, **bucket}, "fp8": fp8}
                     yield measure(preset, precision == "fp8", mode, args.warmup, args.steps, args.top_ops, wrapper,
-                                  settings, sync, skip)  # fmt: skip
+                                  settings, sync, skip, args.top_python)  # fmt: skip
 
     return run_probe(args, "the host-time profile", "it measures CUDA training steps", measure_all, describe)
 
@@ -340,6 +413,11 @@ def describe(record: Record) -> str:
     )
     ops = [f"    {op['self_cpu_ms']:8.3f} ms/step {op['calls']:8.1f} calls/step  {op['op']}"
            for op in record.get("top_host_ops", [])]  # fmt: skip
+    if "python_areas_ms" in record:
+        areas = ", ".join(f"{area} {ms:.2f}" for area, ms in record["python_areas_ms"].items())
+        ops.append(f"    Python's own time, ms/step (under cProfile): {areas}")
+        ops += [f"    {f['self_ms']:8.3f} ms/step {f['calls']:8.1f} calls/step  {f['function']}"
+                for f in record["top_python"]]  # fmt: skip
     return "\n".join([line, *ops])
 
 

@@ -56,10 +56,12 @@ def test_grad_sync_off_is_refused_before_any_build_where_no_row_runs_ddp(
 def test_a_profile_of_real_steps_accounts_for_the_host_time():
     dynamic = {"fp8": {"fp8_scaling": "dynamic"}}  # one process's default is delayed
     record = host_time.measure(
-        "cpu-small", fp8=True, compile_mode="default", warmup=3, steps=4, top_ops=5, settings=dynamic
+        "cpu-small", fp8=True, compile_mode="default", warmup=3, steps=4, top_ops=5, settings=dynamic, top_python=3
     )
     assert record["fp8_scaling"] == "dynamic" and record["grad_sync"]
     assert len(record["top_host_ops"]) == 5 and all(op["calls"] > 0 for op in record["top_host_ops"])
+    assert len(record["top_python"]) == 3 and record["python_areas_ms"]["cs336_basics"] > 0  # the Trainer's own code
+    assert "Python's own time, ms/step" in host_time.describe(record)
     assert record["status"] == "ok" and record["precision"].startswith("fp8") and record["timed_steps"] == 4
     assert record["compile_wrapper"] == "cpp"  # auto's choice without CUDA graphs on a GPU
     phases = [record[f"{phase}_ms"] for phase in ("batch", "forward", "optimizer", "scaling_update")]
@@ -91,6 +93,67 @@ def test_the_ops_with_the_most_host_time_are_ranked_per_step():
     assert len(synchronized) == 4  # before each step
     assert [op["op"] for op in ops][0] == "aten::mm" and ops[0]["calls"] == 3.0
     assert ops[0]["self_cpu_ms"] >= ops[1]["self_cpu_ms"] > 0 and len(ops) == 2
+
+
+def _busy_python(n: int) -> int:
+    return sum(i * i for i in range(n))
+
+
+def test_python_time_is_summed_by_library_and_its_functions_ranked_per_step():
+    synchronized = []
+    profile = host_time.python_profile(
+        lambda: _busy_python(100_000), steps=3, n=20, synchronize=lambda: synchronized.append(1)
+    )
+    assert len(synchronized) == 3  # before each step, outside the profile
+    top = {f["function"].rsplit("/", 1)[-1]: f for f in profile["top_python"]}
+    ranked = [f["self_ms"] for f in profile["top_python"]]
+    assert ranked == sorted(ranked, reverse=True) and ranked[0] > 0
+    assert any(f["function"].endswith("(<genexpr>)") for f in profile["top_python"][:2])  # the loop and sum()
+    assert top[f"test_host_time.py:{_busy_python.__code__.co_firstlineno}(_busy_python)"]["calls"] == 1.0  # per step
+    assert top["<built-in method builtins.sum>"]["calls"] == 1.0
+    areas = profile["python_areas_ms"]
+    assert set(areas) == {"other", "C functions"}  # tests/ is no named library; sum() is a C function
+    assert list(areas.values()) == sorted(areas.values(), reverse=True)
+    assert sum(areas.values()) == pytest.approx(sum(ranked))  # every function listed (n above their count)
+
+
+def test_the_line_lists_pythons_time_by_library_under_the_step():
+    record = dict(
+        preset="1.3b", precision="fp8-fused-delayed", compile="default", compile_wrapper="cpp", tokens_per_sec=1e5,
+        parallel="fsdp", world_size=2, fsdp_reshard_after_forward=True, grad_sync=True, skip_guard_eval=False,
+        wall_ms=100.0, gpu_idle_ms=5.0, comm_ms=10.0, exposed_comm_ms=2.0, host_ms=99.0, forward_ms=40.0,
+        optimizer_ms=3.0, scaling_update_ms=1.0, cudagraph_skips=0,
+        python_areas_ms={"FSDP2": 12.5, "C functions": 8.25},
+        top_python=[{"function": "torch/distributed/fsdp/_fully_shard/_fsdp_param.py:629(f)", "self_ms": 1.5,
+                     "calls": 762.0}],
+    )  # fmt: skip
+    lines = host_time.describe(record).splitlines()
+    assert "FSDP2 x2" in lines[0]
+    assert lines[1] == "    Python's own time, ms/step (under cProfile): FSDP2 12.50, C functions 8.25"
+    assert lines[2].split() == ["1.500", "ms/step", "762.0", "calls/step", record["top_python"][0]["function"]]
+
+
+@pytest.mark.parametrize(
+    ("filename", "area"),
+    [
+        ("/v/lib/python3.12/site-packages/torch/distributed/fsdp/_fully_shard/_fsdp_param.py", "FSDP2"),
+        ("/v/lib/python3.12/site-packages/torch/distributed/tensor/_api.py", "DTensor"),
+        ("/v/lib/python3.12/site-packages/torch/distributed/distributed_c10d.py", "torch.distributed"),
+        ("/v/lib/python3.12/site-packages/torch/_dynamo/eval_frame.py", "dynamo"),
+        ("/v/lib/python3.12/site-packages/torch/_functorch/_aot_autograd/runtime_wrappers.py", "AOTAutograd"),
+        ("/v/lib/python3.12/site-packages/torch/autograd/function.py", "autograd"),
+        ("/v/lib/python3.12/site-packages/torch/nn/modules/module.py", "torch.nn"),
+        ("/v/lib/python3.12/site-packages/torch/_tensor.py", "torch, other"),
+        ("/work/main/cs336_basics/training/trainer.py", "cs336_basics"),
+        ("~", "C functions"),
+        ("/usr/lib/python3.12/threading.py", "other"),
+        ("/tmp/ind/ab/cabcdef.py", host_time.GENERATED),  # a compiled graph's Python wrapper, in inductor's cache
+        ("/tmp/ind2/ab/cabcdef.py", "other"),
+        ("/v/lib/python3.12/site-packages/triton/runtime/jit.py", "triton"),
+    ],
+)
+def test_python_functions_are_placed_by_the_library_their_file_is_in(filename, area):
+    assert host_time.python_area(filename, generated_root="/tmp/ind/") == area
 
 
 def test_collectives_split_into_the_time_they_ran_and_the_time_no_compute_hid():
