@@ -634,6 +634,8 @@ def test_fp8_all_gather_only_when_asked_under_fsdp_with_tensorwise():
 def _fsdp_grads_per_unit_size(rank: int) -> dict[int, list[torch.Tensor]]:
     """The tiny model (3 blocks) under FSDP2 on this rank's batch, with 1, 2 and 3 blocks per unit: its loss and its
     parameters' full gradients after one backward."""
+    import gc
+
     from tiny import tiny_model
 
     from cs336_basics.model import TransformerLM
@@ -648,6 +650,12 @@ def _fsdp_grads_per_unit_size(rank: int) -> dict[int, list[torch.Tensor]]:
         loss = model(ids[:, :-1], ids[:, 1:])
         loss.backward()
         results[size] = [loss.detach(), *(p.grad.full_tensor() for p in model.parameters())]
+        # Each sharded model freed, on both ranks, before the next is built: FSDP2's state holds cycles that the
+        # collector would otherwise free at any later point, inside the next model's collectives. (A gloo rank of this
+        # test once aborted on a corrupted heap in CI, cause not found; this keeps the models' lives apart.)
+        del model, loss
+        gc.collect()
+        torch.distributed.barrier()
     return results
 
 
