@@ -241,6 +241,9 @@ def test_ddp_and_fsdp_give_the_losses_of_one_process_with_the_same_global_batch(
     assert "fsdp, world size 2: --parallel fsdp" in done["fsdp"].stdout
     record = json.loads((root / "fsdp" / "result.json").read_text())
     assert (record["world_size"], record["parallel"]) == (2, "fsdp")
+    # Each rank's host series, rank 0 first: the rank the others wait for at a collective is told by its own.
+    for series in ("host_ms", "host_cpu_ms", "gc_ms"):
+        assert [len(steps) for steps in record[series]] == [len(record["step_ms"])] * 2, series
 
 
 @pytest.mark.slow

@@ -260,6 +260,17 @@ def broadcast_text(text: str) -> str:
     return box[0]
 
 
+def gather_objects(value: T) -> list[T]:
+    """Every rank's `value` (picklable), in rank order, on every rank; [value] in one process."""
+    if not _initialised():
+        return [value]
+    import torch.distributed as dist
+
+    values = [None] * dist.get_world_size()
+    dist.all_gather_object(values, value)
+    return values
+
+
 def barrier() -> None:
     if _initialised():
         torch.distributed.barrier()

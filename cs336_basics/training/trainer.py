@@ -47,6 +47,7 @@ from cs336_basics.parallel.wrap import (
 from cs336_basics.precision import NO_CONVERSION, Converter
 from cs336_basics.training.accumulation import GraphGradientAccumulator
 from cs336_basics.training.checkpoint import CHECKPOINT_NAME, remove_stale_shards, save_checkpoint
+from cs336_basics.training.collector import StepCollector
 from cs336_basics.training.metrics import (
     MetricsLog,
     flops_per_token,
@@ -107,6 +108,15 @@ class TrainResult:
     step_ms_p90: float | None = None
     # Every timed step's time in ms, in order: whether slow steps come in bursts, at a period or at random.
     step_ms: list[float] = field(default_factory=list)
+    # The same steps seen from each rank's host (one list per rank, rank 0 first; one list in one process), in ms:
+    # its time to queue the step (host_ms: the step's own time where the GPU waits for the host), the CPU time its
+    # threads got meanwhile (host_cpu_ms: the loop's, autograd's backward thread and NCCL's; below host_ms where they
+    # waited, for a full launch queue or for a core) and the garbage collector's pauses since the step before (gc_ms).
+    # Under torchrun every rank waits at each collective for the slowest one's host: these say which rank that was
+    # and where its time went.
+    host_ms: list[list[float]] = field(default_factory=list)
+    host_cpu_ms: list[list[float]] = field(default_factory=list)
+    gc_ms: list[list[float]] = field(default_factory=list)
 
 
 @dataclass
@@ -116,6 +126,9 @@ class _Progress:
     first_step: int
     step_times: list[float] = field(default_factory=list)  # per step, after the warm-up steps: the throughput
     interval_times: list[float] = field(default_factory=list)  # per step since the last log point
+    host_ms: list[float] = field(default_factory=list)  # the timed steps' TrainResult.host_ms, host_cpu_ms, gc_ms
+    host_cpu_ms: list[float] = field(default_factory=list)
+    gc_ms: list[float] = field(default_factory=list)
     compile_s: float | None = None
     peak_bytes: int = 0
     loss: float = float("nan")  # the last log interval's mean
@@ -361,10 +374,13 @@ class Trainer:
         bar = tqdm(total=t.max_steps, initial=self.step, desc="train", unit="step", dynamic_ncols=True, **off)
         stopping = False  # a stop signal, agreed by every rank (on one process: seen at once)
         try:
-            with GracefulStop(log=self._say(bar) if main else lambda message: None) as stop:
+            with (
+                GracefulStop(log=self._say(bar) if main else lambda message: None) as stop,
+                StepCollector(t.gc_every) as collector,
+            ):
                 while self.step < t.max_steps and not stopping:
                     lr = self._set_lr()
-                    grad_norm = self._timed_step(timer, progress)
+                    grad_norm = self._timed_step(timer, progress, collector)
                     is_last = self.step == t.max_steps
                     do_eval = t.eval_every > 0 and (self.step % t.eval_every == 0 or is_last)
                     do_ckpt = t.checkpoint_every > 0 and (is_last or self.step % t.checkpoint_every == 0)
@@ -397,22 +413,31 @@ class Trainer:
                 plot_loss_curve(metrics_path, plot_path, title=str(self.out_dir.name))
         return self._result(progress, metrics_path, plot_path)
 
-    def _timed_step(self, timer: StepTimer, progress: _Progress) -> torch.Tensor:
-        """One optimizer step, timed on the device; its loss and finiteness tracked on the device (no wait). Returns
-        the gradient norm, a device tensor."""
-        wall0 = time.perf_counter()
+    def _timed_step(self, timer: StepTimer, progress: _Progress, collector: StepCollector) -> torch.Tensor:
+        """One optimizer step, timed on the device and on the host; its loss and finiteness tracked on the device
+        (no wait). Returns the gradient norm, a device tensor."""
+        wall0, cpu0 = time.perf_counter(), time.process_time()
         started = timer.start()
         loss, grad_norm = self.train_step()
         timer.stop(self.step, started)
-        if self.step == progress.first_step and self.config.train.compile_model:
-            loss.item()  # the first step compiles; wait for it so its time is reported apart
-            progress.compile_s = time.perf_counter() - wall0
+        wall1, cpu1 = time.perf_counter(), time.process_time()
+        paused_ms = collector.take_paused_ms()
+        if self.step >= progress.first_step + WARMUP_STEPS_EXCLUDED:
+            progress.host_ms.append(round(1e3 * (wall1 - wall0), 3))
+            progress.host_cpu_ms.append(round(1e3 * (cpu1 - cpu0), 3))
+            progress.gc_ms.append(round(paused_ms, 3))
+        if self.step == progress.first_step:
+            if self.config.train.compile_model:
+                loss.item()  # the first step compiles; wait for it so its time is reported apart
+                progress.compile_s = time.perf_counter() - wall0
+            collector.compiled()
         bad = ~(torch.isfinite(loss) & torch.isfinite(grad_norm))
         self._first_bad_step = torch.where(bad & (self._first_bad_step < 0), self.step, self._first_bad_step)
         self._loss_sum += loss
         self._loss_count += 1
         self.step += 1
         self.tokens += self.tokens_per_step
+        collector.after_step(self.step)
         return grad_norm
 
     def _log_point(
@@ -476,6 +501,9 @@ class Trainer:
             step_ms_p10=1e3 * spread[0] if spread else None,
             step_ms_p90=1e3 * spread[-1] if spread else None,
             step_ms=[round(1e3 * seconds, 3) for seconds in times],
+            host_ms=dist.gather_objects(progress.host_ms),
+            host_cpu_ms=dist.gather_objects(progress.host_cpu_ms),
+            gc_ms=dist.gather_objects(progress.gc_ms),
         )
 
     def _stop(self, stop: GracefulStop) -> None:
