@@ -207,8 +207,11 @@ def _report(result: TrainResult, built: Built, folder: RunFolder, data, results_
             sample = sample_text(built.model, data.tokenizer, Sampling(prompt="def ", max_new_tokens=48))
         log(f"sample: {sample!r}")
     elif data.tokenizer is not None:  # every rank would have to run the sharded model's forward passes in step
-        out_dir = config.train.out_dir
-        log(f"sample: run python -m cs336_basics.programs.generate --out_dir {out_dir} (reads the sharded checkpoint)")
+        if result.checkpoint_path is None:
+            log("sample: none (FSDP2 shards the model over the ranks, and this run kept no checkpoint to sample from)")
+        else:
+            generate = f"python -m cs336_basics.programs.generate --out_dir {config.train.out_dir}"
+            log(f"sample: run {generate} (reads the sharded checkpoint)")
 
 
 def _parameter_counts(built: Built) -> dict[str, Any]:
