@@ -393,12 +393,6 @@ class TrainConfig:
         "torchrun's runs (compiled.auto_compile_wrapper says why)",
         choices=COMPILE_WRAPPERS,
     )
-    gc_every: int = setting(
-        0, "steps between Python's garbage collections once the first step has compiled, on every rank at the same "
-        "step, the heap left after compiling frozen (training/collector.py says why); 0: Python's own collector, "
-        "when its counters say",
-        check=at_least(0),
-    )  # fmt: skip
     seed: int = setting(0, "seed for the initial weights and the order of batches", check=at_least(0))
     out_dir: str = setting("runs/default", "the run folder (config, metrics, plot, checkpoint)", check=not_empty)
     resume: bool = setting(False, "continue the run in out_dir from its checkpoint, exactly where it stopped")

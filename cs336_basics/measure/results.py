@@ -107,7 +107,6 @@ def run_record(config: RunConfig, status: str = "ok", **measured: Any) -> dict[s
         "ddp_bucket_mb": t.ddp_bucket_mb,  # used by --parallel ddp only
         "fsdp_reshard_after_forward": t.fsdp_reshard_after_forward,  # used by --parallel fsdp only
         "fsdp_blocks_per_unit": t.fsdp_blocks_per_unit,  # used by --parallel fsdp only
-        "gc_every": t.gc_every,
         "fp8_all_gather": bool(fp8.use_fp8 and fp8.fp8_all_gather),  # used by --parallel fsdp only
         "fp8_lm_head": bool(fp8.use_fp8 and fp8.fp8_lm_head),
         # None without FP8: the FP8 settings resolved for a BF16 run depend on where it runs (TorchAO's path under

@@ -47,7 +47,7 @@ from cs336_basics.parallel.wrap import (
 from cs336_basics.precision import NO_CONVERSION, Converter
 from cs336_basics.training.accumulation import GraphGradientAccumulator
 from cs336_basics.training.checkpoint import CHECKPOINT_NAME, remove_stale_shards, save_checkpoint
-from cs336_basics.training.collector import StepCollector
+from cs336_basics.training.gc_pauses import GcPauses
 from cs336_basics.training.metrics import (
     MetricsLog,
     flops_per_token,
@@ -376,15 +376,15 @@ class Trainer:
         try:
             with (
                 GracefulStop(log=self._say(bar) if main else lambda message: None) as stop,
-                StepCollector(t.gc_every) as collector,
+                GcPauses() as gc_pauses,
             ):
                 while self.step < t.max_steps and not stopping:
                     lr = self._set_lr()
-                    grad_norm = self._timed_step(timer, progress, collector)
+                    grad_norm = self._timed_step(timer, progress, gc_pauses)
                     is_last = self.step == t.max_steps
                     do_eval = t.eval_every > 0 and (self.step % t.eval_every == 0 or is_last)
                     do_ckpt = t.checkpoint_every > 0 and (is_last or self.step % t.checkpoint_every == 0)
-                    if self.step % t.log_every and not (do_eval or do_ckpt):
+                    if self.step % t.log_every and not (is_last or do_eval or do_ckpt):
                         bar.update(1)
                         # Ranks may get a signal at different steps: they agree at the next log point instead.
                         stopping = stop.requested and not self.world.launched
@@ -413,7 +413,7 @@ class Trainer:
                 plot_loss_curve(metrics_path, plot_path, title=str(self.out_dir.name))
         return self._result(progress, metrics_path, plot_path)
 
-    def _timed_step(self, timer: StepTimer, progress: _Progress, collector: StepCollector) -> torch.Tensor:
+    def _timed_step(self, timer: StepTimer, progress: _Progress, gc_pauses: GcPauses) -> torch.Tensor:
         """One optimizer step, timed on the device and on the host; its loss and finiteness tracked on the device
         (no wait). Returns the gradient norm, a device tensor."""
         wall0, cpu0 = time.perf_counter(), time.process_time()
@@ -421,23 +421,20 @@ class Trainer:
         loss, grad_norm = self.train_step()
         timer.stop(self.step, started)
         wall1, cpu1 = time.perf_counter(), time.process_time()
-        paused_ms = collector.take_paused_ms()
+        paused_ms = gc_pauses.take_ms()
         if self.step >= progress.first_step + WARMUP_STEPS_EXCLUDED:
             progress.host_ms.append(round(1e3 * (wall1 - wall0), 3))
             progress.host_cpu_ms.append(round(1e3 * (cpu1 - cpu0), 3))
             progress.gc_ms.append(round(paused_ms, 3))
-        if self.step == progress.first_step:
-            if self.config.train.compile_model:
-                loss.item()  # the first step compiles; wait for it so its time is reported apart
-                progress.compile_s = time.perf_counter() - wall0
-            collector.compiled()
+        if self.step == progress.first_step and self.config.train.compile_model:
+            loss.item()  # the first step compiles; wait for it so its time is reported apart
+            progress.compile_s = time.perf_counter() - wall0
         bad = ~(torch.isfinite(loss) & torch.isfinite(grad_norm))
         self._first_bad_step = torch.where(bad & (self._first_bad_step < 0), self.step, self._first_bad_step)
         self._loss_sum += loss
         self._loss_count += 1
         self.step += 1
         self.tokens += self.tokens_per_step
-        collector.after_step(self.step)
         return grad_norm
 
     def _log_point(
