@@ -25,3 +25,7 @@ for p in sorted(glob.glob("x1/*/result.json")):
     for name, v in (("step", s), ("host", h), ("cpu", c), ("gc", g)):
         print(f"   {name:5}", " ".join(f"{x:.0f}" for x in v))
 PY
+#
+# Then, in a second nvidia-h200 request (another machine: 1 x H200, 16 CPU cores), main at 88ccd31 (host-profile.json,
+# logs/host-profile.log):
+timeout -k 5 260 python3 -m torch.distributed.run --standalone --nproc_per_node 1 -m lab.host_time --presets 1.3b --parallel fsdp --compile auto --precisions fp8 --steps 10 --top_python 30 --json $OUT/pyprof.json > $OUT/pyprof.log 2>&1
