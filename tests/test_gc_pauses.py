@@ -19,7 +19,7 @@ def test_the_collectors_pauses_are_timed_once_and_only_inside_the_context():
     assert pauses.take_ms() == 0 and gc.callbacks == callbacks
 
 
-def test_a_run_records_each_timed_steps_host_time_cpu_time_and_collector_pauses(tmp_path, monkeypatch):
+def test_a_run_records_each_timed_steps_host_time_cpu_time_and_collector_pauses(tmp_path):
     trainer = make_trainer(tiny_config(tmp_path, max_steps=8, checkpoint_every=0))
     step = trainer.train_step
 
