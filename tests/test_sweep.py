@@ -513,7 +513,8 @@ FAKE_WORKER = textwrap.dedent(
                 pathlib.Path(cache, "compiled").write_text("x")
     tokens = float(mode.split(":")[1]) if ":" in mode else 1000.0
     with open(out, "w") as f:
-        json.dump({"status": "ok", "tokens_per_sec": tokens, "step_time_ms": 64.0, "loss": 4.0}, f)
+        json.dump({"status": "ok", "tokens_per_sec": tokens, "step_time_ms": 64.0, "loss": 4.0,
+                   "step_ms": [1e6 / tokens], "host_ms": [[1e6 / tokens]]}, f)
     """
 )
 
@@ -581,6 +582,9 @@ def test_repeats_report_the_median_run_and_the_range_each_run_with_empty_caches(
     assert first["tokens_per_sec"] == 1000.0 and first["tokens_per_sec_runs"] == [900.0, 1200.0, 1000.0]
     assert (first["tokens_per_sec_min"], first["tokens_per_sec_max"], first["repeats_ok"]) == (900.0, 1200.0, 3)
     assert first["cold"] and first["logs"][2].endswith(".3.log") and (out / first["logs"][2]).exists()
+    # every run's per-step series, in run order, not only the median run's
+    assert [run["step_ms"] for run in first["step_series_runs"]] == [[1e6 / 900], [1e6 / 1200], [1e6 / 1000]]
+    assert first["step_series_runs"][0]["host_ms"] == [[1e6 / 900]] and first["step_series_runs"][0]["gc_ms"] is None
     # two finished: the lower middle one, so that every field is one real run's
     assert second["tokens_per_sec"] == 500.0 and second["repeats_ok"] == 2 and second["status"] == "ok"
     assert second["repeat_errors"] == ["RuntimeError: simulated crash"]

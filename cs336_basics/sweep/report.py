@@ -121,11 +121,17 @@ def latest_runs(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return [latest[key] for key in order]
 
 
+# A run's per-step series (trainer.TrainResult): kept for every repeated run, not only the median one, since how the
+# runs differ step by step (one slower throughout, or in stretches, and on which rank's host) is what a spread asks.
+STEP_SERIES = ("step_ms", "host_ms", "host_cpu_ms", "gc_ms")
+
+
 def combine_repeats(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """One configuration's record from its runs in fresh processes (--repeats): the median run by tokens/s (for an
     even count the lower of the middle two, so every field is one real run's), with the spread beside it:
-    tokens_per_sec_min / _max, and each run's tokens/s and compile time in run order. Failed runs are counted and
-    their errors kept; the row is "ok" if any run was."""
+    tokens_per_sec_min / _max, each run's tokens/s and compile time in run order, and each run's per-step series
+    (step_series_runs: STEP_SERIES of each run, in run order). Failed runs are counted and their errors kept; the
+    row is "ok" if any run was."""
     if len(runs) == 1:
         return {**runs[0], "repeats": 1}
     ok = sorted((r for r in runs if r.get("status") == "ok"), key=lambda r: r["tokens_per_sec"])
@@ -135,6 +141,7 @@ def combine_repeats(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
         repeats_ok=len(ok),
         tokens_per_sec_runs=[r.get("tokens_per_sec") for r in runs],
         compile_s_runs=[r.get("compile_s") for r in runs],
+        step_series_runs=[{name: r.get(name) for name in STEP_SERIES} for r in runs],
         tokens_per_sec_min=ok[0]["tokens_per_sec"] if ok else None,
         tokens_per_sec_max=ok[-1]["tokens_per_sec"] if ok else None,
         logs=[r.get("log") for r in runs],
