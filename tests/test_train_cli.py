@@ -204,6 +204,9 @@ def test_gpu_compiled_run(tmp_path, token_files, capsys, precision):
     # --compile_wrapper auto: C++ where the step runs without CUDA graphs (compiled.auto_compile_wrapper)
     assert result["compile_wrapper"] == ("python" if precision == ["--use_fp8"] else "cpp")
     assert result["compile_s"] > 0 and result["peak_mem_gib"] > 0
+    # Steps 3 to 8 timed, on the GPU and on the host (under CUDA graphs too: a replay is launched from the host)
+    assert len(result["step_ms"]) == len(result["host_ms"][0]) == len(result["host_cpu_ms"][0]) == 6
+    assert all(ms > 0 for ms in result["step_ms"] + result["host_ms"][0])
     # --use_fp8 alone: the default FP8, the fused path with delayed scaling and the FP8 lm_head (precision/choice.py)
     assert result["precision"] == ("fp8-fused-delayed" if precision == ["--use_fp8"] else "bf16")
     assert result["fp8_lm_head"] == (precision == ["--use_fp8"])
