@@ -29,3 +29,8 @@ PY
 # Then, in a second nvidia-h200 request (another machine: 1 x H200, 16 CPU cores), main at 88ccd31 (host-profile.json,
 # logs/host-profile.log):
 timeout -k 5 260 python3 -m torch.distributed.run --standalone --nproc_per_node 1 -m lab.host_time --presets 1.3b --parallel fsdp --compile auto --precisions fp8 --steps 10 --top_python 30 --json $OUT/pyprof.json > $OUT/pyprof.log 2>&1
+#
+# Then a third nvidia-h200 request (1 x H200, 16 CPU cores), main at 64b96d6 (logs/gpu-tests.log, host-ops.json,
+# logs/host-ops.log):
+timeout -k 5 280 python3 -m pytest -m gpu -p no:cacheprovider -v --durations=10 tests/test_train_cli.py tests/test_accumulation.py tests/test_gc_pauses.py > $OUT/tests.log 2>&1
+timeout -k 5 170 python3 -m torch.distributed.run --standalone --nproc_per_node 1 -m lab.host_time --presets 1.3b --parallel fsdp --compile auto --precisions fp8 --steps 10 --top_ops 30 --json $OUT/ops.json > $OUT/ops.log 2>&1
