@@ -21,6 +21,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from cs336_basics.measure.results import HOST_SERIES
+
 
 def _median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
@@ -48,7 +50,7 @@ def split_by_speed(run: dict[str, Any], slow: float) -> dict[str, Any]:
     steps = run.get("step_ms") or []
     median = _median(steps)
     slow_steps = {i for i, ms in enumerate(steps) if median is not None and ms > slow * median}
-    series = zip(*(per_rank(run.get(name)) for name in ("host_ms", "host_cpu_ms", "gc_ms")), strict=False)
+    series = zip(*(per_rank(run.get(name)) for name in HOST_SERIES), strict=False)
     ranks = [
         {
             part: {

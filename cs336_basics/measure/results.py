@@ -133,10 +133,16 @@ def run_record(config: RunConfig, status: str = "ok", **measured: Any) -> dict[s
     return schema_record(**record)  # every required field named, whatever the caller measured
 
 
+# A run's per-step series (trainer.TrainResult), in its timed steps' order: step_ms, each step's time on the GPU, then,
+# one list per rank, what its host saw of the same steps.
+HOST_SERIES = ("host_ms", "host_cpu_ms", "gc_ms")
+STEP_SERIES = ("step_ms", *HOST_SERIES)
+
+
 def result_record(config: RunConfig, result: Any, **extra: Any) -> dict[str, Any]:
     """The record of a finished training run (a trainer.TrainResult)."""
     measured = ("tokens_per_sec", "mfu", "peak_mem_gib", "compile_s", "loss", "val_loss", "steps", "tokens",
-                "step_ms_p10", "step_ms_p90", "step_ms", "host_ms", "host_cpu_ms", "gc_ms")  # fmt: skip
+                "step_ms_p10", "step_ms_p90", *STEP_SERIES)  # fmt: skip
     return run_record(config, **{name: getattr(result, name) for name in measured}, **extra)
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from cs336_basics.diagnostics.amdahl import format_table as amdahl_table
 from cs336_basics.files.atomic import write_text_atomic
-from cs336_basics.measure.results import format_or_na
+from cs336_basics.measure.results import STEP_SERIES, format_or_na
 from cs336_basics.sweep.plan import BASELINE_COMPILE, BASELINE_PRECISION, LM_HEAD_SUFFIX, on_off
 from cs336_basics.training.trainer import WARMUP_STEPS_EXCLUDED
 
@@ -121,17 +121,13 @@ def latest_runs(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return [latest[key] for key in order]
 
 
-# A run's per-step series (trainer.TrainResult): kept for every repeated run, not only the median one, since how the
-# runs differ step by step (one slower throughout, or in stretches, and on which rank's host) is what a spread asks.
-STEP_SERIES = ("step_ms", "host_ms", "host_cpu_ms", "gc_ms")
-
-
 def combine_repeats(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """One configuration's record from its runs in fresh processes (--repeats): the median run by tokens/s (for an
     even count the lower of the middle two, so every field is one real run's), with the spread beside it:
     tokens_per_sec_min / _max, each run's tokens/s and compile time in run order, and each run's per-step series
-    (step_series_runs: STEP_SERIES of each run, in run order). Failed runs are counted and their errors kept; the
-    row is "ok" if any run was."""
+    (step_series_runs: STEP_SERIES of each run, in run order: how the runs differ step by step, one slower throughout
+    or in stretches, and on which rank's host, is what a spread asks). Failed runs are counted and their errors kept;
+    the row is "ok" if any run was."""
     if len(runs) == 1:
         return {**runs[0], "repeats": 1}
     ok = sorted((r for r in runs if r.get("status") == "ok"), key=lambda r: r["tokens_per_sec"])

@@ -32,6 +32,7 @@ from cs336_basics.compiled import compiled_submodules, eager, runs_cuda_graphs
 from cs336_basics.config import RunConfig
 from cs336_basics.data import BatchSampler, get_rank_batch
 from cs336_basics.errors import ConfigError, WorkFailed, io_error, writing
+from cs336_basics.measure.results import HOST_SERIES
 from cs336_basics.measure.timing import StepTimer
 from cs336_basics.optim import MasterWeightAdamW, cosine_lr
 from cs336_basics.parallel import world as dist
@@ -126,9 +127,8 @@ class _Progress:
     first_step: int
     step_times: list[float] = field(default_factory=list)  # per step, after the warm-up steps: the throughput
     interval_times: list[float] = field(default_factory=list)  # per step since the last log point
-    host_ms: list[float] = field(default_factory=list)  # the timed steps' TrainResult.host_ms, host_cpu_ms, gc_ms
-    host_cpu_ms: list[float] = field(default_factory=list)
-    gc_ms: list[float] = field(default_factory=list)
+    # The timed steps' host series (TrainResult's host_ms, host_cpu_ms, gc_ms), this rank's, by name
+    host: dict[str, list[float]] = field(default_factory=lambda: {name: [] for name in HOST_SERIES})
     compile_s: float | None = None
     peak_bytes: int = 0
     loss: float = float("nan")  # the last log interval's mean
@@ -421,11 +421,10 @@ class Trainer:
         loss, grad_norm = self.train_step()
         timer.stop(self.step, started)
         wall1, cpu1 = time.perf_counter(), time.process_time()
-        paused_ms = gc_pauses.take_ms()
+        seen = (1e3 * (wall1 - wall0), 1e3 * (cpu1 - cpu0), gc_pauses.take_ms())  # in HOST_SERIES' order
         if self.step >= progress.first_step + WARMUP_STEPS_EXCLUDED:
-            progress.host_ms.append(round(1e3 * (wall1 - wall0), 3))
-            progress.host_cpu_ms.append(round(1e3 * (cpu1 - cpu0), 3))
-            progress.gc_ms.append(round(paused_ms, 3))
+            for name, ms in zip(HOST_SERIES, seen, strict=True):
+                progress.host[name].append(round(ms, 3))
         if self.step == progress.first_step and self.config.train.compile_model:
             loss.item()  # the first step compiles; wait for it so its time is reported apart
             progress.compile_s = time.perf_counter() - wall0
@@ -483,6 +482,7 @@ class Trainer:
         times = progress.step_times
         tok_s = self.tokens_per_step / statistics.median(times) if times else None
         spread = statistics.quantiles(times, n=10, method="inclusive") if len(times) > 1 else times * 2
+        ranks = dist.gather_objects(progress.host)  # one collective for all three series
         return TrainResult(
             steps=self.step,
             tokens=self.tokens,
@@ -498,9 +498,7 @@ class Trainer:
             step_ms_p10=1e3 * spread[0] if spread else None,
             step_ms_p90=1e3 * spread[-1] if spread else None,
             step_ms=[round(1e3 * seconds, 3) for seconds in times],
-            host_ms=dist.gather_objects(progress.host_ms),
-            host_cpu_ms=dist.gather_objects(progress.host_cpu_ms),
-            gc_ms=dist.gather_objects(progress.gc_ms),
+            **{name: [rank[name] for rank in ranks] for name in HOST_SERIES},
         )
 
     def _stop(self, stop: GracefulStop) -> None:
