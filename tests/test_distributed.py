@@ -1042,3 +1042,24 @@ def test_gpu_checkpoints_move_between_four_two_and_one_gpus(gpu_resume_chain):
             assert checkpoint["extra"]["fp8_scaling"]["cursor"] == uninterrupted["cursor"] == STEPS
             # The last leg's tokens per rank: the global batch's over its ranks.
             assert checkpoint["extra"]["fp8_scaling"]["step_tokens"] * last_leg_ranks == uninterrupted["step_tokens"]
+
+
+@pytest.mark.slow
+def test_an_fsdp_run_on_text_points_at_its_sharded_checkpoint_for_a_sample_only_if_it_wrote_one(tmp_path):
+    """FSDP2 shards the model, so its run prints no sample but the command that samples from its checkpoint: a run
+    with --checkpoint_every 0 wrote none, and says so instead."""
+    text = "def add(a, b):\n    return a + b\n\n" * 200
+    (tmp_path / "train.txt").write_text(text)
+    (tmp_path / "val.txt").write_text(text[:2000])
+    data = ["--train_data", tmp_path / "train.txt", "--val_data", tmp_path / "val.txt", "--cache_dir", tmp_path / "c"]
+    base = [*tiny_flags(vocab_size=300), *data, "--max_steps", "2", "--eval_every", "0", "--parallel", "fsdp"]
+    launches = {
+        every: torchrun([*base, "--checkpoint_every", every, "--out_dir", tmp_path / f"every{every}"], nproc=1)
+        for every in (0, 2)
+    }
+    kept, none = launches[2].wait(), launches[0].wait()
+    for done in (kept, none):
+        done.assert_succeeded()
+    assert "sample: run python -m cs336_basics.programs.generate" in kept.stdout
+    assert "sample: none (FSDP2 shards the model over the ranks, and this run kept no checkpoint" in none.stdout
+    assert "generate" not in none.stdout.split("sample:")[-1]
