@@ -68,7 +68,8 @@ def bind_threads(tids: list[int], cpu: int) -> None:
 
 def bind_when_autograd_starts(poll_s: float = 0.05, cpu: int | None = None) -> threading.Thread:
     """Watch, from a daemon thread, for autograd's device thread; when it appears, bind it and the process's main
-    thread to `cpu` (default: rank_cpu()) and say so on stderr. Threads started later keep every CPU."""
+    thread to `cpu` (default: rank_cpu()) and say so on stderr. Threads started later keep every CPU. A run on the CPU
+    has no such thread (its backward runs on the loop's thread): nothing is bound there."""
     cpu = rank_cpu() if cpu is None else cpu
 
     def watch() -> None:
