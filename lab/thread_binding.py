@@ -61,9 +61,12 @@ def autograd_threads() -> list[int]:
     return sorted(tid for tid, name in thread_names().items() if name.startswith(AUTOGRAD_THREAD_PREFIX))
 
 
-def bind_threads(tids: list[int], cpu: int) -> None:
+def bind_step_threads(cpu: int) -> list[int]:
+    """Bind the process's main thread (the loop's) and autograd's device threads to `cpu`; their thread ids."""
+    tids = [os.getpid(), *autograd_threads()]
     for tid in tids:
         os.sched_setaffinity(tid, {cpu})
+    return tids
 
 
 def bind_when_autograd_starts(poll_s: float = 0.05, cpu: int | None = None) -> threading.Thread:
@@ -73,11 +76,10 @@ def bind_when_autograd_starts(poll_s: float = 0.05, cpu: int | None = None) -> t
     cpu = rank_cpu() if cpu is None else cpu
 
     def watch() -> None:
-        while not (autograd := autograd_threads()):
+        while not autograd_threads():
             time.sleep(poll_s)
-        bind_threads([os.getpid(), *autograd], cpu)
         names = thread_names()
-        bound = ", ".join(names.get(tid, str(tid)) for tid in [os.getpid(), *autograd])
+        bound = ", ".join(names.get(tid, str(tid)) for tid in bind_step_threads(cpu))
         print(f"[thread-binding] pid {os.getpid()}: {bound} bound to CPU {cpu}", file=sys.stderr, flush=True)
 
     watcher = threading.Thread(target=watch, name="lab-thread-bind", daemon=True)
@@ -127,7 +129,7 @@ def probe(
         step()
     synchronize()
     if cpus == "late":
-        bind_threads([os.getpid(), *autograd_threads()], rank_cpu())
+        bind_step_threads(rank_cpu())
     rows: list[dict] = []
     end = time.perf_counter() + seconds
     while time.perf_counter() < end:
