@@ -20,6 +20,9 @@ measured much slower that way than with both threads on one CPU
       PYTHONPATH=lab/thread_binding_site:$PYTHONPATH python3 optimize_performance.py ...
 
   Each bound process prints one `[thread-binding]` line to stderr.
+
+What it found for FSDP2's FP8 step (one rank): binding does not remove its slow speed, which these machines' CPUs
+cause by changing speed themselves (benchmarks/results/2026-11-29-fsdp2-host-speed-h200, lab/cpu_speed.py).
 """
 
 from __future__ import annotations
