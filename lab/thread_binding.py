@@ -37,6 +37,8 @@ import threading
 import time
 from pathlib import Path
 
+from lab.cpu_speed import parse_cpus
+
 AUTOGRAD_THREAD_PREFIX = "pt_autograd"
 
 
@@ -90,24 +92,18 @@ def bind_when_autograd_starts(poll_s: float = 0.05, cpu: int | None = None) -> t
     return watcher
 
 
-def parse_cpus(spec: str) -> set[int]:
-    """A CPU set as written on the command line: 5 or 0-3."""
-    first, _, last = spec.partition("-")
-    return set(range(int(first), int(last or first) + 1))
-
-
 def probe(
     cpus: str, seconds: float, device: str = "cuda", steps_per_interval: int = 20, warmup_steps: int = 10
 ) -> list[dict]:
     """Time a host-bound eager step and a pure-Python loop in turn for `seconds`; one row per interval. `cpus`: free,
-    late, or a CPU set for the whole process (parse_cpus)."""
+    late, or a CPU set for the whole process (cpu_speed.parse_cpus: 5, 0-3 or 0,8)."""
     import torch
 
     from cs336_basics.build import new_model
     from cs336_basics.config import ModelConfig
 
     if cpus not in ("free", "late"):
-        os.sched_setaffinity(0, parse_cpus(cpus))
+        os.sched_setaffinity(0, set(parse_cpus(cpus)))
     torch.set_num_threads(1)
     shape = ModelConfig(vocab_size=512, context_length=64, dim=256, n_layers=6, n_heads=4, intermediate_size=512)
     dtype = torch.bfloat16 if device == "cuda" else torch.float32

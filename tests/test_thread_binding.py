@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from lab.thread_binding import parse_cpus, rank_cpu
+from lab.thread_binding import rank_cpu
 from lab.thread_binding_site.sitecustomize import program
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -28,11 +28,6 @@ def test_each_local_rank_gets_the_first_cpu_of_its_own_share():
     assert rank_cpu(set(range(16)), 0, 1) == 0
     with pytest.raises(ValueError, match="local rank 2"):
         rank_cpu(set(range(8)), 2, 2)
-
-
-def test_cpu_sets_are_read_as_one_cpu_or_a_range():
-    assert parse_cpus("5") == {5}
-    assert parse_cpus("0-3") == {0, 1, 2, 3}
 
 
 def _run(code: str) -> subprocess.CompletedProcess:
