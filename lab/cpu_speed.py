@@ -62,6 +62,8 @@ def summary(run: dict, fast_ms: float | None = None) -> dict:
     """One CPU's probe in short: its median work unit, its fastest tenth's, and the share of samples over 1.5 times
     `fast_ms` (by default its own fastest tenth's; pass the fastest CPU's when a CPU may have been slow throughout)."""
     times = sorted(ms for _, ms in run["samples"])
+    if not times:  # stopped before its first sample
+        return dict(cpu=run["cpu"], n=0, median_ms=None, p10_ms=None, slow_share=None)
     fast = times[len(times) // 10]
     slow = 1.5 * (fast_ms or fast)
     return dict(cpu=run["cpu"], n=len(times), median_ms=round(statistics.median(times), 4), p10_ms=fast,
@@ -111,7 +113,7 @@ def main(argv: list[str] | None = None) -> None:
     run.add_argument("--json", type=Path, required=True)
     args = parser.parse_args(argv)
     runs = probe(parse_cpus(args.cpus), args.seconds)
-    fastest = min(summary(r)["p10_ms"] for r in runs)
+    fastest = min((row["p10_ms"] for row in map(summary, runs) if row["n"]), default=None)
     summaries = [summary(r, fastest) for r in runs]
     seconds = [dict(cpu=r["cpu"], bins=per_second(r["samples"])) for r in runs]
     args.json.write_text(json.dumps(dict(summary=summaries, per_second=seconds, runs=runs)) + "\n")

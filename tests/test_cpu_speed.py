@@ -65,3 +65,4 @@ def test_a_cpu_slow_throughout_is_counted_slow_against_the_fastest_cpu():
     slow_cpu = dict(cpu=1, samples=[(100.0 + i / 10, 1.2) for i in range(50)])
     assert summary(slow_cpu)["slow_share"] == 0.0  # against its own fastest tenth it looks steady
     assert summary(slow_cpu, fast_ms=0.6)["slow_share"] == 1.0
+    assert summary(dict(cpu=2, samples=[]))["n"] == 0  # a worker stopped before its first sample
