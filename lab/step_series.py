@@ -51,16 +51,16 @@ def split_by_speed(run: dict[str, Any], slow: float) -> dict[str, Any]:
     median = _median(steps)
     slow_steps = {i for i, ms in enumerate(steps) if median is not None and ms > slow * median}
     series = zip(*(per_rank(run.get(name)) for name in HOST_SERIES), strict=False)
+    summarize = {"host_ms": _median, "host_cpu_ms": _median, "gc_ms": sum}  # the collector's pauses add up
     ranks = [
         {
             part: {
-                "host_ms": _median(_part(host, len(steps), slow_steps, part == "slow")),
-                "host_cpu_ms": _median(_part(cpu, len(steps), slow_steps, part == "slow")),
-                "gc_ms": sum(_part(gc, len(steps), slow_steps, part == "slow")),
+                name: summarize[name](_part(values, len(steps), slow_steps, part == "slow"))
+                for name, values in zip(HOST_SERIES, rank, strict=True)
             }
             for part in ("slow", "fast")
         }
-        for host, cpu, gc in series
+        for rank in series
     ]
     return {"steps": len(steps), "median_ms": median, "slow_steps": sorted(slow_steps), "ranks": ranks}
 
