@@ -217,18 +217,26 @@ def hides_ops_from_profiler(train: TrainConfig, device: torch.device) -> str | N
     return None
 
 
-def compile_options(mode: str, wrapper: str) -> dict:
-    """torch.compile's keyword arguments for a region compiled in `mode` with inductor's `wrapper` (fullgraph: a
-    graph break is a bug we want to hear about). torch.compile takes a mode or inductor options, not both: the C++
-    wrapper is added to the options the mode stands for, with the settings inductor pairs with it
+def compile_options(mode: str, wrapper: str, device_type: str) -> dict:
+    """torch.compile's keyword arguments for a region compiled in `mode` with inductor's `wrapper` on `device_type`
+    (fullgraph: a graph break is a bug we want to hear about). torch.compile takes a mode or inductor options, not
+    both: the C++ wrapper is added to the options the mode stands for, with the settings inductor pairs with it
     (get_cpp_wrapper_config: its kernels' binaries kept for the C++ code to load). Inductor applies those itself
     where `cpp_wrapper` is set process-wide, but not to a backward compiled later, outside torch.compile's options:
     given as options, they reach the backward too (without them its compile stopped at "CudaKernelParamCache not
-    populated")."""
+    populated").
+
+    On CUDA the C++ wrapper is host code that allocates buffers and launches GPU kernels: no CPU kernel in it for a
+    vector instruction set to speed up. Inductor would still check every set the CPU lists before it builds C++ in a
+    process, each by loading a test library in a new Python process that imports torch: 37 s of a 46 s warm compile
+    on an H200 host, in every process (2026-11-29-cpp-wrapper-isa-checks-h200). `cpp.vec_isa_ok` False skips the
+    checks and builds the wrapper without vector flags."""
     if wrapper == "python":
         return {"mode": mode, "fullgraph": True}
     from torch._inductor import list_mode_options
     from torch._inductor.compile_fx import get_cpp_wrapper_config
 
     options = {**list_mode_options(mode), "cpp_wrapper": True, **get_cpp_wrapper_config()}
+    if device_type == "cuda":
+        options["cpp.vec_isa_ok"] = False
     return {"options": options, "fullgraph": True}

@@ -2,6 +2,9 @@ import argparse
 import dataclasses
 import json
 import re
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import torch
@@ -293,13 +296,38 @@ def test_a_profile_of_a_step_under_cuda_graphs_or_the_cpp_wrapper_comes_from_a_t
 
 
 def test_compile_options_add_the_cpp_wrapper_to_the_modes_own_options():
-    assert compile_options("reduce-overhead", "python") == {"mode": "reduce-overhead", "fullgraph": True}
-    default = compile_options("default", "cpp")
+    assert compile_options("reduce-overhead", "python", "cuda") == {"mode": "reduce-overhead", "fullgraph": True}
+    default = compile_options("default", "cpp", "cuda")
     assert default["fullgraph"] and "mode" not in default  # torch.compile takes options or a mode, not both
     # With the settings inductor pairs with the C++ wrapper, which a later-compiled backward would otherwise miss.
     assert default["options"]["cpp_wrapper"] and default["options"]["triton.store_cubin"]
-    autotune = compile_options("max-autotune-no-cudagraphs", "cpp")["options"]
+    autotune = compile_options("max-autotune-no-cudagraphs", "cpp", "cuda")["options"]
     assert autotune["cpp_wrapper"] and autotune["max_autotune"] and not autotune["triton.cudagraphs"]
+    # A CUDA run's C++ wrapper is built without a vector instruction set (no per-process checks); on the CPU, whose
+    # kernels are C++ too, inductor keeps choosing one.
+    assert default["options"]["cpp.vec_isa_ok"] is False
+    assert "cpp.vec_isa_ok" not in compile_options("default", "cpp", "cpu")["options"]
+
+
+def test_inductor_skips_its_vector_isa_checks_when_told_no_set_may_be_used():
+    """What the CUDA C++ wrapper's `cpp.vec_isa_ok` False relies on: inductor then builds and loads no test library
+    (each check a new Python process) and picks no set. In a child process: the picked set is cached per process."""
+    code = textwrap.dedent(
+        """
+        import torch
+        from torch._inductor import config, cpu_vec_isa
+
+        def no_check(*args, **kwargs):
+            raise AssertionError("a vector ISA check ran")
+
+        cpu_vec_isa.VecISA.check_build = no_check
+        with config.patch({"cpp.vec_isa_ok": False}):
+            print(bool(cpu_vec_isa.pick_vec_isa()), len(cpu_vec_isa.valid_vec_isa_list()))
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["False", "0"]
 
 
 def test_the_built_config_names_the_compile_mode_auto_chose():

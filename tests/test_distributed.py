@@ -709,7 +709,7 @@ def test_the_embedding_and_output_are_compiled_regions_in_every_mode(parallel):
 
     model = TransformerLM(tiny_model())
     eager_output = model.output
-    wrap.compile_for_training(model, two_rank_plan(config(parallel=parallel)), "default", "blocks", "python")
+    wrap.compile_for_training(model, two_rank_plan(config(parallel=parallel)), "default", "blocks", "python", "cpu")
     compiled = [model.output, model.token_embeddings.forward, *(block.forward for block in model.layers)]
     assert all(hasattr(fn, "_torchdynamo_orig_callable") for fn in compiled)
     assert model.output._torchdynamo_orig_callable == eager_output

@@ -177,18 +177,20 @@ def _unused(config: RunConfig, mode: str) -> tuple[str, ...]:
     return tuple(unused)
 
 
-def compile_for_training(model: nn.Module, plan: ParallelPlan, mode: str, scope: str, wrapper: str) -> nn.Module:
-    """`model` compiled for the training step in `mode` with inductor's `wrapper` (compiled.compile_options), before
-    it is parallelized. `scope` "model" (compiled.resolve_compile_scope refuses it under FSDP2): one graph, in a
-    torch.compile wrapper. "blocks", for this package's TransformerLM: compiled by region, in place: each block's
-    forward, the embedding and the output (final norm, lm_head and loss). The blocks are one
-    class of one shape, so dynamo compiles the first and reuses its code for the rest: compile time no longer grows
-    with depth. The whole-model graph compiled several times as long (FP8's most) and its step ran a little faster,
-    in BF16 and FP8 alike, for its fusions across the blocks' boundaries
-    (INDEX.md: 2026-11-26-regional-compile). Under FSDP2 the root's own forward stays eager as it must: it
-    calls the blocks, whose hooks a fullgraph compile could not trace."""
+def compile_for_training(
+    model: nn.Module, plan: ParallelPlan, mode: str, scope: str, wrapper: str, device_type: str
+) -> nn.Module:
+    """`model` compiled for the training step on `device_type` in `mode` with inductor's `wrapper`
+    (compiled.compile_options), before it is parallelized. `scope` "model" (compiled.resolve_compile_scope refuses it
+    under FSDP2): one graph, in a torch.compile wrapper. "blocks", for this package's TransformerLM: compiled by
+    region, in place: each block's forward, the embedding and the output (final norm, lm_head and loss). The blocks
+    are one class of one shape, so dynamo compiles the first and reuses its code for the rest: compile time no longer
+    grows with depth. The whole-model graph compiled several times as long (FP8's most) and its step ran a little
+    faster, in BF16 and FP8 alike, for its fusions across the blocks' boundaries
+    (INDEX.md: 2026-11-26-regional-compile). Under FSDP2 the root's own forward stays eager as it must: it calls the
+    blocks, whose hooks a fullgraph compile could not trace."""
     write_shared_fp8_gemm_inputs_once()
-    options = compile_options(mode, wrapper)
+    options = compile_options(mode, wrapper, device_type)
     if scope == "model":
         return torch.compile(model, **options)
     for block in model.layers:
