@@ -184,9 +184,8 @@ def auto_compile_wrapper(
     FP8). Inductor's wrapper is the host code that allocates a compiled region's buffers and launches its kernels,
     once per call. Without CUDA graphs it runs every step, and an FP8 step, with more and smaller kernels than BF16's,
     waits for it: generated as C++ it launches them with less host time than Python (INDEX.md: 2026-11-28-cpp-wrapper).
-    Its cost is compile time: the C++ headers it builds once per machine (then cached), and in every process, warm
-    caches or not, inductor's checks of the CPU's vector instruction sets, which start a Python process per set
-    (2026-11-29-cpp-wrapper-isa-checks-h200: 37 s of a 46 s warm compile on an H200 host). Under CUDA graphs
+    Its cost is compile time: the C++ headers it builds once per machine (then cached), and a C++ build per compiled
+    graph (compile_options skips inductor's vector-ISA checks, most of that cost before). Under CUDA graphs
     the replays skip the wrapper, so it stays Python there. Across several processes it is C++ for the fused FP8
     path under FSDP2, whose step FSDP2's hooks leave waiting for the host (2026-11-28-fsdp2-cpp-wrapper-x2-h200); BF16
     under FSDP2 ran no faster with it, and the rest is not measured, so it stays Python (--compile_wrapper cpp asks)."""
@@ -230,7 +229,8 @@ def compile_options(mode: str, wrapper: str, device_type: str) -> dict:
     vector instruction set to speed up. Inductor would still check every set the CPU lists before it builds C++ in a
     process, each by loading a test library in a new Python process that imports torch: 37 s of a 46 s warm compile
     on an H200 host, in every process (2026-11-29-cpp-wrapper-isa-checks-h200). `cpp.vec_isa_ok` False skips the
-    checks and builds the wrapper without vector flags."""
+    checks and builds the wrapper without vector flags: first runs compiled 47-67 s shorter and stepped as fast
+    (2026-11-29-cpp-wrapper-no-isa-checks-h200)."""
     if wrapper == "python":
         return {"mode": mode, "fullgraph": True}
     from torch._inductor import list_mode_options
