@@ -229,7 +229,7 @@ def compile_options(mode: str, wrapper: str, device_type: str) -> dict:
     vector instruction set to speed up. Inductor would still check every set the CPU lists before it builds C++ in a
     process, each by loading a test library in a new Python process that imports torch: 37 s of a 46 s warm compile
     on an H200 host, in every process (2026-11-29-cpp-wrapper-isa-checks-h200). `cpp.vec_isa_ok` False skips the
-    checks and builds the wrapper without vector flags: first runs compiled 47-67 s shorter and stepped as fast
+    checks and builds the wrapper without vector flags: first runs compiled 35-67 s shorter and stepped as fast
     (2026-11-29-cpp-wrapper-no-isa-checks-h200)."""
     if wrapper == "python":
         return {"mode": mode, "fullgraph": True}

@@ -1,5 +1,5 @@
-# The device commands behind this record, verbatim, in order. Three nvidia-h200 requests (1 x H200, 16 vCPUs, KVM
-# guest); calls 1 and 2 ran on one machine (GPU-db6e2183), call 3 on a freshly started other one (GPU-ba61a373).
+# The device commands behind this record, verbatim, in order. Four nvidia-h200 requests (1 x H200, 16 vCPUs, KVM
+# guest); calls 1 and 2 ran on one machine (GPU-db6e2183), call 3 on a freshly started other one (GPU-ba61a373), call 4 on a third (GPU-82323e60).
 # Arms: "main" is main at 246ce34; "branch" is 58cb06b (cs336_basics.compiled.compile_options sets cpp.vec_isa_ok
 # False for a CUDA run's C++ wrapper), its tree copied to .ab/branch with
 #   git archive 58cb06b cs336_basics train_h100.py optimize_performance.py verify_fp8_compilation.py tests lab pyproject.toml | tar x -C .ab/branch
@@ -14,6 +14,12 @@
 #
 # cpp-wrapper-no-isa-checks.json gathers every run's record (the sweeps' sweep.json rows and the FSDP2 runs'
 # result.json), each with arm, code, device_call and gpu_uuid added; logs.tar.xz has each run's log and the GPU test's.
+# call 4 (BF16 again; .ab/branch then held main at 246ce34, the old code, from
+#   git archive 246ce34 cs336_basics train_h100.py optimize_performance.py verify_fp8_compilation.py tests lab pyproject.toml | tar x -C .ab/branch
+# and the checkout main at b1345ce, the new code: so in this call the script's "main" arm ran the new code and its
+# "branch" arm the old; the JSON's arm field names the code, not the script's label):
+#   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 || exit; ARMS="main branch" PRECS=bf16 W=w3 bash .ab/wrapab.sh 2>&1
+#
 # (Calls 1 and 2 ran the scripts before W/F/ARMS/NO_TEST became variables; their defaults are what those calls ran.)
 #
 # ===== .ab/wrapab.sh
