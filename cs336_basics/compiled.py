@@ -184,8 +184,9 @@ def auto_compile_wrapper(
     FP8). Inductor's wrapper is the host code that allocates a compiled region's buffers and launches its kernels,
     once per call. Without CUDA graphs it runs every step, and an FP8 step, with more and smaller kernels than BF16's,
     waits for it: generated as C++ it launches them with less host time than Python (INDEX.md: 2026-11-28-cpp-wrapper).
-    Its cost is compile time: the C++ headers it builds once per machine (then cached), and a C++ build per compiled
-    graph (compile_options skips inductor's vector-ISA checks, most of that cost before). Under CUDA graphs
+    Its cost is compile time: the C++ headers, built once per machine (then cached), and a C++ build of each
+    graph's wrapper (compile_options skips inductor's checks of the CPU's vector instructions, once most of the
+    cost). Under CUDA graphs
     the replays skip the wrapper, so it stays Python there. Across several processes it is C++ for the fused FP8
     path under FSDP2, whose step FSDP2's hooks leave waiting for the host (2026-11-28-fsdp2-cpp-wrapper-x2-h200); BF16
     under FSDP2 ran no faster with it, and the rest is not measured, so it stays Python (--compile_wrapper cpp asks)."""
