@@ -26,9 +26,10 @@ from pathlib import Path
 STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 
 
-def work_unit() -> int:
-    """Fixed interpreter work (a dict built and read): what a host-bound step's Python does, in small."""
-    words = {i: str(i) for i in range(5000)}
+def work_unit(size: int = 5000) -> int:
+    """Fixed interpreter work (a dict of `size` entries built and read): what a host-bound step's Python does, in
+    small."""
+    words = {i: str(i) for i in range(size)}
     return sum(len(word) for word in words.values())
 
 

@@ -37,7 +37,7 @@ import threading
 import time
 from pathlib import Path
 
-from lab.cpu_speed import parse_cpus
+from lab.cpu_speed import parse_cpus, work_unit
 
 AUTOGRAD_THREAD_PREFIX = "pt_autograd"
 
@@ -120,10 +120,6 @@ def probe(
         if device == "cuda":
             torch.cuda.synchronize()
 
-    def python_loop() -> int:
-        words = {i: str(i) for i in range(20000)}
-        return sum(len(word) for word in words.values())
-
     for _ in range(warmup_steps):
         step()
     synchronize()
@@ -142,7 +138,7 @@ def probe(
         cpu_ms = 1e3 * (time.process_time() - cpu0) / steps_per_interval
         t0 = time.perf_counter()
         for _ in range(10):
-            python_loop()
+            work_unit(20000)  # four times cpu_speed's default unit: the size this probe's records used
         python_ms = 1e3 * (time.perf_counter() - t0) / 10
         rows.append(dict(step_ms=round(statistics.median(times), 3), cpu_ms_per_step=round(cpu_ms, 3),
                          python_loop_ms=round(python_ms, 3)))  # fmt: skip
