@@ -244,7 +244,7 @@ def format_result(result: TrainResult) -> str:
         f"done: {result.steps} steps, {result.tokens:,} tokens, loss {num(result.loss, '.4f')}, "
         f"val loss {num(result.val_loss, '.4f')}, {num(result.tokens_per_sec, ',.0f')} tokens/s, "
         f"MFU {num(None if result.mfu is None else 100 * result.mfu, '.1f', '%')}, "
-        f"peak memory {num(result.peak_mem_gib, '.2f')} GiB, compile {num(result.compile_s, '.1f')} s"
+        f"peak memory {num(result.peak_mem_gib, '.2f', ' GiB')}, compile {num(result.compile_s, '.1f', ' s')}"
     )
 
 
