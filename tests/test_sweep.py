@@ -460,6 +460,7 @@ def test_end_to_end_cpu_sweep_writes_every_output(tmp_path, token_files, capsys)
     assert code == 0, stdout + err
     assert "sweep plan: 2 configurations" in stdout
     assert "[1/2] cpu-small/bs4/bf16/eager/sdpa/ac-off: ok" in stdout
+    assert "peak n/a, compile n/a" in stdout  # a CPU run has neither: n/a, without a unit after it
     assert "| # | preset | batch | precision |" in stdout and "MFU (vs BF16 peak)" in stdout
     assert "989 TFLOP/s" in stdout
 

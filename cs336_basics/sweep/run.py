@@ -207,8 +207,8 @@ def _progress_line(i: int, n: int, record: dict[str, Any]) -> str:
     speedup, scaling = record.get("speedup_vs_bf16"), record.get("scaling_vs_1gpu")
     return head + (
         f"ok {record['step_time_ms']:.1f} ms/step, {format_or_na(record.get('tokens_per_sec'), ',.0f')} tokens/s, "
-        f"MFU {_pct(record.get('mfu'))}, peak {format_or_na(record.get('peak_mem_gib'), '.2f')} GiB, "
-        f"compile {format_or_na(record.get('compile_s'), '.1f')} s"
+        f"MFU {_pct(record.get('mfu'))}, peak {format_or_na(record.get('peak_mem_gib'), '.2f', ' GiB')}, "
+        f"compile {format_or_na(record.get('compile_s'), '.1f', ' s')}"
         + (f", {speedup:.3f}x vs BF16+compile" if speedup is not None else "")
         + (f", {scaling:.3f}x vs 1 GPU" if scaling is not None else "")
         + f" ({record['wall_s']:.0f} s)"
@@ -218,8 +218,8 @@ def _progress_line(i: int, n: int, record: dict[str, Any]) -> str:
 def _run_summary(record: dict[str, Any]) -> str:
     if record.get("status") != "ok":
         return _status_cell(record, width=160)
-    tok_s, compile_s = format_or_na(record.get("tokens_per_sec"), ",.0f"), format_or_na(record.get("compile_s"), ".1f")
-    return f"{tok_s} tokens/s, compile {compile_s} s"
+    tok_s = format_or_na(record.get("tokens_per_sec"), ",.0f")
+    return f"{tok_s} tokens/s, compile {format_or_na(record.get('compile_s'), '.1f', ' s')}"
 
 
 def _log_name(label: str) -> str:
