@@ -186,10 +186,10 @@ def auto_compile_wrapper(
     waits for it: generated as C++ it launches them with less host time than Python (INDEX.md: 2026-11-28-cpp-wrapper).
     Its cost is compile time: the C++ headers, built once per machine (then cached), and a C++ build of each
     graph's wrapper (compile_options skips inductor's checks of the CPU's vector instructions, once most of the
-    cost). Under CUDA graphs
-    the replays skip the wrapper, so it stays Python there. Across several processes it is C++ for the fused FP8
-    path under FSDP2, whose step FSDP2's hooks leave waiting for the host (2026-11-28-fsdp2-cpp-wrapper-x2-h200); BF16
-    under FSDP2 ran no faster with it, and the rest is not measured, so it stays Python (--compile_wrapper cpp asks)."""
+    cost). Under CUDA graphs the replays skip the wrapper, so it stays Python there. Across several processes it is
+    C++ for the fused FP8 path under FSDP2, whose step FSDP2's hooks leave waiting for the host
+    (2026-11-28-fsdp2-cpp-wrapper-x2-h200); BF16 under FSDP2 ran no faster with it, and the rest is not measured, so
+    it stays Python (--compile_wrapper cpp asks)."""
     if not (train.compile_model and device.type == "cuda"):
         return "python", "no compiled CUDA step"
     if runs_cuda_graphs(train.compile_model, train.compile_mode, device):
@@ -228,10 +228,10 @@ def compile_options(mode: str, wrapper: str, device_type: str) -> dict:
 
     On CUDA the C++ wrapper is host code that allocates buffers and launches GPU kernels: no CPU kernel in it for a
     vector instruction set to speed up. Inductor would still check every set the CPU lists before it builds C++ in a
-    process, each by loading a test library in a new Python process that imports torch: 37 s of a 46 s warm compile
-    on an H200 host, in every process (2026-11-29-cpp-wrapper-isa-checks-h200). `cpp.vec_isa_ok` False skips the
-    checks and builds the wrapper without vector flags: first runs compiled 35-67 s shorter and stepped as fast
-    (2026-11-29-cpp-wrapper-no-isa-checks-h200)."""
+    process, each by loading a test library in a new Python process that imports torch: most of a warm compile, in
+    every process (INDEX.md: 2026-11-29-cpp-wrapper-isa-checks-h200). `cpp.vec_isa_ok` False skips the checks and
+    builds the wrapper without vector flags: first runs compiled much shorter and stepped as fast
+    (INDEX.md: 2026-11-29-cpp-wrapper-no-isa-checks-h200)."""
     if wrapper == "python":
         return {"mode": mode, "fullgraph": True}
     from torch._inductor import list_mode_options
