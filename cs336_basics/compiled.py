@@ -130,9 +130,9 @@ def auto_compile_mode(train: TrainConfig, use_fp8: bool, device: torch.device, p
     DDP the FP8 step replays under CUDA graphs too, measured ahead of the step without them on 2 GPUs, without
     accumulation (2026-11-28-ddp-levers-4xh200) and with it, where every micro-batch skips DDP's overlapped reduction
     and the sums are averaged over the ranks after the last one (2026-11-28-ddp-default-4xh200). They are
-    kept out under FSDP2: there the blocks' graphs were recorded again in nearly every warm step, and the step ran at
-    a quarter of its speed without them (2026-11-28-fsdp2-cpp-wrapper-x2-h200); pytorch/pytorch#183451 reports the
-    same, from the gathered weights' addresses moving between steps, with speed returning only after a long warm-up.
+    kept out under FSDP2 until measured there on several GPUs: its blocks' graphs were first recorded again in nearly
+    every step (2026-11-28-fsdp2-cpp-wrapper-x2-h200), and now replay (parallel/fsdp_graphs.py), measured on one
+    rank only (2026-11-29-fsdp2-cuda-graphs-h200).
     Where they are left out, --compile_mode reduce-overhead asks for them
     (build.check_cuda_graphs_request refuses the one mix that cannot run). A C++ wrapper asked for (--compile_wrapper
     cpp) keeps them out: inductor turns CUDA graphs off under it."""
@@ -143,7 +143,7 @@ def auto_compile_mode(train: TrainConfig, use_fp8: bool, device: torch.device, p
     if not use_fp8:
         return "default", "a BF16 step keeps the GPU busy: CUDA graphs would not speed it up"
     if parallel_mode == "fsdp":
-        return "default", "CUDA graphs under FSDP2 were recorded again nearly every step: far slower"
+        return "default", "CUDA graphs under FSDP2 are not yet measured on several GPUs"
     ddp = parallel_mode == "ddp"
     if ddp:
         why = "CUDA graphs under DDP: the FP8 step's kernels off the host, measured faster"

@@ -3,7 +3,9 @@
 FAIL_RANK, FAIL_STEP   that rank raises at the start of that optimizer step (0-based), as a crash would (the message
                        ends with the wall-clock time of the failure, "(t=<seconds since the epoch>)"); with
                        FAIL_HOW=kill it is killed there instead (SIGKILL: no message, as the OOM killer does it);
-REPORT_GRAPH_BREAKS=1  rank 0 prints "graph_breaks=<n>" (torch.compile's count) when training ends.
+REPORT_GRAPH_BREAKS=1  rank 0 prints "graph_breaks=<n>" (torch.compile's count) when training ends;
+REPORT_CUDA_GRAPHS=1   rank 0 prints "cuda_graph_recordings=[<n>, ...]" (the CUDA graphs recorded in each optimizer
+                       step) and "cudagraph_skips=<n>" (compiled graphs inductor would not capture) when training ends.
 """
 
 import os
@@ -28,12 +30,36 @@ def failing_step(self):
     return _real_step(self)
 
 
+def count_cuda_graph_recordings() -> list[int]:
+    """From now on, count the CUDA graphs recorded in each optimizer step; the list fills as training goes."""
+    from torch._inductor.cudagraph_trees import CUDAGraphNode
+
+    per_step: list[int] = []
+    record, step = CUDAGraphNode._record, Trainer.train_step
+
+    def counted_record(self, *args, **kwargs):
+        per_step[-1] += 1
+        return record(self, *args, **kwargs)
+
+    def counted_step(self):
+        per_step.append(0)
+        return step(self)
+
+    CUDAGraphNode._record, Trainer.train_step = counted_record, counted_step
+    return per_step
+
+
 if __name__ == "__main__":
     if "FAIL_RANK" in os.environ:
         Trainer.train_step = failing_step
+    recordings = count_cuda_graph_recordings() if os.environ.get("REPORT_CUDA_GRAPHS") else None
     code = train_h100.main(sys.argv[1:])
-    if os.environ.get("REPORT_GRAPH_BREAKS") and os.environ.get("RANK", "0") == "0":
+    if os.environ.get("RANK", "0") == "0":
         from torch._dynamo.utils import counters
 
-        print(f"graph_breaks={sum(counters['graph_break'].values())}", flush=True)
+        if os.environ.get("REPORT_GRAPH_BREAKS"):
+            print(f"graph_breaks={sum(counters['graph_break'].values())}", flush=True)
+        if recordings is not None:
+            print(f"cuda_graph_recordings={recordings}", flush=True)
+            print(f"cudagraph_skips={counters['inductor']['cudagraph_skips']}", flush=True)
     exit_process(code)

@@ -240,7 +240,7 @@ def test_auto_compile_mode_uses_cuda_graphs_for_an_fp8_step_in_one_process_and_u
         assert resolve_compile_wrapper(dataclasses.replace(cpp, compile_mode=mode), cuda, SINGLE)[0] == "cpp"
     for mode, why in (
         auto_compile_mode(train, False, cuda, "none"),
-        auto_compile_mode(train, True, cuda, "fsdp"),  # recorded again nearly every step there
+        auto_compile_mode(train, True, cuda, "fsdp"),  # not yet measured on several GPUs there
         auto_compile_mode(train, True, torch.device("cpu"), "none"),
         auto_compile_mode(dataclasses.replace(train, compile_model=False), True, cuda, "none"),
     ):

@@ -29,7 +29,7 @@ def test_cuda_graphs_wherever_fp8_trains_in_one_process_or_under_ddp_and_cpp_und
     no_graphs = [mode for mode in MODES if mode.world_size == 1 and mode not in one_process]
     assert no_graphs and all(by_name[mode.name][0] == "`default`, C++ wrapper" for mode in no_graphs)
     # Across processes: the fused path, under DDP with CUDA graphs, accumulating or not; under FSDP2 without them
-    # (recorded again nearly every step there) and with the C++ wrapper.
+    # (not yet measured on several GPUs there) and with the C++ wrapper.
     ddp = [mode for mode in MODES if mode.parallel == "ddp"]
     assert {mode.accumulation for mode in ddp} == {1, 4}
     for mode in ddp:

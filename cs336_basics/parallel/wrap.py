@@ -32,6 +32,8 @@ place (each block's forward, the embedding and the output: `compile_for_training
   the compiled graph, once per all-gather (twice per step when blocks re-gather for backward). Half the bytes, but on
   one GPU of FSDP2 (no communication) those casts cost more than FP8 saves (INDEX.md:
   2026-11-23-fsdp-overheads-h200), so it is off by default, as in torchtitan.
+  Under CUDA graphs (--compile_mode reduce-overhead; auto leaves them out under FSDP2) the blocks' graphs need fixed
+  addresses: the gathered weights stay allocated between steps and the buffers are static inputs (fsdp_graphs.py).
 """
 
 from __future__ import annotations
@@ -45,9 +47,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from cs336_basics.compiled import compile_options, write_shared_fp8_gemm_inputs_once
+from cs336_basics.compiled import compile_options, runs_cuda_graphs, write_shared_fp8_gemm_inputs_once
 from cs336_basics.config import RunConfig, TrainConfig
 from cs336_basics.errors import ConfigError
+from cs336_basics.parallel.fsdp_graphs import keep_gathered_weights, mark_buffers_static
 from cs336_basics.parallel.world import World, all_reduce_
 
 NONE, DDP, FSDP = "none", "ddp", "fsdp"
@@ -70,6 +73,8 @@ class ParallelPlan:
     ddp_bucket_mb: int = 25  # gradient megabytes per DDP all-reduce bucket
     reshard_after_forward: bool = True  # FSDP2 frees a block's gathered weights after its forward
     blocks_per_unit: int = 2  # FSDP2: consecutive blocks sharded (gathered, reduced) as one unit
+    # FSDP2 under CUDA graphs: gathered weights stay allocated, buffers are static inputs (parallel/fsdp_graphs.py)
+    keep_gathered_weights: bool = False
     unused_flags: tuple[str, ...] = ()  # FSDP2 settings this run asked for that its mode does not use
 
     def summary_line(self) -> str:
@@ -87,6 +92,11 @@ class ParallelPlan:
             )
             if self.blocks_per_unit > 1:
                 line += f"; {self.blocks_per_unit} blocks per FSDP2 unit"
+            if self.keep_gathered_weights:
+                line += (
+                    "; gathered weights stay allocated between steps, so that CUDA graphs replay at fixed addresses "
+                    "(one gathered copy of the weights per GPU)"
+                )
         return line
 
     def memory_line(self) -> str:
@@ -152,10 +162,12 @@ def resolve_parallel(config: RunConfig, world: World, device: torch.device, n_pa
     else:
         mode, reason = requested, f"--parallel {requested}"
     per_rank = state_gib / world.world_size if mode == FSDP else state_gib
+    t = config.train
     return ParallelPlan(
         mode, world, reason, per_rank, device_gib, fp8_all_gather=_fp8_all_gather(config, mode),
-        ddp_bucket_mb=config.train.ddp_bucket_mb, reshard_after_forward=config.train.fsdp_reshard_after_forward,
-        blocks_per_unit=config.train.fsdp_blocks_per_unit, unused_flags=_unused(config, mode),
+        ddp_bucket_mb=t.ddp_bucket_mb, reshard_after_forward=t.fsdp_reshard_after_forward,
+        blocks_per_unit=t.fsdp_blocks_per_unit, unused_flags=_unused(config, mode),
+        keep_gathered_weights=mode == FSDP and runs_cuda_graphs(t.compile_model, t.compile_mode, device),
     )  # fmt: skip
 
 
@@ -203,9 +215,10 @@ def compile_for_training(
 
 def parallelize(model: nn.Module, compiled: nn.Module, plan: ParallelPlan, device: torch.device) -> nn.Module:
     """What the training step calls: `compiled` (one process; it is `model` when not compiling), a DDP wrapper around
-    it, or `model` sharded in place by FSDP2 (its parameters become DTensor shards; names and state-dict keys stay).
-    DDP and FSDP2 synchronise the replicas' (or shards') starting weights themselves: every rank built the same
-    seeded model anyway."""
+    it, or `model` sharded in place by FSDP2 (its parameters become DTensor shards; names and state-dict keys stay;
+    under CUDA graphs its gathered weights stay allocated and its buffers are static inputs: fsdp_graphs.py, so call
+    it with the model's buffers final). DDP and FSDP2 synchronise the replicas' (or shards') starting weights
+    themselves: every rank built the same seeded model anyway."""
     if plan.mode == DDP:
         from torch.nn.parallel import DistributedDataParallel
 
@@ -244,6 +257,9 @@ def parallelize(model: nn.Module, compiled: nn.Module, plan: ParallelPlan, devic
             fully_shard(unit[0] if len(unit) == 1 else unit, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
         # The embedding, final norm and lm_head. FSDP2 never reshards the root after forward.
         fully_shard(model, mesh=mesh, mp_policy=policy)
+        if plan.keep_gathered_weights:
+            keep_gathered_weights(model)
+            mark_buffers_static(model)
         return model
     return compiled
 

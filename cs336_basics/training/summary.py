@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from cs336_basics.config import CUDA_GRAPH_MODES, RunConfig
+from cs336_basics.config import RunConfig
 from cs336_basics.optim import fused_by_default
-from cs336_basics.parallel.wrap import FSDP, SINGLE_PROCESS, ParallelPlan
+from cs336_basics.parallel.wrap import SINGLE_PROCESS, ParallelPlan
 
 
 @dataclass
@@ -60,12 +60,6 @@ def suboptimal_choices(config: RunConfig, facts: RunFacts) -> list[str]:
         warnings.append("--fp8_emulate runs FP8 numerics in high precision: slower than BF16; for debugging only.")
     if not fp8.use_fp8 and facts.fp8_capable:
         warnings.append("FP8 is off on a GPU that supports it: add --use_fp8 (FP8 training).")
-    if facts.parallel.mode == FSDP and t.compile_model and t.compile_mode in CUDA_GRAPH_MODES:
-        warnings.append(
-            f"--compile_mode {t.compile_mode} under FSDP2: its CUDA graphs were recorded again nearly every step and "
-            "the step ran at a quarter of its speed without them (benchmarks/results/"
-            "2026-11-28-fsdp2-cpp-wrapper-x2-h200); use --compile_mode default (or auto)."
-        )
     if t.dtype != "bfloat16":
         warnings.append(f"{t.dtype} weights on a GPU: BF16 tensor cores go unused; use --dtype bfloat16.")
     if m.attention == "math":

@@ -196,6 +196,9 @@ class Trainer:
             if accumulating
             else None
         )
+        # Before parallelize, which under FSDP2 with CUDA graphs marks the buffers it sizes static, and before _restore.
+        self.converter = converter
+        self.converter.prepare(t.batch_size * m.context_length, t.gradient_accumulation_steps)
         self.step_model = parallelize(model, compiled, self.parallel, device)
         # BF16 keeps FP32's exponent range and torchao scales FP8 tensors itself, so no loss scaling: no AMP
         # GradScaler here on purpose (only fp16 training would need one). Under FSDP2 it steps each rank's shards.
@@ -206,8 +209,6 @@ class Trainer:
             train_data, t.batch_size, m.context_length, device, seed=t.seed, rank=self.world.rank,
             world_size=self.world.world_size,
         )  # fmt: skip
-        self.converter = converter
-        self.converter.prepare(t.batch_size * m.context_length, t.gradient_accumulation_steps)  # before _restore
         self.step = 0
         # Counted as trained, and kept in checkpoints: a resumed run may train another global batch.
         self.tokens = 0
