@@ -54,7 +54,8 @@ if __name__ == "__main__":
         Trainer.train_step = failing_step
     recordings = count_cuda_graph_recordings() if os.environ.get("REPORT_CUDA_GRAPHS") else None
     code = train_h100.main(sys.argv[1:])
-    if os.environ.get("RANK", "0") == "0":
+    # Imported only when asked for: a rank that refused to start exits at once, as its agent expects.
+    if (os.environ.get("REPORT_GRAPH_BREAKS") or recordings is not None) and os.environ.get("RANK", "0") == "0":
         from torch._dynamo.utils import counters
 
         if os.environ.get("REPORT_GRAPH_BREAKS"):

@@ -2,7 +2,7 @@
 
 Inductor's CUDA graphs (cudagraph trees) take a compiled region's parameters and buffers as static inputs: read in
 place, at the address they had when the graph was recorded, and recorded again when that address moves. Two things
-about FSDP2 break that, and the Trainer applies both fixes when a run under FSDP2 replays CUDA graphs
+about FSDP2 break that; wrap.parallelize applies both fixes where the plan runs FSDP2 under CUDA graphs
 (ParallelPlan.keep_gathered_weights):
 
 - FSDP2 frees a unit's gathered weights after use (their storage resized to nothing) and allocates them again at the

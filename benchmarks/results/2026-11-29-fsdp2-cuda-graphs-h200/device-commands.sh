@@ -1,8 +1,8 @@
-# The device commands behind this record, verbatim, in order. Seven nvidia-h200 requests (1 x H200, 16 vCPUs, KVM
+# The device commands behind this record, verbatim, in order. Eight nvidia-h200 requests (1 x H200, 16 vCPUs, KVM
 # guest): calls 1-3 on one machine (GPU-392e4df2), calls 4-5 on a second (GPU-4c61b299), calls 6-7 on a third
-# (GPU-c7a4d475). torch 2.11.0+cu130, triton 3.6.0, torchao 0.18.0 (its wheel carried in .whl). carry: [".whl", ".ab"].
+# (GPU-c7a4d475), call 8 on a fourth (its UUID not printed). torch 2.11.0+cu130, triton 3.6.0, torchao 0.18.0 (its wheel carried in .whl). carry: [".whl", ".ab"].
 # Calls 1-5 ran main at b2bf640 with the probe site below (.ab/resident_site, on PYTHONPATH: it patched torch and the
-# package at start-up, in train_h100.py and lab.host_time processes only); calls 6-7 ran this change (no probe).
+# package at start-up, in train_h100.py and lab.host_time processes only); calls 6-8 ran this change (no probe).
 # Every train_h100.py run started with empty compile caches (TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR, TMPDIR fresh).
 #
 # call 1 (probe: gathered weights kept; buffers not marked, SB unset in this call's resident.sh):
@@ -19,6 +19,8 @@
 #   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl 2>/dev/null; export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1; bash .ab/fsdpgraphs.sh 2>&1
 # call 7 (this change; the Trainer's GPU tests):
 #   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl 2>/dev/null; export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1; mkdir -p $OUT/g; timeout -k 5 330 python3 -m pytest -m gpu -p no:cacheprovider -q tests/test_train_cli.py tests/test_accumulation.py > $OUT/g/gpu-tests-2.log 2>&1; echo "tests rc $?"; tail -4 $OUT/g/gpu-tests-2.log
+# call 8 (this change; reshard after forward on and off under CUDA graphs, a machine started afresh):
+#   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl 2>/dev/null; export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1; mkdir -p $OUT/h; python3 -c "from cs336_basics.config import DataConfig; from cs336_basics.data import prepare_data; prepare_data(DataConfig(), 32000)" >/dev/null 2>&1; timeout -k 5 230 python3 -m torch.distributed.run --standalone --nproc_per_node 1 -m lab.host_time --presets 1.3b --parallel fsdp --compile reduce-overhead --precisions fp8 --fsdp_reshard_after_forward on,off --steps 10 --json $OUT/h/reshard.json > $OUT/h/reshard.log 2>&1; echo rc $?; grep -v "^\[rank0\]:W" $OUT/h/reshard.log | grep "tok/s"
 #
 # fsdp2-cuda-graphs.json gathers every run's record (train_h100's result.json, lab.host_time's rows), each with
 # arm, device_call, gpu_uuid, code, keep_gathered_weights and buffers_marked_static added; logs.tar.xz has the logs.
