@@ -11,6 +11,7 @@ mean of 4 sequences and an average over 2 ranks instead of a mean of 8), which i
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import re
@@ -523,6 +524,9 @@ def test_fsdp2_under_cuda_graphs_is_planned_to_keep_gathered_weights_and_nothing
     kept = wrap.resolve_parallel(config(parallel="fsdp", compile_model=True, compile_mode="reduce-overhead"), TWO,
                                  cuda, 1000)  # fmt: skip
     assert "gathered weights stay allocated between steps" in kept.summary_line()
+    assert "frees nothing then (--no_fsdp_reshard_after_forward)" in kept.summary_line()
+    kept_for_backward = dataclasses.replace(kept, reshard_after_forward=False)
+    assert "frees nothing" not in kept_for_backward.summary_line()
 
 
 def _fsdp2_steps_ready_for_graphs_or_not(rank: int) -> dict[bool, dict]:

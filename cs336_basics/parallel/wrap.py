@@ -97,6 +97,8 @@ class ParallelPlan:
                     "; gathered weights stay allocated between steps, so that CUDA graphs replay at fixed addresses "
                     "(one gathered copy of the weights per GPU)"
                 )
+                if self.reshard_after_forward:
+                    line += "; gathering them again for backward frees nothing then (--no_fsdp_reshard_after_forward)"
         return line
 
     def memory_line(self) -> str:
