@@ -598,6 +598,54 @@ def test_fsdp2_planned_for_cuda_graphs_keeps_its_gathered_weights_in_place_and_i
         assert freeing["notes"] and not any(freeing["notes"]) and not freeing["static"]
 
 
+def _fsdp2_fp8_all_gather_steps(rank: int) -> dict[bool, dict]:
+    """_fsdp2_fp8_all_gather_run on this rank, planned as under CUDA graphs (keep_gathered_weights) and not."""
+    return {keep: _fsdp2_fp8_all_gather_run(rank, keep) for keep in (False, True)}
+
+
+def _fsdp2_fp8_all_gather_run(rank: int, keep: bool) -> dict:
+    """TorchAO's FP8 all-gather under FSDP2 (its gathered weights are FP8 tensors whose storage FSDP2 frees and
+    allocates through its all-gather extension) on 2 gloo ranks, the tiny model emulated, eager, 3 steps of SGD. The
+    losses, and block 0's gathered w1 FP8 data's address and storage size after each step."""
+    from cs336_basics.build import seeded_model
+    from cs336_basics.precision.choice import run_converter
+
+    fp8 = {"use_fp8": True, "fp8_path": "torchao", "fp8_emulate": True, "fp8_all_gather": True}
+    run = config(dtype="bfloat16", parallel="fsdp").replace(fp8=fp8)
+    run = dataclasses.replace(run, fp8=choose_fp8(run.fp8, world_size=2).config)
+    model = seeded_model(run, torch.device("cpu"))
+    run_converter(run, 2, fsdp_float8_all_gather=True).convert(model)
+    plan = wrap.ParallelPlan(wrap.FSDP, World(rank, 2, rank, launched=True), "test", 0.0, None,
+                             fp8_all_gather=True, keep_gathered_weights=keep)  # fmt: skip
+    wrap.parallelize(model, model, plan, torch.device("cpu"))
+    gathered = []
+    model.layers[0].register_forward_pre_hook(lambda block, args: gathered.append(block.ffn.w1.weight._data))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    gen = torch.Generator().manual_seed(rank)
+    losses, addresses, sizes = [], [], []
+    for _ in range(3):
+        x, y = torch.randint(0, run.model.vocab_size, (2, 2, run.model.context_length), generator=gen)
+        loss = model(x, targets=y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+        addresses.append(gathered[-1].data_ptr())
+        sizes.append(gathered[-1].untyped_storage().size())
+    return {"losses": losses, "addresses": addresses, "sizes": sizes}
+
+
+@pytest.mark.slow
+def test_fsdp2_keeps_torchaos_fp8_all_gathered_weights_in_place_too(tmp_path):
+    """keep_gathered_weights on FSDP2's all-gather extension path (--fp8_all_gather): the FP8 data keeps its storage
+    and address, and the losses are those of FSDP2 freeing it."""
+    for results in on_two_gloo_ranks(_fsdp2_fp8_all_gather_steps, tmp_path):
+        freeing, keeping = results[False], results[True]
+        assert keeping["losses"] == freeing["losses"] and keeping["losses"][0] != keeping["losses"][-1]
+        assert len(set(keeping["addresses"])) == 1 and all(keeping["sizes"])
+        assert not any(freeing["sizes"])
+
+
 def _max_over_ranks_of_this_ranks_amaxes(rank: int) -> torch.Tensor:
     from cs336_basics.precision.fused.scaling import max_over_ranks
 
