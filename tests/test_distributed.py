@@ -537,9 +537,8 @@ def _fsdp2_steps_ready_for_graphs_or_not(rank: int) -> dict[bool, dict]:
 def _fsdp2_steps(rank: int, keep: bool) -> dict:
     """The tiny model with the fused FP8 path (emulated, delayed scaling) sharded by FSDP2 over 2 gloo ranks, its
     blocks compiled with a backend that runs the traced graph as is and notes, for each graph, whether every input it
-    writes to is a static input (what inductor needs to capture it in a CUDA graph); 3 steps of SGD. Returns the
-    losses, the gathered w1 weight of block 0: its addresses and whether its storage was freed after each step, the
-    graphs' notes, and whether every buffer is marked static."""
+    writes to is a static input (what inductor needs to capture it in a CUDA graph); 3 steps of SGD (_sgd_steps, on
+    block 0's gathered w1 weight), the graphs' notes, and whether every buffer is marked static."""
     from torch._dynamo.backends.common import aot_autograd
 
     from cs336_basics.build import build
@@ -562,24 +561,32 @@ def _fsdp2_steps(rank: int, keep: bool) -> dict:
     world = World(rank, 2, rank, launched=True)
     plan = wrap.ParallelPlan(wrap.FSDP, world, "test", 0.0, None, keep_gathered_weights=keep)
     wrap.parallelize(model, model, plan, torch.device("cpu"))
+    steps = _sgd_steps(model, run, rank, lambda block: block.ffn.w1.weight, converter.after_optimizer_step)
+    static = all(getattr(buffer, "_dynamo_static_input_type", None) for buffer in model.buffers())
+    torch._dynamo.reset()
+    return {**steps, "notes": notes, "static": static}
+
+
+def _sgd_steps(model, run: RunConfig, rank: int, gathered_of_block_0, after_step=None) -> dict[str, list]:
+    """3 steps of SGD on this rank's random tokens: the losses, and after each step the address of the tensor
+    `gathered_of_block_0(block)` gave in block 0's last forward (FSDP2's gathered weight then) and its storage size."""
     gathered = []
-    model.layers[0].register_forward_pre_hook(lambda block, args: gathered.append(block.ffn.w1.weight))
+    model.layers[0].register_forward_pre_hook(lambda block, args: gathered.append(gathered_of_block_0(block)))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
     gen = torch.Generator().manual_seed(rank)
-    losses, addresses, freed = [], [], []
+    losses, addresses, sizes = [], [], []
     for _ in range(3):
         x, y = torch.randint(0, run.model.vocab_size, (2, 2, run.model.context_length), generator=gen)
         loss = model(x, targets=y)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
-        converter.after_optimizer_step()
+        if after_step is not None:
+            after_step()
         losses.append(loss.item())
         addresses.append(gathered[-1].data_ptr())
-        freed.append(gathered[-1].untyped_storage().size() == 0)
-    static = all(getattr(buffer, "_dynamo_static_input_type", None) for buffer in model.buffers())
-    torch._dynamo.reset()
-    return {"losses": losses, "addresses": addresses, "freed": freed, "notes": notes, "static": static}
+        sizes.append(gathered[-1].untyped_storage().size())
+    return {"losses": losses, "addresses": addresses, "sizes": sizes}
 
 
 @pytest.mark.slow
@@ -592,8 +599,8 @@ def test_fsdp2_planned_for_cuda_graphs_keeps_its_gathered_weights_in_place_and_i
         freeing, keeping = results[False], results[True]
         assert keeping["losses"] == freeing["losses"], rank
         assert keeping["losses"][0] != keeping["losses"][-1]  # the weights did change
-        assert not any(keeping["freed"]) and len(set(keeping["addresses"])) == 1
-        assert all(freeing["freed"])
+        assert all(keeping["sizes"]) and len(set(keeping["addresses"])) == 1
+        assert not any(freeing["sizes"])
         assert keeping["notes"] and all(keeping["notes"]) and keeping["static"]
         assert freeing["notes"] and not any(freeing["notes"]) and not freeing["static"]
 
@@ -605,8 +612,8 @@ def _fsdp2_fp8_all_gather_steps(rank: int) -> dict[bool, dict]:
 
 def _fsdp2_fp8_all_gather_run(rank: int, keep: bool) -> dict:
     """TorchAO's FP8 all-gather under FSDP2 (its gathered weights are FP8 tensors whose storage FSDP2 frees and
-    allocates through its all-gather extension) on 2 gloo ranks, the tiny model emulated, eager, 3 steps of SGD. The
-    losses, and block 0's gathered w1 FP8 data's address and storage size after each step."""
+    allocates through its all-gather extension) on 2 gloo ranks, the tiny model emulated, eager: 3 steps of SGD
+    (_sgd_steps, on block 0's gathered w1 FP8 data)."""
     from cs336_basics.build import seeded_model
     from cs336_basics.precision.choice import run_converter
 
@@ -618,21 +625,7 @@ def _fsdp2_fp8_all_gather_run(rank: int, keep: bool) -> dict:
     plan = wrap.ParallelPlan(wrap.FSDP, World(rank, 2, rank, launched=True), "test", 0.0, None,
                              fp8_all_gather=True, keep_gathered_weights=keep)  # fmt: skip
     wrap.parallelize(model, model, plan, torch.device("cpu"))
-    gathered = []
-    model.layers[0].register_forward_pre_hook(lambda block, args: gathered.append(block.ffn.w1.weight._data))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
-    gen = torch.Generator().manual_seed(rank)
-    losses, addresses, sizes = [], [], []
-    for _ in range(3):
-        x, y = torch.randint(0, run.model.vocab_size, (2, 2, run.model.context_length), generator=gen)
-        loss = model(x, targets=y)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        losses.append(loss.item())
-        addresses.append(gathered[-1].data_ptr())
-        sizes.append(gathered[-1].untyped_storage().size())
-    return {"losses": losses, "addresses": addresses, "sizes": sizes}
+    return _sgd_steps(model, run, rank, lambda block: block.ffn.w1.weight._data)
 
 
 @pytest.mark.slow
