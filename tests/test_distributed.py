@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import os
 import re
@@ -529,9 +530,9 @@ def test_fsdp2_under_cuda_graphs_is_planned_to_keep_gathered_weights_and_nothing
     assert "frees nothing" not in kept_for_backward.summary_line()
 
 
-def _fsdp2_steps_ready_for_graphs_or_not(rank: int) -> dict[bool, dict]:
-    """_fsdp2_steps on this rank, once planned as under CUDA graphs (keep_gathered_weights), once not."""
-    return {keep: _fsdp2_steps(rank, keep) for keep in (False, True)}
+def _planned_both_ways(steps, rank: int) -> dict[bool, dict]:
+    """`steps(rank, keep)` on this rank, once planned as under CUDA graphs (keep_gathered_weights), once not."""
+    return {keep: steps(rank, keep) for keep in (False, True)}
 
 
 def _fsdp2_steps(rank: int, keep: bool) -> dict:
@@ -595,7 +596,7 @@ def test_fsdp2_planned_for_cuda_graphs_keeps_its_gathered_weights_in_place_and_i
     storage (so their address) from step to step, yet train to the same losses as FSDP2 freeing them (each
     all-gather refreshes them in place); and every graph that writes to an input (delayed scaling's recordings)
     writes only to static ones, which without the plan it does not."""
-    for rank, results in enumerate(on_two_gloo_ranks(_fsdp2_steps_ready_for_graphs_or_not, tmp_path)):
+    for rank, results in enumerate(on_two_gloo_ranks(functools.partial(_planned_both_ways, _fsdp2_steps), tmp_path)):
         freeing, keeping = results[False], results[True]
         assert keeping["losses"] == freeing["losses"], rank
         assert keeping["losses"][0] != keeping["losses"][-1]  # the weights did change
@@ -603,11 +604,6 @@ def test_fsdp2_planned_for_cuda_graphs_keeps_its_gathered_weights_in_place_and_i
         assert not any(freeing["sizes"])
         assert keeping["notes"] and all(keeping["notes"]) and keeping["static"]
         assert freeing["notes"] and not any(freeing["notes"]) and not freeing["static"]
-
-
-def _fsdp2_fp8_all_gather_steps(rank: int) -> dict[bool, dict]:
-    """_fsdp2_fp8_all_gather_run on this rank, planned as under CUDA graphs (keep_gathered_weights) and not."""
-    return {keep: _fsdp2_fp8_all_gather_run(rank, keep) for keep in (False, True)}
 
 
 def _fsdp2_fp8_all_gather_run(rank: int, keep: bool) -> dict:
@@ -632,7 +628,7 @@ def _fsdp2_fp8_all_gather_run(rank: int, keep: bool) -> dict:
 def test_fsdp2_keeps_torchaos_fp8_all_gathered_weights_in_place_too(tmp_path):
     """keep_gathered_weights on FSDP2's all-gather extension path (--fp8_all_gather): the FP8 data keeps its storage
     and address, and the losses are those of FSDP2 freeing it."""
-    for results in on_two_gloo_ranks(_fsdp2_fp8_all_gather_steps, tmp_path):
+    for results in on_two_gloo_ranks(functools.partial(_planned_both_ways, _fsdp2_fp8_all_gather_run), tmp_path):
         freeing, keeping = results[False], results[True]
         assert keeping["losses"] == freeing["losses"] and keeping["losses"][0] != keeping["losses"][-1]
         assert len(set(keeping["addresses"])) == 1 and all(keeping["sizes"])
@@ -829,16 +825,16 @@ def test_fsdp_blocks_reshard_after_forward_as_configured_but_the_last(monkeypatc
     assert "not used here: --fsdp_blocks_per_unit" in ddp.summary_line()
 
 
-@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
-def test_the_embedding_and_output_are_compiled_regions_in_every_mode(parallel):
-    """Under FSDP2 too (the root's own forward stays eager): an eager loss there upcast the whole logits tensor."""
+def test_the_embedding_and_output_are_compiled_regions_in_every_mode():
+    """Under FSDP2 too (the root's own forward stays eager): an eager loss there upcast the whole logits tensor. The
+    model is compiled before it is parallelized, the same way whatever the mode."""
     from tiny import tiny_model
 
     from cs336_basics.model import TransformerLM
 
     model = TransformerLM(tiny_model())
     eager_output = model.output
-    wrap.compile_for_training(model, two_rank_plan(config(parallel=parallel)), "default", "blocks", "python", "cpu")
+    wrap.compile_for_training(model, "default", "blocks", "python", "cpu")
     compiled = [model.output, model.token_embeddings.forward, *(block.forward for block in model.layers)]
     assert all(hasattr(fn, "_torchdynamo_orig_callable") for fn in compiled)
     assert model.output._torchdynamo_orig_callable == eager_output

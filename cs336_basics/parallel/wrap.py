@@ -191,9 +191,7 @@ def _unused(config: RunConfig, mode: str) -> tuple[str, ...]:
     return tuple(unused)
 
 
-def compile_for_training(
-    model: nn.Module, plan: ParallelPlan, mode: str, scope: str, wrapper: str, device_type: str
-) -> nn.Module:
+def compile_for_training(model: nn.Module, mode: str, scope: str, wrapper: str, device_type: str) -> nn.Module:
     """`model` compiled for the training step on `device_type` in `mode` with inductor's `wrapper`
     (compiled.compile_options), before it is parallelized. `scope` "model" (compiled.resolve_compile_scope refuses it
     under FSDP2): one graph, in a torch.compile wrapper. "blocks", for this package's TransformerLM: compiled by

@@ -182,9 +182,7 @@ class Trainer:
                 "the Trainer compiles in the mode, scope and wrapper build.plan chose; pass a planned config "
                 "(build.build(config).config), not one with --compile_mode, --compile_scope or --compile_wrapper auto."
             )
-        compiled = (
-            compile_for_training(model, self.parallel, mode, scope, wrapper, device.type) if t.compile_model else model
-        )
+        compiled = compile_for_training(model, mode, scope, wrapper, device.type) if t.compile_model else model
         # Under CUDA graphs each compiled region replays into memory of its own, which the next step's replay
         # overwrites; with several regions torch cannot tell where a step begins, so each step says so.
         self._marks_steps = runs_cuda_graphs(t.compile_model, mode, device)
