@@ -3,6 +3,8 @@
 FAIL_RANK, FAIL_STEP   that rank raises at the start of that optimizer step (0-based), as a crash would (the message
                        ends with the wall-clock time of the failure, "(t=<seconds since the epoch>)"); with
                        FAIL_HOW=kill it is killed there instead (SIGKILL: no message, as the OOM killer does it);
+SLOW_LEAVE_S=<s>       a rank that stops on an error waits that long before it leaves the process group, as a loaded
+                       machine can: long enough for torchrun to stop it (SIGTERM) because another rank failed;
 REPORT_GRAPH_BREAKS=1  rank 0 prints "graph_breaks=<n>" (torch.compile's count) when training ends;
 REPORT_CUDA_GRAPHS=1   rank 0 prints "cuda_graph_recordings=[<n>, ...]" (the CUDA graphs recorded in each optimizer
                        step) and "cudagraph_skips=<n>" (compiled graphs inductor would not capture) when training ends.
@@ -16,6 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import train_h100  # noqa: E402
+from cs336_basics.parallel import world  # noqa: E402
 from cs336_basics.parallel.world import exit_process  # noqa: E402
 from cs336_basics.training.trainer import Trainer  # noqa: E402
 
@@ -49,9 +52,21 @@ def count_cuda_graph_recordings() -> list[int]:
     return per_step
 
 
+def slow_leave(seconds: float):
+    leave = world._leave_after_error
+
+    def slowly():
+        time.sleep(seconds)
+        leave()
+
+    return slowly
+
+
 if __name__ == "__main__":
     if "FAIL_RANK" in os.environ:
         Trainer.train_step = failing_step
+    if "SLOW_LEAVE_S" in os.environ:
+        world._leave_after_error = slow_leave(float(os.environ["SLOW_LEAVE_S"]))
     recordings = count_cuda_graph_recordings() if os.environ.get("REPORT_CUDA_GRAPHS") else None
     code = train_h100.main(sys.argv[1:])
     # Imported only when asked for: a rank that refused to start exits at once, as its agent expects.

@@ -25,6 +25,7 @@ import torch
 
 from cs336_basics.devices import resolve_device
 from cs336_basics.errors import ConfigError, RunFolderError, WorkFailed
+from cs336_basics.training.signals import ignore_terminate
 
 T = TypeVar("T")
 
@@ -135,6 +136,10 @@ def process_group(device_name: str, timeout_s: int) -> Iterator[World]:
         # Leave together: a rank that tears its connections down while another still talks to it can make gloo abort.
         dist.barrier()
     except BaseException as exc:
+        # torchrun stops this rank (SIGTERM) as soon as another one dies, often of the failure this rank just met: that
+        # stop must not replace this rank's report of why it stops ("stopped by SIGTERM" instead of "another rank
+        # failed"), however long leaving takes.
+        ignore_terminate()
         _leave_after_error()  # torchrun stops the other ranks when this one exits with the error
         lost = _lost_peer(exc)
         if lost is not None:  # the failed rank says why, if it could: not this rank's traceback of the collective

@@ -42,6 +42,13 @@ def _raise_interrupted_once(signum: int, frame: object) -> None:
     raise Interrupted(signum)
 
 
+def ignore_terminate() -> None:
+    """From now on SIGTERM does nothing: for a process already leaving with an error of its own, whose report a stop
+    request must not replace. Signal handlers can only be set from the main thread; elsewhere this does nothing."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
 @contextlib.contextmanager
 def terminate_raises() -> Iterator[None]:
     """While held, SIGTERM ends the work the way Ctrl-C does (an exception the script reports) instead of killing
