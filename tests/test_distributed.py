@@ -625,18 +625,22 @@ def _fsdp2_fp8_all_gather_run(rank: int, keep: bool) -> dict:
     plan = wrap.ParallelPlan(wrap.FSDP, World(rank, 2, rank, launched=True), "test", 0.0, None,
                              fp8_all_gather=True, keep_gathered_weights=keep)  # fmt: skip
     wrap.parallelize(model, model, plan, torch.device("cpu"))
-    return _sgd_steps(model, run, rank, lambda block: block.ffn.w1.weight._data)
+    scales = []  # block 0's gathered w1 scale in each forward (held: a freed one's address could come back)
+    model.layers[0].register_forward_pre_hook(lambda block, args: scales.append(block.ffn.w1.weight._scale))
+    steps = _sgd_steps(model, run, rank, lambda block: block.ffn.w1.weight._data)
+    return {**steps, "same_scale": [scale is scales[0] for scale in scales]}
 
 
 @pytest.mark.slow
 def test_fsdp2_keeps_torchaos_fp8_all_gathered_weights_in_place_too(tmp_path):
     """keep_gathered_weights on FSDP2's all-gather extension path (--fp8_all_gather): the FP8 data keeps its storage
-    and address, and the losses are those of FSDP2 freeing it."""
+    and address, its scale stays the same tensor (each all-gather's copied into it), and the losses are those of
+    FSDP2 freeing the data and setting a new scale at every all-gather."""
     for results in on_two_gloo_ranks(functools.partial(_planned_both_ways, _fsdp2_fp8_all_gather_run), tmp_path):
         freeing, keeping = results[False], results[True]
         assert keeping["losses"] == freeing["losses"] and keeping["losses"][0] != keeping["losses"][-1]
-        assert len(set(keeping["addresses"])) == 1 and all(keeping["sizes"])
-        assert not any(freeing["sizes"])
+        assert len(set(keeping["addresses"])) == 1 and all(keeping["sizes"]) and all(keeping["same_scale"])
+        assert not any(freeing["sizes"]) and not all(freeing["same_scale"])
 
 
 def _max_over_ranks_of_this_ranks_amaxes(rank: int) -> torch.Tensor:
@@ -1116,12 +1120,16 @@ def test_gpu_ddp_with_the_cpp_wrapper_trains_like_the_python_wrapper(gpu_runs):
 
 @pytest.mark.gpu
 @needs_a_gpu
-def test_gpu_fsdp2_under_cuda_graphs_records_each_graph_once_and_trains_like_fsdp2_without(tmp_path):
+@pytest.mark.parametrize(
+    "fp8", [GPU_FUSED, [*TORCHAO_FP8, "--fp8_all_gather"]], ids=["fused", "torchao_fp8_all_gather"]
+)
+def test_gpu_fsdp2_under_cuda_graphs_records_each_graph_once_and_trains_like_fsdp2_without(tmp_path, fp8):
     """FSDP2 on one rank (its hooks, gathers and reshards as on several) with --compile_mode reduce-overhead: every
-    compiled region of the fused FP8 path (delayed scaling, whose recordings the blocks write) is captured, and with
-    the gathered weights kept in place (parallel/fsdp_graphs.py) recorded in the first steps only, never again; the
-    losses are those of the same run without CUDA graphs."""
-    one_rank = [*gpu_base_flags(tmp_path), *ONE_PROCESS, *GPU_FUSED, *GRAPHS[2:], "--parallel", "fsdp"]
+    compiled region is captured, and with the gathered weights kept in place (parallel/fsdp_graphs.py) recorded in the
+    first steps only, never again; the losses are those of the same run without CUDA graphs. For the fused FP8 path
+    (delayed scaling, whose recordings the blocks write) and for TorchAO's, its weights all-gathered in FP8 (FSDP2's
+    all-gather extension, whose FP8 data is what stays in place)."""
+    one_rank = [*gpu_base_flags(tmp_path), *ONE_PROCESS, *fp8, *GRAPHS[2:], "--parallel", "fsdp"]
     graphs = torchrun([*one_rank, *GRAPHS[:2], "--out_dir", tmp_path / "graphs"], nproc=1, REPORT_CUDA_GRAPHS="1")
     graphs = graphs.wait()
     graphs.assert_succeeded()

@@ -12,6 +12,10 @@ about FSDP2 break that; wrap.parallelize applies both fixes where the plan runs 
   `keep_gathered_weights` leaves each gathered weight's storage allocated: every all-gather still refreshes it, in
   place, so the weights are as fresh as before and their addresses stay. The cost is memory: one gathered copy of
   the weights per GPU, as DDP holds (the summary says so).
+  Through FSDP2's all-gather extension (TorchAO's FP8 all-gather, --fp8_all_gather) the FP8 data is refreshed in
+  place too, but each gather sets a new scale tensor on the gathered weight, whose address moved: the blocks' graphs
+  were recorded again step after step (INDEX.md: 2026-11-29-matrix-and-fsdp2-fp8-gather-h200). So the first
+  scale stays, and each gather's is copied into it.
 - Dynamo takes an FSDP2-managed module's buffers as ordinary graph inputs, not static ones, and inductor captures no
   graph that writes into a non-static input: delayed scaling's amax recordings are such buffers, so no fused FP8
   block was captured ("skipping cudagraphs due to mutated inputs"). `mark_buffers_static` marks them static, as
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from cs336_basics.errors import NotSupportedHere
 
@@ -37,9 +42,11 @@ def keep_gathered_weights(model: nn.Module) -> None:
                   if (group := module._get_fsdp_state()._fsdp_param_group) is not None}  # fmt: skip
         for group in groups.values():
             for fsdp_param in group.fsdp_params:
-                if not callable(getattr(fsdp_param, "free_unsharded_param", None)):
-                    raise AttributeError("FSDPParam has no free_unsharded_param")
+                for method in ("free_unsharded_param", "init_unsharded_param"):
+                    if not callable(getattr(fsdp_param, method, None)):
+                        raise AttributeError(f"FSDPParam has no {method}")
                 fsdp_param.free_unsharded_param = _keep_allocated
+                fsdp_param.init_unsharded_param = _inner_tensors_kept(fsdp_param, fsdp_param.init_unsharded_param)
     except AttributeError as e:
         raise NotSupportedHere(
             f"CUDA graphs under FSDP2 need its gathered weights kept at fixed addresses, which this package does "
@@ -50,6 +57,25 @@ def keep_gathered_weights(model: nn.Module) -> None:
 
 def _keep_allocated() -> None:
     """FSDPParam.free_unsharded_param's replacement: the gathered storage stays for the next all-gather."""
+
+
+def _inner_tensors_kept(fsdp_param, init_unsharded_param):
+    """FSDPParam.init_unsharded_param (which builds the gathered weight after each all-gather) made to keep the
+    gathered weight's inner tensors where it is a tensor subclass (TorchAO's FP8 weight: data and scale): one that the
+    all-gather extension replaced is copied into the one it replaced, which stays."""
+
+    def init_in_place() -> None:
+        gathered = getattr(fsdp_param, "_unsharded_param", None)  # none before the first all-gather
+        kept = {}
+        if is_traceable_wrapper_subclass(gathered):
+            kept = {name: getattr(gathered, name) for name in gathered.__tensor_flatten__()[0]}
+        init_unsharded_param()
+        for name, tensor in kept.items():
+            if (new := getattr(gathered, name)) is not tensor:
+                tensor.copy_(new)
+                setattr(gathered, name, tensor)
+
+    return init_in_place
 
 
 def mark_buffers_static(model: nn.Module) -> None:
