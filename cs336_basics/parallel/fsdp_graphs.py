@@ -14,8 +14,8 @@ about FSDP2 break that; wrap.parallelize applies both fixes where the plan runs 
   the weights per GPU, as DDP holds (the summary says so).
   Through FSDP2's all-gather extension (TorchAO's FP8 all-gather, --fp8_all_gather) the FP8 data is refreshed in
   place too, but each gather sets a new scale tensor on the gathered weight, whose address moved: the blocks' graphs
-  were recorded again step after step (INDEX.md: 2026-11-29-matrix-and-fsdp2-fp8-gather-h200). So the first
-  scale stays, and each gather's is copied into it.
+  were recorded again in steps 2-5 of 6 (INDEX.md: 2026-11-29-matrix-and-fsdp2-fp8-gather-h200), and whether the
+  addresses settle after that is the allocator's luck. So the first scale stays, and each gather's is copied into it.
 - Dynamo takes an FSDP2-managed module's buffers as ordinary graph inputs, not static ones, and inductor captures no
   graph that writes into a non-static input: delayed scaling's amax recordings are such buffers, so no fused FP8
   block was captured ("skipping cudagraphs due to mutated inputs"). `mark_buffers_static` marks them static, as
