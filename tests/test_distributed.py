@@ -1128,7 +1128,7 @@ def test_gpu_fsdp2_under_cuda_graphs_records_each_graph_once_and_trains_like_fsd
     compiled region is captured, and with the gathered weights kept in place (parallel/fsdp_graphs.py) recorded in the
     first steps only, never again; the losses are those of the same run without CUDA graphs. For the fused FP8 path
     (delayed scaling, whose recordings the blocks write) and for TorchAO's, its weights all-gathered in FP8 (FSDP2's
-    all-gather extension, whose FP8 data is what stays in place)."""
+    all-gather extension, whose FP8 data and scale are what stay in place)."""
     one_rank = [*gpu_base_flags(tmp_path), *ONE_PROCESS, *fp8, *GRAPHS[2:], "--parallel", "fsdp"]
     graphs = torchrun([*one_rank, *GRAPHS[:2], "--out_dir", tmp_path / "graphs"], nproc=1, REPORT_CUDA_GRAPHS="1")
     graphs = graphs.wait()

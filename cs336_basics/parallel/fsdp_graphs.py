@@ -33,7 +33,8 @@ from cs336_basics.errors import NotSupportedHere
 
 def keep_gathered_weights(model: nn.Module) -> None:
     """Make FSDP2 keep the gathered weights of every unit in `model` (sharded with fully_shard) allocated between
-    uses. Gathering is unchanged: each all-gather copies into the same storage. There is no public switch for this
+    uses, with the same inner tensors where they are a tensor subclass. Gathering is unchanged: each all-gather copies
+    into the same storage. There is no public switch for this
     in torch's FSDP2, so it reaches into its per-parameter state; a torch whose FSDP2 lacks it is refused."""
     from torch.distributed.fsdp import FSDPModule
 
