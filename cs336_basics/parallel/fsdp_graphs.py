@@ -34,8 +34,8 @@ from cs336_basics.errors import NotSupportedHere
 def keep_gathered_weights(model: nn.Module) -> None:
     """Make FSDP2 keep the gathered weights of every unit in `model` (sharded with fully_shard) allocated between
     uses, with the same inner tensors where they are a tensor subclass. Gathering is unchanged: each all-gather copies
-    into the same storage. There is no public switch for this
-    in torch's FSDP2, so it reaches into its per-parameter state; a torch whose FSDP2 lacks it is refused."""
+    into the same storage. There is no public switch for this in torch's FSDP2, so it reaches into its per-parameter
+    state; a torch whose FSDP2 lacks it is refused."""
     from torch.distributed.fsdp import FSDPModule
 
     try:
@@ -47,7 +47,10 @@ def keep_gathered_weights(model: nn.Module) -> None:
                     if not callable(getattr(fsdp_param, method, None)):
                         raise AttributeError(f"FSDPParam has no {method}")
                 fsdp_param.free_unsharded_param = _keep_allocated
-                fsdp_param.init_unsharded_param = _inner_tensors_kept(fsdp_param, fsdp_param.init_unsharded_param)
+                # Only a parameter gathered through the all-gather extension gets new inner tensors: the others'
+                # gathers pay nothing for it.
+                if hasattr(fsdp_param._sharded_local_tensor, "fsdp_post_all_gather"):
+                    fsdp_param.init_unsharded_param = _inner_tensors_kept(fsdp_param, fsdp_param.init_unsharded_param)
     except AttributeError as e:
         raise NotSupportedHere(
             f"CUDA graphs under FSDP2 need its gathered weights kept at fixed addresses, which this package does "
@@ -62,8 +65,8 @@ def _keep_allocated() -> None:
 
 def _inner_tensors_kept(fsdp_param, init_unsharded_param):
     """FSDPParam.init_unsharded_param (which builds the gathered weight after each all-gather) made to keep the
-    gathered weight's inner tensors where it is a tensor subclass (TorchAO's FP8 weight: data and scale): one that the
-    all-gather extension replaced is copied into the one it replaced, which stays."""
+    inner tensors of a gathered weight that FSDP2's all-gather extension builds (TorchAO's FP8 weight: data and
+    scale): one that the extension replaced is copied into the one it replaced, which stays."""
 
     def init_in_place() -> None:
         gathered = getattr(fsdp_param, "_unsharded_param", None)  # none before the first all-gather
