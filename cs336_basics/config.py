@@ -415,11 +415,13 @@ class TrainConfig:
         "buckets mean fewer all-reduces and fewer pieces of the compiled graph, smaller ones an earlier start",
         check=at_least(1),
     )  # fmt: skip
-    fsdp_reshard_after_forward: bool = setting(
-        True, "under --parallel fsdp: free each block's gathered weights after its forward and gather them again "
+    # Kept as asked ("auto" stays None in config.json): a run resumed under another compile mode decides again.
+    fsdp_reshard_after_forward: bool | None = setting(
+        None, "under --parallel fsdp: free each block's gathered weights after its forward and gather them again "
         "for its backward (least memory); off: keep them from forward to backward, one all-gather per block per "
         "step for about one more unsharded copy of the weights per GPU. The last block keeps them either way (its "
-        "backward comes right after its forward)",
+        "backward comes right after its forward). Default: off under CUDA graphs, where the gathered weights stay "
+        "allocated anyway (so gathering them again would free nothing), on otherwise",
     )  # fmt: skip
     fsdp_blocks_per_unit: int = setting(
         2, "under --parallel fsdp: consecutive transformer blocks sharded as one FSDP2 unit (one all-gather and one "

@@ -187,7 +187,8 @@ def _report(result: TrainResult, built: Built, folder: RunFolder, data, results_
     """Rank 0, after training: the result, the run's record (result.json, and --results_json), and a sample."""
     config, world = built.config, built.plan.world
     log(format_result(result))
-    parallel = {"world_size": world.world_size, "parallel": built.parallel.mode}
+    parallel = {"world_size": world.world_size, "parallel": built.parallel.mode,
+                "fsdp_reshard_after_forward": built.parallel.reshard_after_forward}  # fmt: skip
     if world.world_size > 1:  # what the measurements mean on several GPUs, kept with them
         parallel["parallel_note"] = (
             f"tokens_per_sec: all {world.world_size} ranks together (global batch / median step time); mfu: against "

@@ -243,6 +243,7 @@ def test_ddp_and_fsdp_give_the_losses_of_one_process_with_the_same_global_batch(
     assert "fsdp, world size 2: --parallel fsdp" in done["fsdp"].stdout
     record = json.loads((root / "fsdp" / "result.json").read_text())
     assert (record["world_size"], record["parallel"]) == (2, "fsdp")
+    assert record["fsdp_reshard_after_forward"] is True  # auto's, without CUDA graphs: least memory
     # Each rank's host series, rank 0 first: the rank the others wait for at a collective is told by its own.
     for series in ("host_ms", "host_cpu_ms", "gc_ms"):
         assert [len(steps) for steps in record[series]] == [len(record["step_ms"])] * 2, series
@@ -526,12 +527,28 @@ def test_fsdp2_under_cuda_graphs_is_planned_to_keep_gathered_weights_and_nothing
     assert not keeps("fsdp", "default") and not keeps("ddp", "reduce-overhead")
     run = config(parallel="fsdp", compile_mode="reduce-overhead")  # on the CPU: no CUDA graphs
     assert not wrap.resolve_parallel(run, TWO, torch.device("cpu"), 1000).keep_gathered_weights
-    kept = wrap.resolve_parallel(config(parallel="fsdp", compile_model=True, compile_mode="reduce-overhead"), TWO,
-                                 cuda, 1000)  # fmt: skip
-    assert "gathered weights stay allocated between steps" in kept.summary_line()
-    assert "frees nothing then (--no_fsdp_reshard_after_forward)" in kept.summary_line()
-    kept_for_backward = dataclasses.replace(kept, reshard_after_forward=False)
-    assert "frees nothing" not in kept_for_backward.summary_line()
+
+
+def test_fsdp2_reshards_after_forward_by_default_except_under_cuda_graphs_where_it_would_free_nothing(monkeypatch):
+    cuda = torch.device("cuda")
+    monkeypatch.setattr(wrap, "_device_memory_gib", lambda device: 80.0)
+
+    def planned(compile_mode: str, reshard: bool | None = None) -> wrap.ParallelPlan:
+        run = config(parallel="fsdp", compile_model=True, compile_mode=compile_mode, fsdp_reshard_after_forward=reshard)
+        return wrap.resolve_parallel(run, TWO, cuda, 1000)
+
+    graphs, eager = planned("reduce-overhead"), planned("default")
+    assert graphs.keep_gathered_weights and not graphs.reshard_after_forward
+    assert "gathered weights stay allocated between steps" in graphs.summary_line()
+    assert "keep their gathered weights from forward to backward (auto: under CUDA graphs" in graphs.summary_line()
+    assert not eager.keep_gathered_weights and eager.reshard_after_forward
+    assert "re-gather their weights for backward (auto: least memory)" in eager.summary_line()
+    # Asked for, either value is honoured, without an auto reason; re-gathering under graphs is named as a waste.
+    asked = planned("reduce-overhead", reshard=True)
+    assert asked.reshard_after_forward and "auto:" not in asked.summary_line()
+    assert "frees nothing then (--no_fsdp_reshard_after_forward)" in asked.summary_line()
+    assert not planned("default", reshard=False).reshard_after_forward
+    assert "frees nothing" not in planned("reduce-overhead", reshard=False).summary_line()
 
 
 def _planned_both_ways(steps, rank: int) -> dict[bool, dict]:
@@ -755,7 +772,9 @@ def test_fp8_all_gather_only_when_asked_under_fsdp_with_tensorwise():
     ddp = two_rank_plan(asked.replace(train={"parallel": "ddp", "fsdp_reshard_after_forward": False}))
     assert "not used here: --fp8_all_gather, --no_fsdp_reshard_after_forward" in ddp.summary_line()
     alone = wrap.resolve_parallel(asked.replace(train={"parallel": "auto"}), World(), torch.device("cpu"), 1000)
-    assert "not used here: --fp8_all_gather" in alone.summary_line()
+    assert "not used here: --fp8_all_gather (FSDP2 settings; --fp8_all_gather needs FP8 too)" in alone.summary_line()
+    on = two_rank_plan(config(parallel="ddp", fsdp_reshard_after_forward=True))
+    assert "not used here: --fsdp_reshard_after_forward (FSDP2 settings)" in on.summary_line()
     assert plan.unused_flags == () and "not used" not in plan.summary_line()
     with pytest.raises(ConfigError, match="needs --fp8_recipe tensorwise"):
         choose_fp8(asked.replace(fp8={"fp8_recipe": "rowwise"}).fp8, world_size=2)
@@ -1136,6 +1155,9 @@ def test_gpu_fsdp2_under_cuda_graphs_records_each_graph_once_and_trains_like_fsd
     plain = torchrun([*one_rank, *NO_GRAPHS, "--out_dir", tmp_path / "plain"], nproc=1).wait()
     plain.assert_succeeded()
     assert "gathered weights stay allocated between steps" in graphs.stdout
+    # Auto keeps them from forward to backward too: gathering them again would free nothing.
+    assert "keep their gathered weights from forward to backward (auto: under CUDA graphs" in graphs.stdout
+    assert json.loads((tmp_path / "graphs" / "result.json").read_text())["fsdp_reshard_after_forward"] is False
     recordings = json.loads(re.search(r"cuda_graph_recordings=(\[.*\])", graphs.stdout).group(1))
     assert len(recordings) == STEPS and sum(recordings) > 0 and sum(recordings[STEPS // 2 :]) == 0, recordings
     assert "cudagraph_skips=0" in graphs.stdout

@@ -105,7 +105,8 @@ def run_record(config: RunConfig, status: str = "ok", **measured: Any) -> dict[s
         "world_size": 1,
         "parallel": "none",
         "ddp_bucket_mb": t.ddp_bucket_mb,  # used by --parallel ddp only
-        "fsdp_reshard_after_forward": t.fsdp_reshard_after_forward,  # used by --parallel fsdp only
+        # Used by --parallel fsdp only; None (auto) until a run resolves it: a finished run records the plan's.
+        "fsdp_reshard_after_forward": t.fsdp_reshard_after_forward,
         "fsdp_blocks_per_unit": t.fsdp_blocks_per_unit,  # used by --parallel fsdp only
         "fp8_all_gather": bool(fp8.use_fp8 and fp8.fp8_all_gather),  # used by --parallel fsdp only
         "fp8_lm_head": bool(fp8.use_fp8 and fp8.fp8_lm_head),

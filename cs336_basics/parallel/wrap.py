@@ -72,6 +72,7 @@ class ParallelPlan:
     fp8_all_gather: bool = False  # FSDP2 all-gathers FP8 weights (torchao's tensorwise recipe)
     ddp_bucket_mb: int = 25  # gradient megabytes per DDP all-reduce bucket
     reshard_after_forward: bool = True  # FSDP2 frees a block's gathered weights after its forward
+    reshard_reason: str = ""  # why, where auto chose it (the summary prints it)
     blocks_per_unit: int = 2  # FSDP2: consecutive blocks sharded (gathered, reduced) as one unit
     # FSDP2 under CUDA graphs: gathered weights stay allocated, buffers are static inputs (parallel/fsdp_graphs.py)
     keep_gathered_weights: bool = False
@@ -80,7 +81,8 @@ class ParallelPlan:
     def summary_line(self) -> str:
         line = f"{self.mode}, world size {self.world.world_size}: {self.reason}"
         if self.unused_flags:
-            line += f"; not used here: {', '.join(self.unused_flags)} (FSDP2 settings; the first needs FP8 too)"
+            needs_fp8 = "; --fp8_all_gather needs FP8 too" if "--fp8_all_gather" in self.unused_flags else ""
+            line += f"; not used here: {', '.join(self.unused_flags)} (FSDP2 settings{needs_fp8})"
         if self.mode == DDP:
             line += f"; {self.ddp_bucket_mb} MB all-reduce buckets"
         if self.mode == FSDP:
@@ -89,7 +91,7 @@ class ParallelPlan:
                 "; blocks re-gather their weights for backward"
                 if self.reshard_after_forward
                 else "; blocks keep their gathered weights from forward to backward"
-            )
+            ) + (f" ({self.reshard_reason})" if self.reshard_reason else "")
             if self.blocks_per_unit > 1:
                 line += f"; {self.blocks_per_unit} blocks per FSDP2 unit"
             if self.keep_gathered_weights:
@@ -165,11 +167,18 @@ def resolve_parallel(config: RunConfig, world: World, device: torch.device, n_pa
         mode, reason = requested, f"--parallel {requested}"
     per_rank = state_gib / world.world_size if mode == FSDP else state_gib
     t = config.train
+    keep = mode == FSDP and runs_cuda_graphs(t.compile_model, t.compile_mode, device)
+    reshard, reshard_reason = t.fsdp_reshard_after_forward, ""
+    if reshard is None:
+        # Under CUDA graphs the gathered weights stay allocated (keep_gathered_weights), so a second all-gather for
+        # backward would free nothing and cost a collective per unit (INDEX.md: 2026-11-29-fsdp2-reshard-graphs-h200).
+        reshard = not keep
+        if mode == FSDP:
+            reshard_reason = "auto: " + ("under CUDA graphs they stay allocated anyway" if keep else "least memory")
     return ParallelPlan(
         mode, world, reason, per_rank, device_gib, fp8_all_gather=_fp8_all_gather(config, mode),
-        ddp_bucket_mb=t.ddp_bucket_mb, reshard_after_forward=t.fsdp_reshard_after_forward,
-        blocks_per_unit=t.fsdp_blocks_per_unit, unused_flags=_unused(config, mode),
-        keep_gathered_weights=mode == FSDP and runs_cuda_graphs(t.compile_model, t.compile_mode, device),
+        ddp_bucket_mb=t.ddp_bucket_mb, reshard_after_forward=reshard, reshard_reason=reshard_reason,
+        blocks_per_unit=t.fsdp_blocks_per_unit, unused_flags=_unused(config, mode), keep_gathered_weights=keep,
     )  # fmt: skip
 
 
@@ -184,8 +193,9 @@ def _unused(config: RunConfig, mode: str) -> tuple[str, ...]:
     unused = []
     if config.fp8.fp8_all_gather and not _fp8_all_gather(config, mode):
         unused.append("--fp8_all_gather")
-    if not config.train.fsdp_reshard_after_forward and mode != FSDP:
-        unused.append("--no_fsdp_reshard_after_forward")
+    reshard = config.train.fsdp_reshard_after_forward
+    if reshard is not None and mode != FSDP:
+        unused.append("--fsdp_reshard_after_forward" if reshard else "--no_fsdp_reshard_after_forward")
     if config.train.fsdp_blocks_per_unit != TrainConfig.fsdp_blocks_per_unit and mode != FSDP:
         unused.append("--fsdp_blocks_per_unit")
     return tuple(unused)
