@@ -12,19 +12,18 @@ first).
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 from cs336_basics.cli import config_from_args, config_parser
 from cs336_basics.errors import alike_on_every_rank, rank_prefix, run_program
 from cs336_basics.measure.results import check_results_file
 from cs336_basics.parallel.world import exit_process
 from cs336_basics.run import run_training
-from cs336_basics.training.checkpoint import CHECKPOINT_NAME
+from cs336_basics.training.checkpoint import checkpoint_file
 from cs336_basics.training.signals import Interrupted, terminate_raises
 
 
 def _how_to_continue(config) -> str:
-    if config is not None and (Path(config.train.out_dir) / CHECKPOINT_NAME).is_file():
+    if config is not None and checkpoint_file(config.train.out_dir).is_file():
         return f"Continue with: --resume --out_dir {config.train.out_dir}"
     return "No checkpoint was saved; start the run again (--overwrite if its folder was already created)."
 

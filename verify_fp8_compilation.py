@@ -32,14 +32,20 @@ from cs336_basics.cli import config_from_args, config_parser
 from cs336_basics.errors import run_program, writing
 from cs336_basics.files.output_paths import check_output_path
 from cs336_basics.measure.results import write_results
-from cs336_basics.programs.verify_fp8 import verify_fp8
+from cs336_basics.programs.verify_fp8 import LOSS_TOLERANCE, MIN_SPEEDUP, verify_fp8
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = config_parser(__doc__)
     parser.add_argument("--steps", type=int, default=50, help="training steps per precision (default 50)")
-    parser.add_argument("--loss_tolerance", type=float, default=0.02, help="max relative FP8-BF16 loss gap")
-    parser.add_argument("--min_speedup", type=float, default=1.0, help="FP8/BF16 tokens/s needed to PASS")
+    parser.add_argument(
+        "--loss_tolerance", type=float, default=LOSS_TOLERANCE,
+        help=f"max relative FP8-BF16 loss gap (default {LOSS_TOLERANCE})",
+    )  # fmt: skip
+    parser.add_argument(
+        "--min_speedup", type=float, default=MIN_SPEEDUP,
+        help=f"FP8/BF16 tokens/s needed to PASS (default {MIN_SPEEDUP})",
+    )  # fmt: skip
     parser.add_argument("--json", help="write the checks, the runs and the doctor's findings here")
     parser.add_argument(
         "--no_compare_paths", dest="compare_paths", action="store_false",

@@ -183,13 +183,6 @@ class ModelConfig:
     def head_dim(self) -> int:
         return self.dim // self.n_heads
 
-    def parameter_count(self) -> int:
-        """TransformerLM(self).num_parameters() without building it (tests/test_model.py holds the two equal)."""
-        d, q, kv = self.dim, self.n_heads * self.head_dim, self.kv_heads * self.head_dim
-        block = d * q + 2 * d * kv + q * d + 3 * d * self.intermediate_size + 2 * d
-        embeddings = self.vocab_size * d * (1 if self.tie_embeddings else 2)
-        return embeddings + self.n_layers * block + d
-
 
 def with_fixed_shape(
     model: dict[str, Any], shape: dict[str, Any], explicit: dict[str, Any], request: str, source: str, fix: str

@@ -15,7 +15,7 @@ from torch import nn
 
 from cs336_basics.errors import ConfigError, os_reason
 from cs336_basics.optim import MasterWeightAdamW
-from cs336_basics.training.checkpoint import CHECKPOINT_NAME, latest_checkpoint, save_checkpoint
+from cs336_basics.training.checkpoint import CHECKPOINT_NAME, checkpoint_file, save_checkpoint
 from cs336_basics.training.restore import load_checkpoint
 
 
@@ -67,7 +67,7 @@ def test_round_trip_restores_everything(tmp_path):
         extra={"best_val": 2.5, "out": tmp_path},  # a Path is stored as its string
     )
     assert path == tmp_path / "run" / CHECKPOINT_NAME and path.is_file()
-    assert latest_checkpoint(tmp_path / "run") == path
+    assert checkpoint_file(tmp_path / "run") == path and checkpoint_file(path) == path
 
     model_b, opt_b = make(seed=99)
     ckpt = load_checkpoint(path, model=model_b, optimizer=opt_b)
@@ -191,7 +191,6 @@ def test_missing_file_is_a_config_error(tmp_path):
     missing = tmp_path / "nope" / CHECKPOINT_NAME
     with pytest.raises(ConfigError, match="no checkpoint file"):
         load_checkpoint(missing)
-    assert latest_checkpoint(tmp_path / "nope") is None
 
 
 @pytest.mark.parametrize("kind", ["garbage", "truncated", "empty", "foreign"])

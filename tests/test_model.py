@@ -323,9 +323,3 @@ def test_gpu_compiled_training_step():
         assert all(p.grad is not None for p in model.parameters())
     finally:
         torch._dynamo.reset()
-
-
-@pytest.mark.parametrize("overrides", [{}, {"n_kv_heads": 1}, {"tie_embeddings": True}, {"n_heads": 4, "dim": 64}])
-def test_the_config_counts_the_models_parameters(overrides):
-    config = tiny_model(**overrides)
-    assert config.parameter_count() == TransformerLM(config).num_parameters()

@@ -10,7 +10,7 @@ import pytest
 
 import cs336_basics.diagnostics.amdahl.__main__ as amdahl_main
 from cs336_basics.errors import WorkFailed
-from cs336_basics.measure.results import append_runs, environment, write_results, write_results_from_raw
+from cs336_basics.measure.results import append_runs, environment, write_results
 
 
 def test_a_module_run_with_dash_m_is_recorded_as_such(monkeypatch):
@@ -36,22 +36,6 @@ def test_write_results_has_the_shared_header_extra_fields_and_runs(tmp_path):
     assert {"gpu", "torch", "torchao", "command"} <= data.keys()
     assert data["passed"] is True and data["runs"] == [{"preset": "x", "status": "ok"}]
     assert [p.name for p in path.parent.iterdir()] == ["r.json"]  # no temporary file left behind
-
-
-def test_results_from_raw_files_name_each_gpu_and_file(tmp_path):
-    raws = []
-    for gpu in ("NVIDIA H200", "NVIDIA H100"):
-        path = tmp_path / f"{gpu[-4:]}.json"
-        path.write_text(json.dumps({"gpu": gpu, "torch": "2.11", "rows": [{"ms": 1.0}, {"ms": 2.0}]}))
-        raws.append(str(path))
-    out = tmp_path / "out.json"
-    write_results_from_raw(out, raws, "probe.py", lambda raw, path, row: {"gpu": raw["gpu"], "raw": path, **row})
-    data = json.loads(out.read_text())
-    assert data["gpu"] == "NVIDIA H200 + NVIDIA H100" and data["command"] == f"probe.py run (raw: {raws})"
-    assert [(r["gpu"], r["raw"], r["ms"]) for r in data["runs"]] == [
-        ("NVIDIA H200", raws[0], 1.0), ("NVIDIA H200", raws[0], 2.0),
-        ("NVIDIA H100", raws[1], 1.0), ("NVIDIA H100", raws[1], 2.0),
-    ]  # fmt: skip
 
 
 def test_adding_to_a_file_that_stopped_being_a_results_file_during_the_work_is_one_error(tmp_path):

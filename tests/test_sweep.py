@@ -462,7 +462,7 @@ def test_end_to_end_cpu_sweep_writes_every_output(tmp_path, token_files, capsys)
     assert "[1/2] cpu-small/bs4/bf16/eager/sdpa/ac-off: ok" in stdout
     assert "peak n/a, compile n/a" in stdout  # a CPU run has neither: n/a, without a unit after it
     assert "| # | preset | batch | precision |" in stdout and "MFU (vs BF16 peak)" in stdout
-    assert "989 TFLOP/s" in stdout
+    assert "TFLOP/s: H100 989, H200 989" in stdout
 
     data = json.loads((out / "sweep.json").read_text())
     assert {"gpu", "torch", "torchao", "command", "runs"} <= set(data)

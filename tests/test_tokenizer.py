@@ -130,7 +130,7 @@ def test_encode_files_matches_per_file_encode(tok, tmp_path):
 
 
 def test_encode_files_chunked_is_exact(tok, tmp_path, monkeypatch):
-    # Tiny chunks and batches: one file becomes many chunks across several encode_batch calls.
+    # Tiny chunks and batches: one file becomes many chunks across several batched encodes.
     monkeypatch.setattr(tokmod, "_CHUNK_BYTES", 512)
     monkeypatch.setattr(tokmod, "_MIN_BATCH_BYTES", 4096)
     monkeypatch.setattr(tokmod, "_CHUNKS_PER_CORE", 1)

@@ -28,11 +28,11 @@ from cs336_basics.files.atomic import temp_prefix
 END_OF_TEXT = "<|endoftext|>"
 
 # A file is read in blocks of this size and cut into chunks on safe boundaries (see _safe_cut): chunks are
-# the unit of parallelism for encode_batch, so a single huge file still keeps every core busy.
+# the unit of parallelism for the batched encode (Rust threads), so a single huge file still keeps every core busy.
 _CHUNK_BYTES = 256 << 10
-# Chunks per core handed to one encode_batch call: enough to balance the threads' work within a batch.
-# Memory is what bounds it: Encoding objects cost ~90 bytes per token (they also hold token strings and
-# offsets), so a batch costs ~25x its text size: ~100 MB on 2 cores, ~400 MB on 16.
+# Chunks per core handed to one batched encode: enough to balance the threads' work within a batch.
+# Memory is what bounds it: Encoding objects hold each token's string and offsets besides its id, so a batch
+# costs many times its text size.
 _CHUNKS_PER_CORE = 4
 _MIN_BATCH_BYTES = 4 << 20
 # Give up looking for an exact boundary once the carried-over text reaches this many chunks (text with no
@@ -224,10 +224,6 @@ class BPETokenizer:
         # still matched as one token.
         return self._tok.encode(text, add_special_tokens=False).ids
 
-    def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        """Encode many texts in parallel (Rust threads, all cores)."""
-        return [e.ids for e in self._tok.encode_batch_fast(texts, add_special_tokens=False)]
-
     def decode(self, ids: Iterable[int]) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=False)
 
@@ -309,7 +305,7 @@ def _document_chunks(paths: list[Path]) -> Iterator[_Chunk]:
 
 
 def _batches(chunks: Iterable[_Chunk], batch_bytes: int) -> Iterator[list[_Chunk]]:
-    """Chunks grouped for one encode_batch call each: a batch ends once it holds ``batch_bytes`` of text."""
+    """Chunks grouped for one batched encode each: a batch ends once it holds ``batch_bytes`` of text."""
     pending: list[_Chunk] = []
     pending_bytes = 0
     for chunk in chunks:

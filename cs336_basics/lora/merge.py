@@ -16,14 +16,14 @@ from cs336_basics.lora.apply import apply_lora
 from cs336_basics.lora.base import load_base
 from cs336_basics.lora.layers import FrozenLinear
 from cs336_basics.model import TransformerLM
-from cs336_basics.training.checkpoint import CHECKPOINT_NAME, load_model_state, read_checkpoint
+from cs336_basics.training.checkpoint import checkpoint_file, load_model_state, read_checkpoint
 
 
 def lora_model(run_checkpoint: str | Path) -> tuple[TransformerLM, RunConfig]:
     """The fine-tuned model of a LoRA run's checkpoint, unmerged (base + adapters, BF16 base GEMMs), on the CPU in
     float32 (the base's weights and the adapters converted exactly), and the run's config."""
     path = Path(run_checkpoint)
-    ckpt = read_checkpoint(path / CHECKPOINT_NAME if path.is_dir() else path)
+    ckpt = read_checkpoint(checkpoint_file(path))
     config = RunConfig.from_dict(ckpt["config"])
     if not config.finetune.lora:
         raise ConfigError(f"{path} is not a LoRA run's checkpoint (no --lora_rank): it holds the whole model already.")

@@ -7,7 +7,6 @@ import json
 import math
 import shlex
 import sys
-from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -150,23 +149,6 @@ def result_record(config: RunConfig, result: Any, **extra: Any) -> dict[str, Any
 def write_results(path: str | Path, runs: list[dict[str, Any]], **fields: Any) -> Path:
     """A new results file: this machine's header, any extra top-level `fields`, and the runs."""
     return write_json_atomic(path, {**environment(), **fields, "runs": runs})
-
-
-def write_results_from_raw(
-    out_path: str | Path, raw_paths: list[str], script: str, record: Callable[[dict, str, dict], dict[str, Any]]
-) -> Path:
-    """A results file made on the CPU from the raw files a device script wrote (each {"gpu", "torch", "rows"}): one
-    record per row, `record(raw, path, row)`; the header names every raw file's GPU and the files themselves."""
-    if not raw_paths:
-        raise ValueError("no raw files given")
-    records, gpus = [], []
-    for path in raw_paths:
-        raw = json.loads(Path(path).read_text())
-        gpus.append(raw["gpu"])
-        records.extend(record(raw, path, row) for row in raw["rows"])
-    command = f"{script} run (raw: {raw_paths})"
-    return write_json_atomic(out_path, dict(gpu=" + ".join(gpus), torch=raw["torch"], torchao=None, command=command,
-                                            runs=records))  # fmt: skip
 
 
 def _read_results(path: Path) -> dict[str, Any]:

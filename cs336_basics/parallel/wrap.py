@@ -57,8 +57,8 @@ NONE, DDP, FSDP = "none", "ddp", "fsdp"
 
 # auto picks FSDP when the replicated model state (weights, gradients, fp32 masters, AdamW moments) would take more
 # than this share of one device's memory: the rest is what activations, the compiled graph's buffers and the
-# allocator's slack need at our batch shapes (the 1.3b preset at 4 x 2048 peaked at 29 GiB on one GPU, of which about
-# 19 GiB is model state at 16 bytes per parameter).
+# allocator's slack need at our batch shapes (at 4 x 2048 on one GPU, the 1.3b preset's model state, 16 bytes per
+# parameter, was most of its peak: INDEX.md, 2026-11-25-defaults-cold-h200).
 AUTO_FSDP_STATE_SHARE = 0.5
 
 

@@ -6,8 +6,8 @@ on first runs on 2 GPUs at 1.3b it ran ahead of TorchAO's path with CUDA graphs 
 accumulation (2026-11-28-ddp-levers-4xh200); its delayed scaling ran ahead of its dynamic scaling on 2 and 4 GPUs
 (2026-11-28-ddp-delayed-4xh200).
 Under FSDP2 too: there, on first runs on 2 GPUs at 1.3b, the fused path ran ahead of TorchAO's, both behind BF16
-(2026-11-28-fsdp2-x2-h200); with inductor's C++ wrapper, which auto gives it there, it came to 0.91-1.03x of BF16
-(2026-11-28-fsdp2-cpp-wrapper-x2-h200). TorchAO's path takes about 3 GiB per GPU less.
+(2026-11-28-fsdp2-x2-h200); with inductor's C++ wrapper, which auto gives it there, it came near BF16, and TorchAO's
+path took less memory per GPU (2026-11-28-fsdp2-cpp-wrapper-x2-h200).
 TorchAO's path is chosen where only it runs:
   - a rowwise recipe or --fp8_all_gather (the fused path is tensorwise and has no FP8 all-gather);
   - --fp8_emulate (emulation is TorchAO's; the fused path runs real FP8 casts even on the CPU).

@@ -65,6 +65,9 @@ from cs336_basics.precision.rules import grad_weight_in_fp8
 from cs336_basics.training.trainer import Trainer, TrainResult
 
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+# The verdict's defaults (verify_fp8_compilation.py's flags): FP8's final loss within 2% of BF16's, and not slower.
+LOSS_TOLERANCE = 0.02
+MIN_SPEEDUP = 1.0
 ADAPTER_NAMES = ("lora_a", "lora_b")  # the last part of an adapter parameter's name (lora/layers.py)
 
 
@@ -480,7 +483,11 @@ def _path_line(config: RunConfig, result: TrainResult, summary: str, bf16: Train
 
 
 def verify_fp8(
-    config: RunConfig, loss_tolerance: float = 0.02, min_speedup: float = 1.0, log=print, compare_paths: bool = True
+    config: RunConfig,
+    loss_tolerance: float = LOSS_TOLERANCE,
+    min_speedup: float = MIN_SPEEDUP,
+    log=print,
+    compare_paths: bool = True,
 ) -> Verification:
     """Run the checks for `config`'s model and batch (a LoRA fine-tune's for one), and the doctor's findings. On CPU
     checks 1-4 run: pretraining FP8 emulated, a LoRA fine-tune's frozen FP8 base on torch._scaled_mm's CPU kernels.

@@ -119,9 +119,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--quick",
         action="store_true",
-        help="366m, bf16 vs fp8 (the default FP8), compile auto (the trainer's default), sdpa, AC off, batch 8, "
-        "20 steps, 200 s per config, then the Amdahl analysis (about 4 minutes on one H200); "
-        "explicit grid flags still override",
+        help=f"{QUICK['presets'][0]}, bf16 vs fp8 (the default FP8), compile auto (the trainer's default), sdpa, AC "
+        f"off, batch {QUICK['batch_sizes'][0]}, {QUICK['steps']} steps, {QUICK['timeout_s']:g} s per config at most, "
+        "then the Amdahl analysis; explicit grid flags still override",
     )
     run.add_argument(
         "--amdahl",

@@ -48,9 +48,9 @@ DEFAULTS: dict[str, Any] = dict(
     steps=30,
     timeout_s=600.0,
 )
-# --quick: the question most people have (does FP8 pay on this GPU, at the shape we measured?), in ~2-5 minutes
-# on one H100/H200: 2 configs x (process start + compile, 30-120 s cold + 20 steps); each is capped at 200 s,
-# so the whole sweep stays under 8 minutes even if a compile hangs.
+# --quick: the question most people have (does FP8 pay on this GPU, at the shape we measured?) in a few minutes: two
+# configurations, each a process start, a compile and 20 steps, each capped at timeout_s, so a hung compile cannot
+# hold the sweep.
 QUICK: dict[str, Any] = dict(
     presets=("366m",),
     precisions=("bf16", "fp8"),

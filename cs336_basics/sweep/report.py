@@ -15,6 +15,7 @@ from cs336_basics.diagnostics.amdahl import format_table as amdahl_table
 from cs336_basics.files.atomic import write_text_atomic
 from cs336_basics.measure.results import STEP_SERIES, format_or_na
 from cs336_basics.sweep.plan import BASELINE_COMPILE, BASELINE_PRECISION, LM_HEAD_SUFFIX, on_off
+from cs336_basics.training.metrics import BF16_PEAK_FLOPS
 from cs336_basics.training.trainer import WARMUP_STEPS_EXCLUDED
 
 # A record's group: these fields and where it ran (world size, parallel mode; see group_key), everything but the
@@ -37,8 +38,9 @@ CSV_COLUMNS = (
 )
 # fmt: on
 
+_PEAKS = ", ".join(f"{gpu} {flops / 1e12:g}" for gpu, flops in BF16_PEAK_FLOPS.items())
 MFU_NOTE = (
-    "MFU is against the dense BF16 tensor-core peak (989 TFLOP/s on H100/H200) for every precision, FP8 included, "
+    f"MFU is against the GPU's dense BF16 tensor-core peak (TFLOP/s: {_PEAKS}) for every precision, FP8 included, "
     "so it compares across rows; n/a where the peak is unknown (CPU)."
 )
 

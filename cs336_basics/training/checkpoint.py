@@ -42,7 +42,7 @@ __all__ = [
     "SHARDS_DIR",
     "checkpoint_payload",
     "check_model_keys",
-    "latest_checkpoint",
+    "checkpoint_file",
     "load_model_state",
     "model_state",
     "read_checkpoint",
@@ -316,7 +316,8 @@ def remove_stale_shards(out_dir: str | os.PathLike) -> list[Path]:
     return stale
 
 
-def latest_checkpoint(out_dir: str | os.PathLike) -> Path | None:
-    """The run's checkpoint in `out_dir` (the trainer keeps one, overwritten atomically), or None."""
-    path = Path(out_dir) / CHECKPOINT_NAME
-    return path if path.is_file() else None
+def checkpoint_file(source: str | os.PathLike) -> Path:
+    """The checkpoint a path names: a run folder's (the trainer keeps one there, overwritten atomically), or the path
+    itself where it is not a folder. Whether the file exists is the caller's to check (read_checkpoint says so)."""
+    path = Path(source)
+    return path / CHECKPOINT_NAME if path.is_dir() else path

@@ -16,7 +16,7 @@ from cs336_basics.files.atomic import atomic_write, write_text_atomic
 
 # Dense BF16 tensor-core peak (no sparsity), FLOP/s, by GPU name fragment. H100 SXM and H200 share the same
 # compute die, hence the same peak; FP8 runs are reported against this BF16 peak too, so MFU stays comparable.
-_BF16_PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12}
+BF16_PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12}
 
 
 def peak_flops(device: torch.device) -> float | None:
@@ -24,7 +24,7 @@ def peak_flops(device: torch.device) -> float | None:
     if device.type != "cuda":
         return None
     name = torch.cuda.get_device_name(device)
-    return next((peak for key, peak in _BF16_PEAK_FLOPS.items() if key in name), None)
+    return next((peak for key, peak in BF16_PEAK_FLOPS.items() if key in name), None)
 
 
 def attention_flops_per_token(n_layers: int, dim: int, seq_len: int) -> float:

@@ -37,6 +37,7 @@ from cs336_basics.training.checkpoint import (
     SHARDED_FORMAT,
     SHARDS_DIR,
     check_model_keys,
+    checkpoint_file,
     checkpoint_payload,
     is_sharded_checkpoint,
     model_state,
@@ -195,7 +196,7 @@ def export_checkpoint(source: str | Path, output: str | Path) -> Path:
     layout: what `--resume` in one process, cs336_basics.programs.generate and the course's load_checkpoint read, on
     a GPU or the CPU. Written atomically."""
     source = Path(source)
-    ckpt = read_checkpoint(source / CHECKPOINT_NAME if source.is_dir() else source)
+    ckpt = read_checkpoint(checkpoint_file(source))
     if RunConfig.from_dict(ckpt["config"]).finetune.lora:
         # Its model is the adapters alone (their base is another file) and its optimizer trains them alone: no
         # one-process checkpoint of a whole model can be made of it; the merged weights are a plain state dict.

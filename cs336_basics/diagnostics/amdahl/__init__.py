@@ -21,7 +21,6 @@ The math and the GEMM enumeration are pure functions that work on CPU; measuring
 """
 
 from cs336_basics.diagnostics.amdahl.law import (
-    GEMM_KINDS,
     GemmShape,
     MatmulTimings,
     amdahl_prediction,
@@ -41,7 +40,6 @@ from cs336_basics.diagnostics.amdahl.measure import (
 from cs336_basics.diagnostics.amdahl.report import AmdahlRow, format_shape_table, format_table, format_top_kernels
 
 __all__ = [
-    "GEMM_KINDS",
     "AmdahlRow",
     "GemmShape",
     "MatmulTimings",

@@ -14,8 +14,6 @@ from torch import nn
 from cs336_basics.config import FP8Config, ModelConfig
 from cs336_basics.errors import ConfigError
 
-GEMM_KINDS = ("forward", "grad_input", "grad_weight")
-
 # ---- Amdahl's law ----
 
 
@@ -198,15 +196,6 @@ class MatmulTimings(Mapping):
     @property
     def speedup(self) -> float:
         return matmul_speedup(self.times)
-
-    @property
-    def converted_bf16_ms(self) -> float:
-        """BF16 time of the converted GEMMs of one micro-batch (each shape x its count)."""
-        return sum(s.count * t[0] for s, t in self.times.items() if s.converted)
-
-    @property
-    def converted_fp8_ms(self) -> float:
-        return sum(s.count * t[1] for s, t in self.times.items() if s.converted)
 
     def rows(self) -> list[dict[str, Any]]:
         return [

@@ -24,7 +24,7 @@ def fast_accum_backward(cfg: FP8Config, linear: nn.Module, fqn: str) -> bool:
     """Whether the linear at `fqn` takes --fp8_fast_accum_backward: every FP8 linear but the lm_head. Each row of the
     logits' gradient, softmax - onehot, sums to zero, so the head's dx sums vocabulary-many terms that cancel down to
     a result far smaller than they are: with fast accumulation its error outgrew the result (the gradients below the
-    head were off by 91-122%, 6-7% without it), and its dW's error doubled
+    head were off by about as much as their size, against a few percent without it), and its dW's error doubled
     (INDEX.md: 2026-11-23-lora-loss-safe-h200). Left unchosen (None, before
     precision.choose_fp8 resolves it), it is off."""
     return bool(cfg.fp8_fast_accum_backward) and not is_lm_head(linear, fqn)
