@@ -17,7 +17,7 @@ from types import ModuleType
 import torch
 from torch import nn
 
-from cs336_basics.kernels import rope_reference
+from cs336_basics.kernels import kernels_for, rope_reference
 from cs336_basics.model.attention import CausalSelfAttention
 from cs336_basics.model.layers import RotaryEmbedding
 from cs336_basics.precision.fused.linear import (
@@ -40,11 +40,7 @@ def rope_unit_heads(module: nn.Module) -> tuple[int, int, int] | None:
 
 def rope_ops(device: torch.device) -> ModuleType:
     """The producer implementation for `device`: the Triton kernel on CUDA, the torch definition elsewhere."""
-    if device.type != "cuda":
-        return rope_reference
-    from cs336_basics.kernels import rope_triton  # imports triton
-
-    return rope_triton
+    return kernels_for(device, rope_reference)
 
 
 def qkv_grad_cast_args(

@@ -15,7 +15,7 @@ from types import ModuleType
 import torch
 from torch import nn
 
-from cs336_basics.kernels import swiglu_reference
+from cs336_basics.kernels import kernels_for, swiglu_reference
 from cs336_basics.precision.fused.linear import (
     backward_gemms,
     forward_gemm,
@@ -29,11 +29,7 @@ from cs336_basics.precision.fused.scaling import GRAD, INPUT, SiteScaling, produ
 
 def swiglu_ops(device: torch.device) -> ModuleType:
     """The producer implementation for `device`: Triton kernels on CUDA, the torch definition elsewhere."""
-    if device.type != "cuda":
-        return swiglu_reference
-    from cs336_basics.kernels import swiglu_triton  # imports triton
-
-    return swiglu_triton
+    return kernels_for(device, swiglu_reference)
 
 
 def swiglu_input_gradient(
