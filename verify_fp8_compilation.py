@@ -28,8 +28,8 @@ from __future__ import annotations
 import dataclasses
 import sys
 
-from cs336_basics.cli import config_from_args, config_parser
-from cs336_basics.errors import run_program, writing
+from cs336_basics.cli import config_from_args, config_parser, overrides_from_args
+from cs336_basics.errors import ConfigError, run_program, writing
 from cs336_basics.files.output_paths import check_output_path
 from cs336_basics.measure.results import write_results
 from cs336_basics.programs.verify_fp8 import LOSS_TOLERANCE, MIN_SPEEDUP, verify_fp8
@@ -55,7 +55,37 @@ def main(argv: list[str] | None = None) -> int:
     return run_program(lambda: _verify(args))
 
 
+# Trainer flags this tool cannot honour (it trains each precision in memory, in one process, for --steps steps), each
+# with what to do instead.
+_NOT_HERE = {
+    ("fp8", "use_fp8"): (False, "it compares FP8 with BF16: without FP8 there is nothing to verify"),
+    ("train", "resume"): (True, "it writes no run folder; to keep its results, pass --json FILE"),
+    ("train", "overwrite"): (True, "it writes no run folder; to keep its results, pass --json FILE"),
+    ("train", "out_dir"): (None, "it writes no run folder; to keep its results, pass --json FILE"),
+    ("train", "max_steps"): (None, "its steps per precision are --steps"),
+}
+
+
+def _check_request(args) -> None:
+    """Refuse, before any work, what this tool would otherwise ignore or cannot verify."""
+    typed = overrides_from_args(args)
+    for (section, name), (refused, why) in _NOT_HERE.items():
+        value = typed.get(section, {}).get(name)
+        if value is not None and (refused is None or value == refused):
+            flag = f"--{name}" if value is not False else f"--no_{name}"
+            raise ConfigError(f"verify_fp8_compilation.py does not take {flag}: {why}.")
+    if typed.get("train", {}).get("parallel", "auto") != "auto":
+        raise ConfigError("verify_fp8_compilation.py runs in one process: drop --parallel (it takes no torchrun).")
+    if args.steps < 1:
+        raise ConfigError(f"--steps must be >= 1; got {args.steps}.")
+    if args.loss_tolerance < 0 or args.min_speedup < 0:
+        raise ConfigError(
+            f"--loss_tolerance and --min_speedup must be >= 0; got {args.loss_tolerance:g} and {args.min_speedup:g}."
+        )
+
+
 def _verify(args) -> int:
+    _check_request(args)
     if args.json:  # before the verification's minutes, not after them
         check_output_path(args.json, "--json", folder=False)
     config = config_from_args(args)

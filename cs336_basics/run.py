@@ -24,6 +24,7 @@ from cs336_basics.data import BPETokenizer, check_data_sources, prepare_data, re
 from cs336_basics.errors import ConfigError, WorkFailed, alike_on_every_rank, writing
 from cs336_basics.files.atomic import write_json_atomic
 from cs336_basics.measure.results import append_runs, format_or_na, result_record
+from cs336_basics.optim import min_lr_from
 from cs336_basics.parallel.world import main_first, process_group, refuse_together, torchrun_world
 from cs336_basics.parallel.wrap import FSDP
 from cs336_basics.precision.choice import AUTO_SETTINGS
@@ -43,10 +44,10 @@ def _resume_notes(saved: RunConfig, config: RunConfig, step: int) -> list[str]:
             "from the checkpoint's"
         )
     if config.train.max_steps != saved.train.max_steps:
-        decay = config.optim.lr_decay_steps
+        end = min_lr_from(config.optim.warmup_steps, config.optim.lr_decay_steps)
         notes.append(
-            f"max_steps {saved.train.max_steps} -> {config.train.max_steps}; the cosine reaches min_lr at step {decay}"
-            + (" and stays there" if decay < config.train.max_steps else "")
+            f"max_steps {saved.train.max_steps} -> {config.train.max_steps}; the learning rate reaches min_lr at step "
+            f"{end}" + (" and stays there" if end < config.train.max_steps else "")
         )
     return notes
 
@@ -69,7 +70,7 @@ def run_training(config: RunConfig, results_json: str | Path | None = None, log=
     refusal = None
     try:
         with alike_on_every_rank():  # the ranks share the flags and (on one node, or a shared filesystem) the files
-            folder.check_usable(t.resume)
+            folder.check_usable(t.resume, t.overwrite)
             check_data_sources(config.data)  # before any heavy work: a wrong path fails in a second
     except ConfigError as exc:
         if torchrun_world() is None:

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from cs336_basics.errors import ConfigError
-from cs336_basics.optim import MasterWeightAdamW, cosine_lr
+from cs336_basics.optim import MasterWeightAdamW, cosine_lr, min_lr_from
 
 # Course-layout names: two matrices (decayed) and two RMSNorm gains (not decayed).
 SHAPES = {
@@ -526,3 +526,11 @@ def test_cosine_lr_degenerate_phases():
     assert cosine_lr(10, 1.0, 0.1, 10, 10) == pytest.approx(1.0)
     assert cosine_lr(11, 1.0, 0.1, 10, 10) == 0.1
     assert cosine_lr(0, 1.0, 0.1, 0, 0) == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize(("warmup", "total"), [(10, 110), (0, 5), (10, 10), (40, 30), (3, 0)])
+def test_min_lr_from_is_the_first_step_of_the_floor(warmup, total):
+    lrs = [cosine_lr(s, 1.0, 0.1, warmup, total) for s in range(200)]
+    first = min_lr_from(warmup, total)
+    assert lrs[first] == pytest.approx(0.1) and all(lr == pytest.approx(0.1) for lr in lrs[first:])
+    assert lrs[first - 1] > 0.1 + 1e-9

@@ -98,6 +98,29 @@ def test_a_second_run_in_a_locked_folder_is_refused(tmp_path, base, capsys):
     assert code == 2 and f"in use by another run (PID {os.getpid()} on {socket.gethostname()})" in err
     assert "FINAL CONFIGURATION SUMMARY" not in stdout
     assert not (out / "config.json").exists()
+    # A live run before its first checkpoint: --resume, a fresh start and --overwrite are each told it is in use, not
+    # that it stopped early or holds an earlier run (whose fixes would be refused in turn).
+    with RunFolder(out).locked():
+        (out / "config.json").write_text("{}")
+        for flags in (["--resume"], [], ["--overwrite"]):
+            code, _, err = run([*base, *flags, "--max_steps", "2", "--out_dir", out], capsys)
+            assert code == 2 and "in use by another run" in err and "--overwrite" not in err, (flags, err)
+
+
+def test_a_refused_run_leaves_no_folder_and_checks_for_an_earlier_run_before_preparing_data(
+    tmp_path, base, capsys, monkeypatch
+):
+    out = tmp_path / "new" / "run"
+    code, _, err = run([*base, "--parallel", "ddp", "--out_dir", out], capsys)  # refused by the plan, under the lock
+    assert code == 2 and "--parallel ddp needs several processes" in err
+    assert not out.exists() and (tmp_path / "new").is_dir()  # its own folder gone; a parent it made stays
+    out.mkdir()
+    assert run([*base, "--parallel", "ddp", "--out_dir", out], capsys)[0] == 2
+    assert out.is_dir() and list(out.iterdir()) == []  # the user's folder stays, without the refused run's lock
+    (out / "config.json").write_text("{}")  # an earlier run: refused before any data is read or tokenized
+    monkeypatch.setattr("cs336_basics.run.prepare_data", lambda *a: pytest.fail("data prepared before the check"))
+    code, _, err = run([*base, "--max_steps", "2", "--out_dir", out], capsys)
+    assert code == 2 and "already holds a run (config.json)" in err
 
 
 @pytest.mark.slow
@@ -231,6 +254,15 @@ def test_repeated_sigterms_are_one_stop_request(tmp_path, base, capsys, monkeypa
     assert code == 143 and f"stopped by SIGTERM at step 6; saved {out / CHECKPOINT_NAME}" in err
     assert err.count("is intact") == 0  # a clean stop says what it saved, once
     assert load_checkpoint(out / CHECKPOINT_NAME, restore_rng=False)["step"] == 6
+
+
+def test_a_stop_signal_in_a_run_without_checkpoints_promises_none(tmp_path, base, capsys, monkeypatch):
+    signal_self_at_step(monkeypatch, at_step=3, signums=[signal.SIGTERM])
+    out = tmp_path / "unsaved"
+    code, stdout, err = run([*base, "--checkpoint_every", "0", "--max_steps", "10", "--out_dir", out], capsys)
+    said = stdout + err
+    assert code == 143 and "SIGTERM: stopping after this step (this run writes no checkpoints)" in said
+    assert "with a checkpoint" not in said and not (out / CHECKPOINT_NAME).exists()
 
 
 @pytest.mark.slow
@@ -549,12 +581,29 @@ def test_a_resume_with_a_larger_global_batch_reports_the_tokens_trained(tmp_path
     assert json.loads((out / "result.json").read_text())["tokens"] == trained
 
 
+def test_a_resume_with_another_seed_is_refused_and_the_run_left_as_it_was(tmp_path, base, capsys):
+    out = tmp_path / "run"
+    assert run([*base, "--max_steps", "2", "--checkpoint_every", "2", "--out_dir", out], capsys)[0] == 0
+    before = (out / "config.json").read_bytes()
+    code, _, err = run(["--resume", "--out_dir", out, "--max_steps", "4", "--seed", "9"], capsys)
+    assert code == 2 and "was started with --seed 0, not 9" in err
+    assert (out / "config.json").read_bytes() == before
+    assert run(["--resume", "--out_dir", out, "--max_steps", "4", "--seed", "0"], capsys)[0] == 0  # the same: fine
+
+
+def test_a_warmup_longer_than_the_schedule_is_named_in_the_summary(tmp_path, base, capsys):
+    code, stdout, _ = run([*base, "--warmup_steps", "5", "--max_steps", "3", "--out_dir", tmp_path / "run"], capsys)
+    said = " ".join(stdout.split())
+    assert code == 0 and "cosine (warmup 5, min_lr from step 5)" in said
+    assert "the warmup outlasts the cosine (3 steps): the rate climbs until step 5" in said
+
+
 def test_extending_a_run_keeps_the_schedule_continuous(tmp_path, base, capsys):
     out = tmp_path / "run"
     argv = [*base, "--log_every", "1", "--warmup_steps", "2", "--lr", "1e-3", "--min_lr", "1e-4"]
     assert run([*argv, "--max_steps", "10", "--out_dir", out], capsys)[0] == 0
     code, stdout, _ = run(["--resume", "--out_dir", out, "--max_steps", "20"], capsys)
-    assert code == 0 and "the cosine reaches min_lr at step 10 and stays there" in " ".join(stdout.split())
+    assert code == 0 and "the learning rate reaches min_lr at step 10 and stays there" in " ".join(stdout.split())
     lrs = [r["lr"] for r in read_metrics(out / "metrics.jsonl")]
     after_warmup = lrs[2:]
     assert len(lrs) == 20 and all(b <= a for a, b in zip(after_warmup, after_warmup[1:], strict=False))

@@ -50,11 +50,31 @@ def test_cpu_mode_verifies_the_fused_path_too(tmp_path, token_files, capsys):
 
 
 def test_a_failing_check_makes_the_exit_code_nonzero(tmp_path, token_files, capsys):
-    # A negative tolerance can never be met: the loss check must FAIL and the exit code say so.
-    argv = [*tiny_flags(), *STEPS, *token_files, "--loss_tolerance", "-1", "--no_compare_paths"]
+    # No tolerance is met only by a loss equal to BF16's to the bit, which FP8's rounding never gives: the loss check
+    # must FAIL and the exit code say so.
+    argv = [*tiny_flags(), *STEPS, *token_files, "--loss_tolerance", "0", "--no_compare_paths"]
     assert verify_fp8_compilation.main(argv) == 1
     stdout = capsys.readouterr().out
     assert "SOME CHECKS FAILED" in stdout and "the other path" not in stdout  # --no_compare_paths: one FP8 run
+
+
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [
+        (["--no_use_fp8"], "does not take --no_use_fp8: it compares FP8 with BF16"),
+        (["--resume"], "does not take --resume: it writes no run folder"),
+        (["--out_dir", "run"], "does not take --out_dir: it writes no run folder; to keep its results, pass --json"),
+        (["--max_steps", "3"], "does not take --max_steps: its steps per precision are --steps"),
+        (["--parallel", "ddp"], "runs in one process: drop --parallel"),
+        (["--steps", "0"], "--steps must be >= 1; got 0"),
+        (["--loss_tolerance", "-1"], "--loss_tolerance and --min_speedup must be >= 0; got -1 and 1"),
+    ],
+)
+def test_flags_it_cannot_honour_are_refused_before_any_work(flags, says, capsys, monkeypatch):
+    monkeypatch.setattr(verify_fp8_compilation, "verify_fp8", lambda *a, **k: pytest.fail("verification started"))
+    assert verify_fp8_compilation.main([*tiny_flags(), *flags]) == 2
+    err = capsys.readouterr().err
+    assert says in err and err.count("\n") == 1, err
 
 
 # ---- a LoRA fine-tune: frozen FP8 base, adapters ----

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["cosine_lr"]
+__all__ = ["cosine_lr", "min_lr_from"]
 
 
 def cosine_lr(step: int, max_lr: float, min_lr: float, warmup_steps: int, total_steps: int) -> float:
@@ -26,3 +26,11 @@ def cosine_lr(step: int, max_lr: float, min_lr: float, warmup_steps: int, total_
         return max_lr
     progress = (step - warmup_steps) / decay_steps
     return min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (max_lr - min_lr)
+
+
+def min_lr_from(warmup_steps: int, total_steps: int) -> int:
+    """The first step at which cosine_lr gives min_lr (and keeps it): the decay's end; where the warmup leaves no
+    decay phase, the step after a warmup that ends at total_steps, or the warmup's end where it outlasts them."""
+    if warmup_steps == total_steps:
+        return total_steps + 1
+    return max(warmup_steps, total_steps)

@@ -213,8 +213,8 @@ def read_checkpoint(
     path = Path(path)
     if not path.is_file():
         raise ConfigError(
-            f"no checkpoint file at {path}; check the path, or start the run without resuming "
-            f"(the trainer writes <out_dir>/{CHECKPOINT_NAME})."
+            f"no checkpoint file at {path}; check the path (a run writes its checkpoint as "
+            f"<out_dir>/{CHECKPOINT_NAME}, from its first --checkpoint_every steps on)."
         )
     checked = verify_zip(path)
     try:

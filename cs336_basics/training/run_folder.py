@@ -49,6 +49,10 @@ _REPLACE_LINK = (
 )
 
 
+def _in_use(path: Path, holder: str) -> str:
+    return f"{path} is in use by another run (PID {holder}); wait for it to finish, or choose another --out_dir."
+
+
 def _not_own(path: Path, fix: str) -> str:
     """Why a lock or run file that is not a plain file of the folder's own is refused."""
     if path.is_symlink():
@@ -68,10 +72,16 @@ class RunFolder:
     result_path = property(lambda self: self.path / "result.json")
     tokenizer_path = property(lambda self: self.path / "tokenizer")
 
-    def check_usable(self, resume: bool) -> None:
-        """Cheap checks, before any heavy work: the path can be a run folder, and --resume has one to resume."""
+    def check_usable(self, resume: bool, overwrite: bool = False) -> None:
+        """Cheap checks, before any heavy work: the path can be a run folder, no other run is using it, --resume has
+        a run to resume, and a new run is not started over an earlier one without --overwrite. (The lock and
+        start_fresh check the last two again, authoritatively, once the folder is locked.)"""
         check_output_path(self.path, "--out_dir", folder=True)
-        if resume and not self.checkpoint_path.is_file():
+        if (holder := self._held_by_another()) is not None:
+            raise ConfigError(_in_use(self.path, holder))
+        if not resume:
+            self._refuse_an_earlier_run(overwrite)
+        elif not self.checkpoint_path.is_file():
             what = "has no checkpoint to resume from" if self.path.is_dir() else "does not exist"
             hint = (
                 "; it was stopped before its first checkpoint: start it again with --overwrite"
@@ -90,6 +100,7 @@ class RunFolder:
         is ours."""
         lock = self.path / LOCK_NAME
         remove_lock = f"Remove it (rm {lock}) and run again."
+        created = not self.path.exists()
         try:
             self.path.mkdir(parents=True, exist_ok=True)
             fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
@@ -107,10 +118,7 @@ class RunFolder:
             os.close(fd)
             if exc.errno not in (errno.EAGAIN, errno.EACCES):
                 raise ConfigError(f"cannot lock the run folder {self.path} ({exc}).") from exc
-            raise ConfigError(
-                f"{self.path} is in use by another run (PID {owner}); wait for it to finish, or choose another "
-                "--out_dir."
-            ) from None
+            raise ConfigError(_in_use(self.path, owner)) from None
         try:
             os.ftruncate(fd, 0)
             os.pwrite(fd, f"{os.getpid()} on {socket.gethostname()}\n".encode(), 0)
@@ -129,6 +137,13 @@ class RunFolder:
             yield self
         finally:
             self._lock_fd = None
+            # A run refused before it wrote anything leaves no trace: its lock goes (removed while still held, so
+            # that no other run takes the lock of a file about to vanish), and so does the folder if it created it.
+            with contextlib.suppress(OSError):  # another process's file in it meanwhile: then it stays
+                if [p.name for p in self.path.iterdir()] == [LOCK_NAME]:
+                    lock.unlink()
+                    if created:
+                        self.path.rmdir()
             os.close(fd)  # closing the descriptor releases the flock
 
     def lock_owner(self) -> str | None:
@@ -167,15 +182,37 @@ class RunFolder:
     def existing_run_files(self) -> list[str]:
         return [name for name in RUN_FILES if (self.path / name).exists()]
 
-    def start_fresh(self, overwrite: bool) -> list[str]:
-        """Make the folder ready for a new run: refuse if an earlier run is there, unless `overwrite`, which
-        deletes its files. Returns what was deleted."""
+    def _refuse_an_earlier_run(self, overwrite: bool) -> list[str]:
+        """The files of an earlier run in the folder; a ConfigError saying what to do if there are any and not
+        `overwrite`."""
         existing = self.existing_run_files()
         if existing and not overwrite:
             raise ConfigError(
                 f"{self.path} already holds a run ({', '.join(existing)}). Pass --resume to continue it, --overwrite "
                 "to delete it and start again, or choose another --out_dir."
             )
+        return existing
+
+    def _held_by_another(self) -> str | None:
+        """What the folder's lock says of its holder if another process holds it now, else None. Creates nothing."""
+        try:  # never waiting: a FIFO in the lock's place would block a plain open
+            fd = os.open(self.path / LOCK_NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:  # no lock file, or not the folder's own (locked() refuses it)
+            return None
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return None
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError:
+            return os.pread(fd, 256, 0).decode(errors="replace").strip() or "unknown"
+        finally:
+            os.close(fd)  # releases the probe's own shared lock, if it got one
+        return None
+
+    def start_fresh(self, overwrite: bool) -> list[str]:
+        """Make the folder ready for a new run: refuse if an earlier run is there, unless `overwrite`, which
+        deletes its files. Returns what was deleted."""
+        existing = self._refuse_an_earlier_run(overwrite)
         for name in existing:
             target = self.path / name
             shutil.rmtree(target) if target.is_dir() else target.unlink()
@@ -186,7 +223,16 @@ class RunFolder:
         builds (the attention kernel and activation checkpointing may change; the shape and function may not).
         `mmap`: see read_checkpoint."""
         ckpt = read_checkpoint(self.checkpoint_path, mmap=mmap)
-        saved = RunConfig.from_dict(ckpt["config"]).model
+        saved_config = RunConfig.from_dict(ckpt["config"])
+        if saved_config.train.seed != config.train.seed:
+            # The seed chose the initial weights and the data order; a resume continues both from the checkpoint, so
+            # another seed would change nothing but what config.json says the run was.
+            raise ConfigError(
+                f"--resume: the run in {self.path} was started with --seed {saved_config.train.seed}, not "
+                f"{config.train.seed}; its weights and data order continue from the checkpoint whatever the seed. "
+                "Resume without --seed, or start a new run with it in another --out_dir."
+            )
+        saved = saved_config.model
         changed = [
             f"{name} {getattr(saved, name)} -> {getattr(config.model, name)}"
             for name in MODEL_IDENTITY_FIELDS

@@ -67,9 +67,10 @@ def terminate_raises() -> Iterator[None]:
 class GracefulStop:
     """Context manager that turns the first stop signal into a request polled at step boundaries."""
 
-    def __init__(self, log: Callable[[str], None] = print):
+    def __init__(self, log: Callable[[str], None] = print, saves: bool = True):
         self.signum: int | None = None
         self._log = log
+        self._saves = saves  # whether the stop writes a checkpoint (a run with --checkpoint_every 0 writes none)
         self._writing = 0
         self._abort_after_write = False
         self._previous: dict[int, object] = {}
@@ -91,8 +92,11 @@ class GracefulStop:
         name = signal.Signals(signum).name
         if self.signum is None:
             self.signum = signum
-            again = " (Ctrl-C again to stop without saving)" if signum == signal.SIGINT else ""
-            self._log(f"\n{name}: stopping after this step with a checkpoint{again}")
+            if self._saves:
+                again = " (Ctrl-C again to stop without saving)" if signum == signal.SIGINT else ""
+                self._log(f"\n{name}: stopping after this step with a checkpoint{again}")
+            else:
+                self._log(f"\n{name}: stopping after this step (this run writes no checkpoints)")
         elif signum != signal.SIGINT:
             return  # the same stop request again (see the module docstring)
         elif self._writing:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import torch
 
 from cs336_basics.config import RunConfig
-from cs336_basics.optim import fused_by_default
+from cs336_basics.optim import fused_by_default, min_lr_from
 from cs336_basics.parallel.wrap import SINGLE_PROCESS, ParallelPlan
 
 
@@ -125,10 +125,16 @@ def _compile_line(config: RunConfig, par: ParallelPlan) -> str:
 
 def _optimizer_line(config: RunConfig) -> str:
     o = config.optim
-    return (
+    line = (
         f"AdamW lr {o.lr:g} -> {o.min_lr:g} cosine (warmup {o.warmup_steps}, min_lr from step "
-        f"{o.lr_decay_steps}), weight decay {o.weight_decay:g}, clip {o.max_grad_norm:g}"
+        f"{min_lr_from(o.warmup_steps, o.lr_decay_steps)}), weight decay {o.weight_decay:g}, clip {o.max_grad_norm:g}"
     )
+    if o.warmup_steps > o.lr_decay_steps:
+        line += (
+            f"; the warmup outlasts the cosine ({o.lr_decay_steps} steps): the rate climbs until step "
+            f"{o.warmup_steps}, then drops straight to min_lr. Lower --warmup_steps or raise --lr_decay_steps"
+        )
+    return line
 
 
 def _output_line(config: RunConfig) -> str:

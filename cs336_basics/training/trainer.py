@@ -376,7 +376,9 @@ class Trainer:
         stopping = False  # a stop signal, agreed by every rank (on one process: seen at once)
         try:
             with (
-                GracefulStop(log=self._say(bar) if main else lambda message: None) as stop,
+                GracefulStop(
+                    log=self._say(bar) if main else lambda message: None, saves=self.config.train.checkpoint_every > 0
+                ) as stop,
                 GcPauses() as gc_pauses,
             ):
                 while self.step < t.max_steps and not stopping:
