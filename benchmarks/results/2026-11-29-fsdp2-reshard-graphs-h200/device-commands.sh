@@ -1,5 +1,5 @@
-# The device commands behind this record, verbatim, in order. Three nvidia-h200 requests (1 x H200, 16 vCPUs, KVM
-# guest): call 1 on one machine (GPU-96ff496c), calls 2-3 on a second (GPU-74047222). torch 2.11.0+cu130, triton
+# The device commands behind this record, verbatim, in order. Four nvidia-h200 requests (1 x H200, 16 vCPUs, KVM
+# guest): call 1 on one machine (GPU-96ff496c), calls 2-3 on a second (GPU-74047222), call 4 on a third (GPU-ec4ac5bb). torch 2.11.0+cu130, triton
 # 3.6.0, torchao 0.18.0 (its wheel carried in .whl). carry: [".whl", ".ab"].
 # Call 1 ran main at 9e4d0e6 (reshard after forward on by default); calls 2-3 ran 6ac9f5c (auto: off under CUDA graphs).
 #
@@ -14,6 +14,8 @@ cd $OUT && tar cJf c1.tar.xz c1
 #   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl 2>/dev/null; export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1; bash .ab/reshard.sh 2>&1
 # call 3 (6ac9f5c): two more pairs, the other order first, no test
 #   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl 2>/dev/null; export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1; NOTEST=1 ARMS="auto on auto on" bash .ab/reshard.sh 2>&1
+# call 4 (98be018, GPU-ec4ac5bb, a third machine): the GPU tests of the session's later commits
+#   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl 2>/dev/null; export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1; nvidia-smi -L; mkdir -p $OUT/c4; (time timeout 470 python3 -m pytest -v -p no:cacheprovider -m gpu --durations 10 tests/test_fused_rope.py tests/test_fused_swiglu.py tests/test_lora.py tests/test_train_cli.py) > $OUT/c4/gpu-tests.log 2>&1; echo "rc $?"; grep -E "PASSED|FAILED|ERROR|passed|failed" $OUT/c4/gpu-tests.log | tail -30
 #
 # ===== .ab/reshard.sh (as in call 3)
 #   # h200 one GPU: (1) the FSDP2 CUDA-graph GPU test on this tree (auto now keeps gathered weights for backward under
