@@ -4,9 +4,9 @@ lock the folder (every rank must see rank 0's lock), read and check the checkpoi
 FP8, refuse what cannot run) → data → build the model and convert to FP8 (build.py) → summary → write the run's
 config → Trainer (parallelizes, compiles) → train → results.
 
-Nothing is written to the run folder before every check has passed, apart from its lock file. Under torchrun every
-rank runs this; rank 0 alone holds the folder's lock, prints and writes its files (the sharded checkpoint's shards
-excepted: every rank writes its own).
+Nothing is written to the run folder before every check has passed, apart from its lock file, which a refused run
+removes again (and the folder, if the run created it). Under torchrun every rank runs this; rank 0 alone holds the
+folder's lock, prints and writes its files (the sharded checkpoint's shards excepted: every rank writes its own).
 """
 
 from __future__ import annotations
