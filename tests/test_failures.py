@@ -289,6 +289,13 @@ def test_generate_checks_every_setting(tmp_path, capsys, flags, message):
     assert code == 2 and message in one_error_line(err)
 
 
+def test_generate_without_a_checkpoint_says_where_one_is_written_and_not_how_to_resume(tmp_path, capsys):
+    code, err = run_main(generate.main, ["--out_dir", tmp_path / "none", "--prompt", "x"], capsys)
+    line = one_error_line(err)
+    assert code == 2 and "no checkpoint file at" in line and "<out_dir>/checkpoint.pt" in line
+    assert "resum" not in line
+
+
 def test_top_k_one_is_greedy():
     torch.manual_seed(0)
     model = TransformerLM(tiny_model()).eval()

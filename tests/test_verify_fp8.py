@@ -58,6 +58,13 @@ def test_a_failing_check_makes_the_exit_code_nonzero(tmp_path, token_files, caps
     assert "SOME CHECKS FAILED" in stdout and "the other path" not in stdout  # --no_compare_paths: one FP8 run
 
 
+def test_help_names_the_verdicts_defaults(capsys):
+    with pytest.raises(SystemExit):
+        verify_fp8_compilation.main(["--help"])
+    said = " ".join(capsys.readouterr().out.split())
+    assert "max relative FP8-BF16 loss gap (default 0.02)" in said and "needed to PASS (default 1.0)" in said
+
+
 @pytest.mark.parametrize(
     ("flags", "says"),
     [
