@@ -57,11 +57,12 @@ def main(argv: list[str] | None = None) -> int:
 
 # Trainer flags this tool cannot honour (it trains each precision in memory, in one process, for --steps steps), each
 # with what to do instead.
+_NO_RUN_FOLDER = "it writes no run folder; to keep its results, pass --json FILE"
 _NOT_HERE = {
     ("fp8", "use_fp8"): (False, "it compares FP8 with BF16: without FP8 there is nothing to verify"),
-    ("train", "resume"): (True, "it writes no run folder; to keep its results, pass --json FILE"),
-    ("train", "overwrite"): (True, "it writes no run folder; to keep its results, pass --json FILE"),
-    ("train", "out_dir"): (None, "it writes no run folder; to keep its results, pass --json FILE"),
+    ("train", "resume"): (True, _NO_RUN_FOLDER),
+    ("train", "overwrite"): (True, _NO_RUN_FOLDER),
+    ("train", "out_dir"): (None, _NO_RUN_FOLDER),
     ("train", "max_steps"): (None, "its steps per precision are --steps"),
 }
 

@@ -72,7 +72,7 @@ class ParallelPlan:
     fp8_all_gather: bool = False  # FSDP2 all-gathers FP8 weights (torchao's tensorwise recipe)
     ddp_bucket_mb: int = 25  # gradient megabytes per DDP all-reduce bucket
     reshard_after_forward: bool = True  # FSDP2 frees a block's gathered weights after its forward
-    reshard_reason: str = ""  # why, where auto chose it (the summary prints it)
+    reshard_auto: bool = False  # auto chose reshard_after_forward (the summary says why)
     blocks_per_unit: int = 2  # FSDP2: consecutive blocks sharded (gathered, reduced) as one unit
     # FSDP2 under CUDA graphs: gathered weights stay allocated, buffers are static inputs (parallel/fsdp_graphs.py)
     keep_gathered_weights: bool = False
@@ -91,7 +91,10 @@ class ParallelPlan:
                 "; blocks re-gather their weights for backward"
                 if self.reshard_after_forward
                 else "; blocks keep their gathered weights from forward to backward"
-            ) + (f" ({self.reshard_reason})" if self.reshard_reason else "")
+            )
+            if self.reshard_auto:
+                kept = "under CUDA graphs they stay allocated anyway" if self.keep_gathered_weights else "least memory"
+                line += f" (auto: {kept})"
             if self.blocks_per_unit > 1:
                 line += f"; {self.blocks_per_unit} blocks per FSDP2 unit"
             if self.keep_gathered_weights:
@@ -168,16 +171,13 @@ def resolve_parallel(config: RunConfig, world: World, device: torch.device, n_pa
     per_rank = state_gib / world.world_size if mode == FSDP else state_gib
     t = config.train
     keep = mode == FSDP and runs_cuda_graphs(t.compile_model, t.compile_mode, device)
-    reshard, reshard_reason = t.fsdp_reshard_after_forward, ""
-    if reshard is None:
-        # Under CUDA graphs the gathered weights stay allocated (keep_gathered_weights), so a second all-gather for
-        # backward would free nothing and cost a collective per unit (INDEX.md: 2026-11-29-fsdp2-reshard-graphs-h200).
-        reshard = not keep
-        if mode == FSDP:
-            reshard_reason = "auto: " + ("under CUDA graphs they stay allocated anyway" if keep else "least memory")
+    # Under CUDA graphs the gathered weights stay allocated (keep_gathered_weights), so a second all-gather for
+    # backward would free nothing and cost a collective per unit (INDEX.md: 2026-11-29-fsdp2-reshard-graphs-h200).
+    reshard = t.fsdp_reshard_after_forward
     return ParallelPlan(
         mode, world, reason, per_rank, device_gib, fp8_all_gather=_fp8_all_gather(config, mode),
-        ddp_bucket_mb=t.ddp_bucket_mb, reshard_after_forward=reshard, reshard_reason=reshard_reason,
+        ddp_bucket_mb=t.ddp_bucket_mb, reshard_after_forward=not keep if reshard is None else reshard,
+        reshard_auto=reshard is None,
         blocks_per_unit=t.fsdp_blocks_per_unit, unused_flags=_unused(config, mode), keep_gathered_weights=keep,
     )  # fmt: skip
 

@@ -49,6 +49,11 @@ _REPLACE_LINK = (
 )
 
 
+def _holder(lock_fd: int) -> str:
+    """What a lock file says of the run that holds it ("<PID> on <host>")."""
+    return os.pread(lock_fd, 256, 0).decode(errors="replace").strip() or "unknown"
+
+
 def _in_use(path: Path, holder: str) -> str:
     return f"{path} is in use by another run (PID {holder}); wait for it to finish, or choose another --out_dir."
 
@@ -114,7 +119,7 @@ class RunFolder:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
-            owner = os.pread(fd, 256, 0).decode(errors="replace").strip() or "unknown"
+            owner = _holder(fd)
             os.close(fd)
             if exc.errno not in (errno.EAGAIN, errno.EACCES):
                 raise ConfigError(f"cannot lock the run folder {self.path} ({exc}).") from exc
@@ -204,7 +209,7 @@ class RunFolder:
                 return None
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except OSError:
-            return os.pread(fd, 256, 0).decode(errors="replace").strip() or "unknown"
+            return _holder(fd)
         finally:
             os.close(fd)  # releases the probe's own shared lock, if it got one
         return None
