@@ -213,10 +213,12 @@ class MasterWeightAdamW:
         pre-clip norm as a 0-d fp32 device tensor. The gradients themselves are left as they are: the clipping
         factor is applied inside the update. Parameters without a gradient are skipped, as torch does.
         """
-        all_grads = [local_tensor(p.grad) for p in self.params if p.grad is not None]
-        if not all_grads:
+        grads = {  # each gradient's local part (this rank's shard under FSDP2), taken once for the norm and update
+            name: local_tensor(p.grad) for name, p in zip(self.names, self.params, strict=True) if p.grad is not None
+        }
+        if not grads:
             return torch.zeros((), device=self.device)
-        norm = self._grad_norm(all_grads)  # accumulated in fp32 straight from the BF16 grads
+        norm = self._grad_norm(list(grads.values()))  # accumulated in fp32 straight from the BF16 grads
         if self._shard_group is not None:  # this rank's shards only: sum the squares over the ranks
             import torch.distributed as dist
 
@@ -228,20 +230,16 @@ class MasterWeightAdamW:
         else:
             grad_scale = self._one
 
-        states = {
-            name: self._state_for(name, m)
-            for name, p, m in zip(self.names, self.params, self.masters, strict=True)
-            if p.grad is not None
-        }
+        states = {name: self._state_for(name, self.masters[self._index[name]]) for name in grads}
         torch._foreach_add_([s["step"] for s in states.values()], 1.0)  # one launch for every step counter
         for group in self.param_groups:
             self._lr.fill_(group["lr"])  # reusable: kernels run in stream order, the last group read it already
             hparams = (*group["betas"], group["eps"], group["weight_decay"])
             # Per tensor: (grad, master, exp_avg, exp_avg_sq, step, the low-precision weight to write or None).
             tensors = [
-                (local_tensor(self.params[i].grad), self.masters[i], s["exp_avg"], s["exp_avg_sq"], s["step"],
+                (grads[name], self.masters[i], s["exp_avg"], s["exp_avg_sq"], s["step"],
                  None if self.masters[i] is self.locals[i] else self.locals[i])
-                for i, s in ((self._index[name], states.get(name)) for name in group["param_names"])
+                for name, i, s in ((name, self._index[name], states.get(name)) for name in group["param_names"])
                 if s is not None and self.locals[i].numel() > 0  # an empty shard: a rank's part of a small parameter
             ]  # fmt: skip
             if self.fused:
