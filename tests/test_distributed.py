@@ -1140,24 +1140,28 @@ def test_gpu_ddp_with_the_cpp_wrapper_trains_like_the_python_wrapper(gpu_runs):
 @pytest.mark.gpu
 @needs_a_gpu
 @pytest.mark.parametrize(
-    "fp8", [GPU_FUSED, [*TORCHAO_FP8, "--fp8_all_gather"]], ids=["fused", "torchao_fp8_all_gather"]
+    "flags",
+    [GPU_FUSED, [*TORCHAO_FP8, "--fp8_all_gather"], [*GPU_FUSED, "--fsdp_reshard_after_forward"]],
+    ids=["fused", "torchao_fp8_all_gather", "fused_reshard_asked"],
 )
-def test_gpu_fsdp2_under_cuda_graphs_records_each_graph_once_and_trains_like_fsdp2_without(tmp_path, fp8):
+def test_gpu_fsdp2_under_cuda_graphs_records_each_graph_once_and_trains_like_fsdp2_without(tmp_path, flags):
     """FSDP2 on one rank (its hooks, gathers and reshards as on several) with --compile_mode reduce-overhead: every
     compiled region is captured, and with the gathered weights kept in place (parallel/fsdp_graphs.py) recorded in the
     first steps only, never again; the losses are those of the same run without CUDA graphs. For the fused FP8 path
     (delayed scaling, whose recordings the blocks write) and for TorchAO's, its weights all-gathered in FP8 (FSDP2's
-    all-gather extension, whose FP8 data and scale are what stay in place)."""
-    one_rank = [*gpu_base_flags(tmp_path), *ONE_PROCESS, *fp8, *GRAPHS[2:], "--parallel", "fsdp"]
+    all-gather extension, whose FP8 data and scale are what stay in place); and with the reshard after forward that
+    auto leaves out under graphs asked for, which is honoured and gathers into the same kept memory."""
+    one_rank = [*gpu_base_flags(tmp_path), *ONE_PROCESS, *flags, *GRAPHS[2:], "--parallel", "fsdp"]
     graphs = torchrun([*one_rank, *GRAPHS[:2], "--out_dir", tmp_path / "graphs"], nproc=1, REPORT_CUDA_GRAPHS="1")
     graphs = graphs.wait()
     graphs.assert_succeeded()
     plain = torchrun([*one_rank, *NO_GRAPHS, "--out_dir", tmp_path / "plain"], nproc=1).wait()
     plain.assert_succeeded()
     assert "gathered weights stay allocated between steps" in graphs.stdout
-    # Auto keeps them from forward to backward too: gathering them again would free nothing.
-    assert "keep their gathered weights from forward to backward (auto: under CUDA graphs" in graphs.stdout
-    assert json.loads((tmp_path / "graphs" / "result.json").read_text())["fsdp_reshard_after_forward"] is False
+    asked = "--fsdp_reshard_after_forward" in flags
+    if not asked:  # auto keeps them from forward to backward too: gathering them again would free nothing
+        assert "keep their gathered weights from forward to backward (auto: under CUDA graphs" in graphs.stdout
+    assert json.loads((tmp_path / "graphs" / "result.json").read_text())["fsdp_reshard_after_forward"] is asked
     recordings = json.loads(re.search(r"cuda_graph_recordings=(\[.*\])", graphs.stdout).group(1))
     assert len(recordings) == STEPS and sum(recordings) > 0 and sum(recordings[STEPS // 2 :]) == 0, recordings
     assert "cudagraph_skips=0" in graphs.stdout
