@@ -11,15 +11,13 @@ first).
 
 from __future__ import annotations
 
-import sys
-
 from cs336_basics.cli import config_from_args, config_parser
-from cs336_basics.errors import alike_on_every_rank, rank_prefix, run_program
+from cs336_basics.errors import alike_on_every_rank, run_program
 from cs336_basics.measure.results import check_results_file
 from cs336_basics.parallel.world import exit_process
 from cs336_basics.run import run_training
 from cs336_basics.training.checkpoint import checkpoint_file
-from cs336_basics.training.signals import Interrupted, terminate_raises
+from cs336_basics.training.signals import terminate_raises
 
 
 def _how_to_continue(config) -> str:
@@ -44,12 +42,7 @@ def main(argv: list[str] | None = None) -> int:
             run_training(config, results_json=args.results_json)
         return 0
 
-    try:
-        return run_program(train)
-    except KeyboardInterrupt as exc:
-        message = f"{str(exc).rstrip('.') or 'interrupted'}. {_how_to_continue(config)}"
-        print(f"\n{rank_prefix()}{message}", file=sys.stderr)
-        return exc.exit_code if isinstance(exc, Interrupted) else 130
+    return run_program(train, after_interrupt=lambda: _how_to_continue(config))
 
 
 if __name__ == "__main__":

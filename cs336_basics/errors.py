@@ -111,11 +111,17 @@ def report_error(exc: BaseException | str, exit_code: int = 2) -> int:
     return exit_code
 
 
-def run_program(body: Callable[[], int]) -> int:
+def run_program(body: Callable[[], int], after_interrupt: Callable[[], str] | None = None) -> int:
     """Run a program's work with the one error path every program shares: a ConfigError is exit code 2, a WorkFailed
-    1, and an OSError no check foresaw (a file that could not be read or written) 1, each one line."""
+    1, and an OSError no check foresaw (a file that could not be read or written) 1, each one line. A stop signal
+    (Ctrl-C; SIGTERM where the work holds signals.terminate_raises) is one line too, what it said followed by what
+    `after_interrupt` says is intact, with exit code 130 or 143."""
     try:
         return body()
+    except KeyboardInterrupt as exc:
+        said = str(exc).rstrip(".") or "interrupted"
+        print(f"\n{rank_prefix()}{said}" + (f". {after_interrupt()}" if after_interrupt else ""), file=sys.stderr)
+        return getattr(exc, "exit_code", 130)  # signals.Interrupted knows its signal; a plain Ctrl-C is SIGINT
     except ConfigError as exc:
         if exc.every_rank and rank_prefix() and os.environ["RANK"] != "0":
             time.sleep(RANK_0_REPORTS_S)

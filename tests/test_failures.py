@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import shutil
+import signal
 import struct
 import subprocess
 import sys
@@ -28,6 +29,7 @@ from cs336_basics.model import TransformerLM
 from cs336_basics.programs import generate
 from cs336_basics.sweep import cli as sweep_cli
 from cs336_basics.training.checkpoint import CHECKPOINT_NAME, read_checkpoint
+from cs336_basics.training.signals import Interrupted
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURE_RUN = Path(__file__).parent / "fixtures" / "run-6d81725"
@@ -294,6 +296,19 @@ def test_generate_without_a_checkpoint_says_where_one_is_written_and_not_how_to_
     line = one_error_line(err)
     assert code == 2 and "no checkpoint file at" in line and "<out_dir>/checkpoint.pt" in line
     assert "resum" not in line
+
+
+@pytest.mark.parametrize("stop, exit_code", [(KeyboardInterrupt(), 130), (Interrupted(signal.SIGTERM), 143)])
+def test_generate_stopped_by_a_signal_says_so_in_one_line(tmp_path, capsys, monkeypatch, stop, exit_code):
+    monkeypatch.setattr(generate, "load_trained", lambda out_dir, device: (None, None))
+
+    def sampling_stopped(model, tokenizer, sampling):
+        raise stop
+
+    monkeypatch.setattr(generate, "sample_text", sampling_stopped)
+    code, err = run_main(generate.main, ["--out_dir", tmp_path], capsys)
+    assert code == exit_code and err.strip().splitlines()[-1].endswith("No sample was printed.")
+    assert "Traceback" not in err
 
 
 def test_top_k_one_is_greedy():

@@ -5,9 +5,11 @@ import contextlib
 import csv
 import json
 import math
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +27,7 @@ from cs336_basics.sweep import plan as sweep_plan
 from cs336_basics.sweep import report as sweep_report
 from cs336_basics.sweep import run as sweep_run
 from cs336_basics.sweep import worker
+from cs336_basics.training.signals import Interrupted
 
 TINY = [flag for flag in TINY_FLAGS if not flag.startswith("--batch_size")]  # the sweep sets the batch itself
 TINY_GRID = ["--presets", "cpu-small", "--compile", "eager", "--attention", "sdpa", "--ac", "off", "--batch_sizes", "4"]
@@ -230,6 +233,9 @@ def test_quick_plan_and_dry_run_runs_nothing(tmp_path, capsys, monkeypatch):
         (["--vary", "seed=1", "--vary", "seed=2"], "--vary seed is given twice"),
         (["--seed", "1", "--vary", "seed=1,2"], "--seed is given for every configuration and as --vary seed=1,2"),
         (["--vary", "ddp_bucket_mb=0"], "ddp_bucket_mb"),  # the setting's own check, for every configuration up front
+        (["--timeout_s", "nan"], "--timeout_s must be a positive number of seconds, got nan"),  # NaN: no limit at all
+        (["--device", "tpu"], "--device 'tpu' is not a device name"),  # not only in each worker's row
+        (["--amdahl", "--precisions", "bf16,fp32"], "--amdahl analyses an FP8 configuration compiled in one process"),
         (["--lora_ranks", "8", "--vary", "seed=1,2"], "drop --precisions, --world_sizes, --parallel, --vary"),
         # what the ranks would refuse is refused before anything runs, naming the configuration
         (
@@ -512,6 +518,10 @@ FAKE_WORKER = textwrap.dedent(
                 f.write(f"{cache} {not os.path.exists(cache) or not os.listdir(cache)}\\n")
                 os.makedirs(cache, exist_ok=True)
                 pathlib.Path(cache, "compiled").write_text("x")
+    if mode == "skip":
+        with open(out, "w") as f:
+            json.dump({"status": "skipped", "reason": "this machine cannot run it"}, f)
+        sys.exit(0)
     tokens = float(mode.split(":")[1]) if ":" in mode else 1000.0
     with open(out, "w") as f:
         json.dump({"status": "ok", "tokens_per_sec": tokens, "step_time_ms": 64.0, "loss": 4.0,
@@ -688,6 +698,130 @@ def test_a_sweep_stopped_between_repeats_keeps_the_runs_that_finished(
     assert first["repeats"] == second["repeats"] == 2 and first["repeats_planned"] == second["repeats_planned"] == 3
     assert first["tokens_per_sec"] == 900.0  # the lower of the middle two: one real run's fields
     assert "900 (900–1,200, 2 of 2; cut short, 3 planned)" in (out / "sweep.md").read_text()
+
+
+def test_a_stop_signal_gives_its_own_exit_code_and_says_what_finished(
+    tmp_path, token_files, capsys, fake_workers, monkeypatch
+):
+    fake_workers += ["ok"]
+    real_run = sweep_run.run_isolated
+    calls = []
+
+    def run_then_terminate(*args, **kwargs):  # SIGTERM during the second run, as terminate_raises raises it
+        calls.append(1)
+        if len(calls) == 2:
+            raise Interrupted(signal.SIGTERM)
+        return real_run(*args, **kwargs)
+
+    monkeypatch.setattr(sweep_run, "run_isolated", run_then_terminate)
+    out = tmp_path / "sweep"
+    argv = [*TINY_GRID, "--precisions", "fp32", "--batch_sizes", "1,2", *TINY, *token_files, "--out_dir", out]
+    code, _, err = run_main(argv, capsys)
+    assert code == 143 and "stopped by SIGTERM. " in err and "hold the configurations that finished" in err
+    assert "Traceback" not in err
+
+
+def test_a_run_that_finished_as_the_sweep_was_stopped_is_kept(tmp_path, token_files, capsys, fake_workers, monkeypatch):
+    """Ctrl-C while the worker, its record written, was exiting: the record is read and kept, not thrown away."""
+    fake_workers += ["ok:777"]
+
+    def record_written_then_ctrl_c(proc, timeout_s, stop):
+        out_path = Path(proc.args[proc.args.index("--out") + 1])
+        deadline = time.monotonic() + 60
+        while not out_path.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sweep_run, "_wait", record_written_then_ctrl_c)
+    out = tmp_path / "sweep"
+    code, _, err = run_main([*TINY_GRID, "--precisions", "fp32", *TINY, *token_files, "--out_dir", out], capsys)
+    assert code == 130 and "hold the configurations that finished" in err
+    (run,) = json.loads((out / "sweep.json").read_text())["runs"]
+    assert (run["status"], run["tokens_per_sec"]) == ("ok", 777.0) and (out / run["log"]).is_file()
+
+
+def test_a_stop_signal_in_the_amdahl_phase_is_one_line_and_stops_its_process(
+    tmp_path, token_files, capsys, fake_workers, monkeypatch
+):
+    """The analysis runs under the sweep's SIGTERM handling too: the signal raises (the analysis' process, in a
+    session of its own, is then killed by run_logged) instead of killing the sweep and orphaning it."""
+    fake_workers += ["ok", "ok"]
+
+    def analysis_signalled(planned, out_dir, timeout_s):
+        handler = signal.getsignal(signal.SIGTERM)
+        assert callable(handler), handler  # not the default, which kills the sweep without a word
+        handler(signal.SIGTERM, None)
+
+    monkeypatch.setattr(sweep_run, "run_amdahl", analysis_signalled)
+    out = tmp_path / "sweep"
+    argv = [*TINY_GRID, "--precisions", "fp32,fp8-tensorwise", "--fp8_emulate", *TINY, *token_files, "--amdahl"]
+    code, stdout, err = run_main([*argv, "--compile", "default", "--out_dir", out], capsys)
+    assert "then where the time goes (--amdahl), in a process each: cpu-small/bs4/fp8-tensorwise/default" in stdout
+    assert code == 143 and "hold every configuration; the Amdahl analysis stopped" in err and "Traceback" not in err
+    assert len(json.loads((out / "sweep.json").read_text())["runs"]) == 2
+
+
+def test_a_sweep_that_measured_nothing_fails(tmp_path, token_files, capsys, fake_workers):
+    fake_workers += ["skip", "skip"]
+    out = tmp_path / "sweep"
+    argv = [*TINY_GRID, "--precisions", "fp32", "--batch_sizes", "1,2", *TINY, *token_files, "--out_dir", out]
+    code, stdout, _ = run_main(argv, capsys)
+    assert code == 1 and "nothing was measured: every configuration was skipped or failed" in stdout
+
+
+@pytest.mark.parametrize("content", ['{"runs": [', "{}"], ids=["not_json", "no_runs"])
+def test_an_out_dir_whose_sweep_json_is_no_results_file_is_refused_before_any_work(
+    tmp_path, token_files, capsys, monkeypatch, content
+):
+    out = tmp_path / "sweep"
+    out.mkdir()
+    (out / "sweep.json").write_text(content)
+    monkeypatch.setattr(sweep_run, "prepare_all_data", lambda *a, **k: pytest.fail("data prepared"))
+    code, _, err = run_main([*TINY_GRID, "--precisions", "fp32", *TINY, *token_files, "--out_dir", out], capsys)
+    assert code == 2 and "Traceback" not in err
+    assert f"--out_dir's {out / 'sweep.json'} cannot be used" in err and "choose another --out_dir" in err
+
+
+def test_settings_the_sweep_sets_are_refused_in_a_config_file_as_on_the_command_line(tmp_path, capsys):
+    for setting, instead in (({"train": {"batch_size": 4}}, "--batch_sizes"), ({"preset": "1.3b"}, "--presets")):
+        path = tmp_path / "config.json"
+        path.write_text(json.dumps(setting))
+        code, stdout, err = run_main([*TINY_GRID, "--config", path, "--dry_run"], capsys)
+        assert code == 2 and f"--config {path}: its " in err and f"use {instead}" in err, err
+    path.write_text(json.dumps({"model": {"dim": 64}}))  # one it passes through: shown in the plan
+    code, stdout, _ = run_main([*TINY_GRID, "--config", path, "--dry_run"], capsys)
+    assert code == 0 and 'settings from the --config file for every configuration: {"model": {"dim": 64}}' in stdout
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_a_device_or_mode_this_machine_lacks_is_refused_before_any_run(tmp_path, token_files, capsys):
+    out = tmp_path / "sweep"
+    argv = [*TINY_GRID, "--precisions", "fp32", *TINY, *token_files, "--device", "cuda", "--out_dir", out]
+    assert run_main([*argv, "--dry_run"], capsys)[0] == 0  # a plan may be printed anywhere
+    code, _, err = run_main(argv, capsys)
+    assert code == 2 and "--device cuda was asked for but CUDA is not available here" in err and not out.exists()
+    code, _, err = run_main(["--lora_ranks", "8", "--presets", "cpu-small", "--out_dir", out], capsys)
+    assert code == 2 and "the LoRA sweep needs a CUDA GPU" in err and not out.exists()
+
+
+def test_the_worker_trains_in_a_folder_beside_its_record_and_removes_it(tmp_path, monkeypatch):
+    """Beside the record, in the sweep's temporary folder, which the sweep removes even where it kills the worker
+    before the worker could (at once, in one process): not a folder of its own under /tmp, left behind then."""
+    folders = []
+
+    def train(config, log):
+        folder = Path(config.train.out_dir)
+        folder.mkdir()  # as the run does: a folder that must not be there yet
+        folders.append(folder)
+        (folder / "result.json").write_text(json.dumps({"tokens_per_sec": None}))
+
+    monkeypatch.setattr(worker, "run_training", train)
+    out = tmp_path / "work" / "result-1.json"
+    out.parent.mkdir()
+    spec = {"overrides": {"preset": "cpu-small", "train": {"max_steps": 2}}}
+    assert worker.main(["--spec", json.dumps(spec), "--out", str(out)]) == 0
+    assert folders == [out.with_suffix(".run")] and not folders[0].exists()
+    assert json.loads(out.read_text())["status"] == "ok"
 
 
 # ---- GPU ----

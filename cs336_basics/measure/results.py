@@ -166,15 +166,15 @@ def _read_results(path: Path) -> dict[str, Any]:
     return data
 
 
-def check_results_file(path: str | Path, flag: str) -> Path:
+def check_results_file(path: str | Path, flag: str, fix: str = "Name a new file or a results file.") -> Path:
     """`path` as a results file to add records to (append_runs), checked before the work: a file this program can
-    write, and where it exists already, a results file; else a ConfigError naming `flag`."""
+    write, and where it exists already, a results file; else a ConfigError naming `flag` and saying `fix`."""
     path = check_output_path(path, flag, folder=False)
     if path.exists():
         try:
             _read_results(path)
         except ValueError as exc:
-            raise ConfigError(f"{flag} {path} cannot be used: {exc}. Name a new file or a results file.") from exc
+            raise ConfigError(f"{flag} {path} cannot be used: {exc}. {fix}") from exc
         except OSError as exc:
             raise ConfigError(f"{flag} {path} cannot be read: {os_reason(exc)}. Choose another {flag}.") from exc
     return path

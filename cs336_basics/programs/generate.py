@@ -23,6 +23,7 @@ from cs336_basics.errors import ConfigError, run_program
 from cs336_basics.training.checkpoint import CHECKPOINT_NAME
 from cs336_basics.training.restore import load_checkpoint
 from cs336_basics.training.sampling import Sampling, sample_text
+from cs336_basics.training.signals import terminate_raises
 
 
 def load_trained(out_dir: Path, device: torch.device) -> tuple[torch.nn.Module, BPETokenizer]:
@@ -54,10 +55,11 @@ def main(argv: list[str] | None = None) -> int:
         sampling = Sampling(**{k: v for k, v in vars(args).items() if k in names and v is not None})
         device = resolve_device(args.device)
         model, tokenizer = load_trained(Path(args.out_dir), device)
-        print(sample_text(model, tokenizer, sampling))
+        with terminate_raises():
+            print(sample_text(model, tokenizer, sampling))
         return 0
 
-    return run_program(generate)
+    return run_program(generate, after_interrupt=lambda: "No sample was printed.")
 
 
 if __name__ == "__main__":

@@ -6,18 +6,17 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
-import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import cs336_basics.sweep.lora as sweep_lora
 import cs336_basics.sweep.run as sweep_run
 from cs336_basics.cli import add_config_arguments, load_config_file, overrides_from_args, positive_int
 from cs336_basics.config import ATTENTION_BACKENDS, PRESETS, lora_target_list
+from cs336_basics.devices import require_cuda
 from cs336_basics.errors import ConfigError, run_program
 from cs336_basics.files.output_paths import check_output_path
-from cs336_basics.measure.results import environment
+from cs336_basics.measure.results import check_results_file, environment
 from cs336_basics.sweep.plan import (
     COMPILE_CHOICES,
     DEFAULTS,
@@ -47,7 +46,7 @@ EPILOG = """\
 Every other flag is a train_h100.py setting applied to every configuration, e.g. --dim/--n_layers/--context_length
 (a custom shape on top of each preset), --no_fp8_shape_filter, --fp8_format, --device, --seed, --lr,
 --dataset, --train_data/--val_data, --config FILE. Flags the sweep sets itself (--batch_size, --attention,
---use_fp8, --compile_mode, ...) are refused with the sweep flag to use instead.
+--use_fp8, --compile_mode, ...) are refused with the sweep flag to use instead, in a --config file too.
 
 examples:
   optimize_performance.py --quick                       # 366m, bf16 vs the default fp8, compile auto, 20 steps
@@ -155,6 +154,7 @@ def parse_options(argv: Sequence[str] | None = None) -> SweepOptions:
     base = overrides_from_args(train_args)
     check_pass_through(base, lora=args.lora_ranks is not None)
     from_file = load_config_file(train_args.config) if train_args.config else {}
+    check_pass_through(from_file, lora=args.lora_ranks is not None, source=f"--config {train_args.config}")
 
     lora_ranks = parse_positive_ints(args.lora_ranks, "--lora_ranks", "8,16") if args.lora_ranks else ()
     if args.lora_targets and not lora_ranks:
@@ -187,8 +187,8 @@ def parse_options(argv: Sequence[str] | None = None) -> SweepOptions:
             "warm-up) are left out of the step-time median."
         )
     timeout_s = args.timeout_s if args.timeout_s is not None else defaults["timeout_s"]
-    if timeout_s <= 0:
-        raise ConfigError(f"--timeout_s must be positive, got {timeout_s:g}.")
+    if not timeout_s > 0:  # NaN too: it would mean no limit
+        raise ConfigError(f"--timeout_s must be a positive number of seconds, got {timeout_s:g}.")
     if lora_ranks and (args.repeats != 1 or args.cold):
         raise ConfigError("--repeats and --cold apply to the throughput sweep; LoRA mode measures each rank once.")
     return SweepOptions(
@@ -238,13 +238,27 @@ def format_plan(plan: Sequence[Planned], options: SweepOptions, out_dir: Path) -
             command = sweep_run.launch_command(planned, Path("RECORD.json"))
             shown = ["SPEC" if part == json.dumps(planned.spec) else part for part in command]
             lines.append(f"  {' ' * width}  $ {shlex.join(shown)}")
+    if options.from_file:
+        lines.append(f"settings from the --config file for every configuration: {json.dumps(options.from_file)}")
     if options.base_overrides:
         lines.append(f"settings for every configuration: {json.dumps(options.base_overrides)}")
+    if options.amdahl:
+        targets = ", ".join(planned.point.label for planned in amdahl_targets(plan))
+        lines.append(f"then where the time goes (--amdahl), in a process each: {targets}")
     lines.append(f"results: {out_dir}/sweep.{{json,csv,md,png}}")
     return "\n".join(lines)
 
 
-def _lora_main(options: SweepOptions, out_dir: Path) -> int:
+class _Left:
+    """What a stop signal leaves behind at this point of the sweep, said after the signal's own line (run_program)."""
+
+    text = "Nothing was run."
+
+    def __call__(self) -> str:
+        return self.text
+
+
+def _lora_main(options: SweepOptions, out_dir: Path, left: _Left) -> int:
     points = sweep_lora.lora_points(options)
     print(f"LoRA sweep plan: {len(points)} configurations, each a BF16 and an FP8 base, {options.steps} steps each:")
     for preset, batch, rank, targets in points:
@@ -253,30 +267,35 @@ def _lora_main(options: SweepOptions, out_dir: Path) -> int:
     if options.dry_run:
         print("dry run: nothing was run.")
         return 0
+    require_cuda("the LoRA sweep", "it times and profiles real steps, FP8 on sm_89+")
     out_dir.mkdir(parents=True, exist_ok=True)
-    try:
-        with terminate_raises():
-            records = sweep_lora.run_lora_sweep(options, out_dir, sweep_run.run_logged)
-    except KeyboardInterrupt:
-        finished = f"{out_dir}/{sweep_lora.LORA_JSON}"
-        print(f"\ninterrupted: {finished} holds the configurations that finished.", file=sys.stderr)
-        return 130
+    left.text = f"{out_dir}/{sweep_lora.LORA_JSON} holds the configurations that finished."
+    with terminate_raises():
+        records = sweep_lora.run_lora_sweep(options, out_dir, sweep_run.run_logged)
     print()
     print((out_dir / sweep_lora.LORA_MD).read_text())
     return 0 if len(records) >= 2 * len(points) else 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return run_program(lambda: _main(argv))
+    left = _Left()
+    return run_program(lambda: _main(argv, left), after_interrupt=left)
 
 
-def _main(argv: Sequence[str] | None) -> int:
+def _main(argv: Sequence[str] | None, left: _Left) -> int:
     options = parse_options(argv)
     plan = [] if options.lora_ranks else plan_sweep(options)  # LoRA mode plans its own (sweep/lora.py)
     gpu = environment()["gpu"]
     out_dir = check_output_path(options.out_dir or default_out_dir(gpu), "--out_dir", folder=True)
     if options.lora_ranks:
-        return _lora_main(options, out_dir)
+        return _lora_main(options, out_dir, left)
+    if options.amdahl and not amdahl_targets(plan):
+        raise ConfigError(
+            "--amdahl analyses an FP8 configuration compiled in one process, and none is planned: add one "
+            "(e.g. --precisions bf16,fp8 --compile auto)."
+        )
+    # An earlier sweep's results, added to: refused now if they cannot be (not a results file), not after the runs.
+    check_results_file(out_dir / "sweep.json", "--out_dir's", fix="Move it away or choose another --out_dir.")
     print(format_plan(plan, options, out_dir), flush=True)
     if options.dry_run:
         print("dry run: nothing was run.")
@@ -284,36 +303,42 @@ def _main(argv: Sequence[str] | None) -> int:
     if options.quick and gpu is None:
         print("note: --quick is sized for an H100/H200; without a GPU the FP8 row is skipped and 366m is slow.")
     say = lambda line: print(line, flush=True)  # noqa: E731
-    records: list[dict[str, Any]] = []
-    try:
-        # A scheduler's SIGTERM takes the Ctrl-C path: the running worker (in its own session) is stopped, not orphaned.
-        with terminate_raises():
-            sweep_run.prepare_all_data(plan, log=say)
-            out_dir.mkdir(parents=True, exist_ok=True)
+    # A scheduler's SIGTERM takes the Ctrl-C path: the running worker (in its own session) is stopped, not orphaned.
+    with terminate_raises():
+        sweep_run.prepare_all_data(plan, log=say)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        try:
             records = sweep_run.run_sweep(plan, options, out_dir, log=say)
-    except KeyboardInterrupt:
-        if not (out_dir / "sweep.json").exists():
-            print("\ninterrupted before any configuration finished; nothing was written.", file=sys.stderr)
-            return 130
-        write_outputs(out_dir, plot=True)
-        print(
-            f"\ninterrupted: {out_dir}/sweep.{{json,csv,md,png}} hold the configurations that finished, and the "
-            "finished runs of any whose repeats were cut short.",
-            file=sys.stderr,
-        )
-        return 130
-    report, _ = write_outputs(out_dir, plot=True)
-    print()
-    print(report)
-    if options.amdahl:
-        rows = []
-        for planned in amdahl_targets(plan):
-            say(f"where the time goes: {planned.point.preset} batch {planned.point.batch_size} ...")
-            rows.append(sweep_run.run_amdahl(planned, out_dir, options.timeout_s))
-        if rows:
-            analysis = format_amdahl(rows)
-            (out_dir / "amdahl.md").write_text(analysis + "\n")
-            print()
-            print(analysis)
+        except KeyboardInterrupt:
+            if (out_dir / "sweep.json").exists():
+                write_outputs(out_dir, plot=True)
+                left.text = (
+                    f"{out_dir}/sweep.{{json,csv,md,png}} hold the configurations that finished, and the finished "
+                    "runs of any whose repeats were cut short."
+                )
+            else:
+                left.text = f"No configuration finished; the logs are in {out_dir}/logs."
+            raise
+        report, _ = write_outputs(out_dir, plot=True)
+        print()
+        print(report)
+        if options.amdahl:
+            left.text = f"{out_dir}/sweep.{{json,csv,md,png}} hold every configuration; the Amdahl analysis stopped."
+            _where_the_time_goes(plan, options, out_dir, say)
     print(f"wrote {out_dir}/sweep.json, sweep.csv, sweep.md, sweep.png (per-configuration logs in {out_dir}/logs)")
+    if not any(r.get("status") == "ok" for r in records):
+        print("nothing was measured: every configuration was skipped or failed (the reasons are in the table).")
+        return 1
     return 1 if any(r.get("status") == "error" for r in records) else 0
+
+
+def _where_the_time_goes(plan: Sequence[Planned], options: SweepOptions, out_dir: Path, say) -> None:
+    """The Amdahl analysis of amdahl_targets(plan), each in a process of its own, written to amdahl.md."""
+    rows = []
+    for planned in amdahl_targets(plan):
+        say(f"where the time goes: {planned.point.preset} batch {planned.point.batch_size} ...")
+        rows.append(sweep_run.run_amdahl(planned, out_dir, options.timeout_s))
+    analysis = format_amdahl(rows)
+    (out_dir / "amdahl.md").write_text(analysis + "\n")
+    print()
+    print(analysis)

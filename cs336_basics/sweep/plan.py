@@ -18,7 +18,8 @@ from typing import Any
 from cs336_basics.cli import scalar_type
 from cs336_basics.config import PRESETS, SECTIONS, RunConfig, TrainConfig, field_problem
 from cs336_basics.config_layers import build_config
-from cs336_basics.errors import ConfigError
+from cs336_basics.devices import resolve_device
+from cs336_basics.errors import ConfigError, NotSupportedHere
 from cs336_basics.parallel.world import World
 from cs336_basics.parallel.wrap import DDP, FSDP, NONE, check_parallel_request
 from cs336_basics.precision import choose_fp8
@@ -365,6 +366,11 @@ def plan_sweep(options: SweepOptions) -> list[Planned]:
     for point in expand_grid(options.grid):
         overrides = point.overrides(options.base_overrides, options.steps)
         config = build_config(overrides, options.from_file)
+        try:
+            resolve_device(config.train.device)
+        except NotSupportedHere:  # a device this machine lacks: every run would be skipped, so none is started
+            if not options.dry_run:  # (a plan may be printed anywhere)
+                raise
         # What the ranks would refuse (e.g. the fused path's FP8 all-gather under FSDP2), before any run.
         try:
             if point.world_size > 1:
@@ -379,17 +385,19 @@ def plan_sweep(options: SweepOptions) -> list[Planned]:
 LORA_PASS_THROUGH = {("fp8", "fp8_path"), ("fp8", "fp8_scaling")}
 
 
-def check_pass_through(overrides: dict[str, Any], lora: bool = False) -> None:
-    """Refuse pass-through flags the sweep sets itself. In LoRA mode, which sweeps no precisions, --fp8_path and
-    --fp8_scaling pass (the frozen base runs its own FP8 linears either way; `--fp8_path fused` unlocks the fused
-    path's switches, e.g. --fp8_fast_accum_backward and --fp8_scaling delayed)."""
+def check_pass_through(overrides: dict[str, Any], lora: bool = False, source: str | None = None) -> None:
+    """Refuse pass-through settings the sweep sets itself: flags, or with `source` those of that --config file. In
+    LoRA mode, which sweeps no precisions, --fp8_path and --fp8_scaling pass (the frozen base runs its own FP8 linears
+    either way; `--fp8_path fused` unlocks the fused path's switches, e.g. --fp8_fast_accum_backward and
+    --fp8_scaling delayed)."""
+    where = lambda name: f"{source}: its {name}" if source else f"--{name}"  # noqa: E731
     if "preset" in overrides:
-        raise ConfigError("--preset is set per configuration by the sweep; use --presets (comma-separated).")
+        raise ConfigError(f"{where('preset')} is set per configuration by the sweep; use --presets (comma-separated).")
     for (section, name), instead in SWEPT_SETTINGS.items():
         if lora and (section, name) in LORA_PASS_THROUGH:
             continue
         if name in overrides.get(section, {}):
-            raise ConfigError(f"--{name} is set per configuration by the sweep; use {instead}.")
+            raise ConfigError(f"{where(name)} is set per configuration by the sweep; use {instead}.")
 
 
 def gpu_slug(gpu_name: str | None) -> str:

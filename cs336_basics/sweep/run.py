@@ -164,14 +164,21 @@ def run_isolated(
 ) -> dict[str, Any]:
     """Run one configuration in a fresh worker process (under torchrun: one per rank; rank 0 writes the record), its
     output going to log_path; return its record (never raises for a failed run). `cold`: with empty compile caches,
-    deleted afterwards."""
+    deleted afterwards. A stop signal (KeyboardInterrupt) is raised on, carrying the record as `finished_run` where
+    the worker had written it (it was exiting)."""
     out_path = work_dir / f"result-{time.monotonic_ns()}.json"
     started = time.perf_counter()
     p = planned.point
     grace_s = TORCHRUN_GRACE_S if p.world_size > 1 else 0.0
+    stopped: KeyboardInterrupt | None = None
     with tempfile.TemporaryDirectory(dir=work_dir, prefix="caches-") if cold else contextlib.nullcontext() as caches:
         env = cold_cache_env(Path(caches)) if cold else None
-        returncode, timed_out = run_logged(launch_command(planned, out_path), log_path, timeout_s, grace_s, env)
+        try:
+            returncode, timed_out = run_logged(launch_command(planned, out_path), log_path, timeout_s, grace_s, env)
+        except KeyboardInterrupt as stop:
+            if not out_path.exists():
+                raise
+            stopped, returncode, timed_out = stop, 0, False
     wall_s = time.perf_counter() - started
 
     base = run_record(planned.config, status="error", world_size=p.world_size, parallel=p.parallel)
@@ -184,6 +191,9 @@ def run_isolated(
         record = {**base, "status": status, "error": message}
     record["wall_s"] = wall_s
     record["cold"] = cold
+    if stopped is not None:
+        stopped.finished_run = record
+        raise stopped
     return record
 
 
@@ -241,9 +251,11 @@ def run_sweep(plan: Sequence[Planned], options: SweepOptions, out_dir: Path, log
         )
     records: list[dict[str, Any]] = []
     runs: list[list[dict[str, Any]]] = [[] for _ in plan]
+    recorded: set[int] = set()
     repeats = options.repeats
 
     def record_configuration(i: int) -> None:
+        recorded.add(i)
         record = combine_repeats(runs[i - 1])
         if len(runs[i - 1]) < repeats:  # cut short: the runs that finished, and how many were planned
             record["repeats_planned"] = repeats
@@ -262,7 +274,12 @@ def run_sweep(plan: Sequence[Planned], options: SweepOptions, out_dir: Path, log
                     which = f" (run {k} of {repeats})" if repeats > 1 else ""
                     log(f"[{i}/{len(plan)}] {planned.point.label}: running{which} ...")
                     log_name = f"logs/{_log_name(planned.point.label + (f'.{k}' if repeats > 1 else ''))}"
-                    run = run_isolated(planned, Path(work), out_dir / log_name, options.timeout_s, options.cold)
+                    try:
+                        run = run_isolated(planned, Path(work), out_dir / log_name, options.timeout_s, options.cold)
+                    except KeyboardInterrupt as stop:
+                        if hasattr(stop, "finished_run"):  # the run had finished: kept like the others
+                            runs[i - 1].append({**stop.finished_run, "log": log_name})
+                        raise
                     run["log"] = log_name  # relative to the results folder, which may be moved or committed
                     runs[i - 1].append(run)
                     if repeats > 1:
@@ -272,7 +289,7 @@ def run_sweep(plan: Sequence[Planned], options: SweepOptions, out_dir: Path, log
         except KeyboardInterrupt:
             # Nothing lost: a configuration whose repeats were cut short keeps the runs that finished.
             for i in range(1, len(plan) + 1):
-                if 0 < len(runs[i - 1]) < repeats:
+                if runs[i - 1] and i not in recorded:
                     record_configuration(i)
             raise
     return records

@@ -112,8 +112,8 @@ def _log(message: str) -> None:
 
 @contextlib.contextmanager
 def _run_folder(shared: Path | None, world: World) -> Iterator[Path]:
-    """The run folder: a temporary one of this process's, or `shared`, the folder of every rank of a torchrun launch,
-    which rank 0 removes when its run has ended."""
+    """The run folder: a temporary one of this process's, or `shared`, the folder of every rank (one process, or all
+    of a torchrun launch), which rank 0 removes when its run has ended."""
     if shared is None:
         with tempfile.TemporaryDirectory(prefix="cs336-sweep-") as tmp:
             yield Path(tmp)
@@ -128,7 +128,8 @@ def _run_folder(shared: Path | None, world: World) -> Iterator[Path]:
 def run_one(spec: dict[str, Any], log=_log, shared_folder: Path | None = None) -> dict[str, Any]:
     """Build the config from the spec, train it if this machine can, and return its record (never raises for a
     failed run: the failure is the record). Under torchrun, on ranks but 0, a run that succeeded returns only its
-    status (rank 0 has the measurements); `shared_folder` is then the run folder of every rank."""
+    status (rank 0 has the measurements). `shared_folder`: the run folder (of every rank under torchrun); without
+    it, a temporary one."""
     extra = {"step_time_ms": None, **(spec.get("extra") or {})}
     try:
         config = build_config(spec["overrides"], spec.get("from_file"))
@@ -176,7 +177,9 @@ def main(argv: list[str] | None = None) -> int:
         world = torchrun_world() or SINGLE
     except ConfigError as exc:  # torchrun's variables set in part: which rank writes the record is unknown
         return report_error(exc)
-    record = run_one(spec, shared_folder=Path(args.out).with_suffix(".run") if world.launched else None)
+    # The run folder beside the record, in the sweep's temporary folder: removed with it even where the sweep kills
+    # this process before it can clean up (at once, in one process: run.run_isolated).
+    record = run_one(spec, shared_folder=Path(args.out).with_suffix(".run"))
     if world.is_main:
         write_json_atomic(args.out, record)
     detail = record.get("error") or record.get("reason") or ""
