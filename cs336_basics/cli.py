@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from cs336_basics.config import PRESETS, SECTIONS, RunConfig, check_layer
-from cs336_basics.config_layers import build_config, lookup
+from cs336_basics.config_layers import build_config, lookup, merge_layers
 from cs336_basics.errors import ConfigError
+from cs336_basics.training.checkpoint import checkpoint_file, read_checkpoint
 
 # The FP8 paths whose own settings --help groups apart (config.setting's only_on).
 PATH_GROUPS = {
@@ -36,17 +37,39 @@ def positive_int(text: str) -> int:
     return value
 
 
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object's pairs as a dict; a key given twice is refused (json keeps the last one without a word)."""
+    keys = [key for key, _ in pairs]
+    twice = sorted({key for key in keys if keys.count(key) > 1})
+    if twice:
+        raise ConfigError(f"gives {', '.join(map(repr, twice))} twice in one object; keep one")
+    return dict(pairs)
+
+
 def load_config_file(path: str | Path) -> dict[str, Any]:
     path = Path(path)
-    try:
-        values = json.loads(path.read_text())
+    try:  # utf-8-sig: a byte-order mark, as some editors write, is not part of the JSON
+        values = json.loads(path.read_text(encoding="utf-8-sig"), object_pairs_hook=_unique_keys)
     except OSError as exc:
         raise ConfigError(f"cannot read config file {path}: {exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config file {path} is not UTF-8 text ({exc.reason} at byte {exc.start}).") from exc
     except json.JSONDecodeError as exc:
         raise ConfigError(f"config file {path} is not valid JSON: {exc}") from exc
+    except ConfigError as exc:
+        raise ConfigError(f"config file {path} {exc}.") from exc
     except RecursionError as exc:  # json's parser recurses once per level
         raise ConfigError(f"config file {path} is nested too deeply to read; a config has two levels.") from exc
     return check_layer(values, f"the config file {path}")
+
+
+class _GivenOnce(argparse.Action):
+    """Stores the flag's value; the flag given again is an error (argparse would keep the last one without a word)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if getattr(namespace, self.dest, None) is not None:
+            parser.error(f"{option_string} is given twice; give one (to combine files, merge them into one)")
+        setattr(namespace, self.dest, values)
 
 
 def machine_device_type() -> str:
@@ -54,6 +77,21 @@ def machine_device_type() -> str:
     import torch
 
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def run_settings(folder: Path) -> dict[str, Any]:
+    """The settings of the run in `folder`, as a config layer: its config.json, or where that is missing, those its
+    checkpoint records (as the run resolved them); {} where neither is there (the resume then says what is missing)."""
+    saved = folder / "config.json"
+    if saved.is_file():
+        return load_config_file(saved)
+    checkpoint = checkpoint_file(folder)
+    if not checkpoint.is_file():
+        return {}
+    settings = read_checkpoint(checkpoint, mmap=True)["config"]
+    # How that run was started (perhaps replacing an earlier one) is none of the resume's settings.
+    settings = {**settings, "train": {**settings["train"], "overwrite": False}}
+    return check_layer(settings, f"the settings in {checkpoint}")
 
 
 def _default_text(value: Any, preset_value: Any, preset: str) -> str:
@@ -68,7 +106,9 @@ def add_config_arguments(parser: argparse.ArgumentParser, defaults: RunConfig | 
     would use without flags (for the help text); default: this machine's auto preset."""
     if defaults is None:
         defaults = build_config(device_type=machine_device_type())
-    parser.add_argument("--config", help="JSON config file (same layout as config.json in a run folder)")
+    parser.add_argument(
+        "--config", action=_GivenOnce, help="JSON config file (same layout as config.json in a run folder)"
+    )
     parser.add_argument(
         "--preset", choices=["auto", *PRESETS], help=f"named model/batch shape (default auto: here {defaults.preset})"
     )
@@ -153,14 +193,12 @@ def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:
-    """CLI > --config file > preset > defaults. With --resume and no --config, the run folder's saved
-    config.json is the file layer, so `--resume --out_dir RUN` continues the same run."""
+    """CLI > --config file > preset > defaults. With --resume the run's own settings are the layer under the file
+    (its folder's config.json), so `--resume --out_dir RUN` continues the same run, changed only where asked."""
     overrides = overrides_from_args(args)
     from_file = load_config_file(args.config) if args.config else {}
-    if lookup("train", "resume", overrides, from_file) is True and not args.config:
-        saved = Path(lookup("train", "out_dir", overrides, from_file)) / "config.json"
-        if saved.is_file():
-            from_file = load_config_file(saved)
+    if lookup("train", "resume", overrides, from_file) is True:
+        from_file = merge_layers(run_settings(Path(lookup("train", "out_dir", overrides, from_file))), from_file)
     device = lookup("train", "device", overrides, from_file)
     device_type = "cuda" if str(device).startswith("cuda") else "cpu" if device == "cpu" else machine_device_type()
     return build_config(overrides, from_file, device_type)

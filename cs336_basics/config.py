@@ -59,6 +59,11 @@ def at_least(low: int) -> Check:
     return lambda v: None if v >= low else f"must be >= {low}"
 
 
+def seed_value(v: int) -> str | None:
+    """A random seed torch takes (an unsigned 64-bit number)."""
+    return None if 0 <= v < 2**64 else "must be in [0, 2**64)"
+
+
 def positive(v: float) -> str | None:
     return None if v > 0 else "must be > 0"
 
@@ -386,7 +391,7 @@ class TrainConfig:
         "torchrun's runs (compiled.auto_compile_wrapper says why)",
         choices=COMPILE_WRAPPERS,
     )
-    seed: int = setting(0, "seed for the initial weights and the order of batches", check=at_least(0))
+    seed: int = setting(0, "seed for the initial weights and the order of batches", check=seed_value)
     out_dir: str = setting("runs/default", "the run folder (config, metrics, plot, checkpoint)", check=not_empty)
     resume: bool = setting(False, "continue the run in out_dir from its checkpoint, exactly where it stopped")
     overwrite: bool = setting(False, "start afresh in an out_dir that holds an earlier run, deleting that run")

@@ -31,7 +31,7 @@ from cs336_basics.precision.choice import AUTO_SETTINGS
 from cs336_basics.training.run_folder import RunFolder
 from cs336_basics.training.sampling import Sampling, sample_text
 from cs336_basics.training.summary import RunFacts, format_summary
-from cs336_basics.training.trainer import Trainer, TrainResult, scheduled_lr
+from cs336_basics.training.trainer import Trainer, TrainResult, global_batch_tokens, scheduled_lr
 
 
 def _resume_notes(saved: RunConfig, config: RunConfig, step: int) -> list[str]:
@@ -41,6 +41,12 @@ def _resume_notes(saved: RunConfig, config: RunConfig, step: int) -> list[str]:
     if abs(after - before) > 1e-12 * max(abs(before), 1e-30):
         notes.append(
             f"the learning rate at step {step} changes from {before:.3g} to {after:.3g}: the schedule settings differ "
+            "from the checkpoint's"
+        )
+    before, after = global_batch_tokens(saved, world_size=1), global_batch_tokens(config, world_size=1)
+    if after != before:
+        notes.append(
+            f"tokens per step and rank {before:,} -> {after:,}: --batch_size or --gradient_accumulation_steps differ "
             "from the checkpoint's"
         )
     if config.train.max_steps != saved.train.max_steps:

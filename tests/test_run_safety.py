@@ -591,6 +591,83 @@ def test_a_resume_with_another_seed_is_refused_and_the_run_left_as_it_was(tmp_pa
     assert run(["--resume", "--out_dir", out, "--max_steps", "4", "--seed", "0"], capsys)[0] == 0  # the same: fine
 
 
+def test_a_resume_with_a_config_file_changes_only_what_the_file_says(tmp_path, base, capsys):
+    """The run's own settings stay the layer under the file: --config on a resume changes what it names, not the
+    rest back to the preset's."""
+    out = tmp_path / "run"
+    argv = [*base, "--lr", "1e-3", "--log_every", "1", "--max_steps", "2", "--checkpoint_every", "2", "--out_dir", out]
+    assert run(argv, capsys)[0] == 0
+    tweak = tmp_path / "tweak.json"
+    tweak.write_text(json.dumps({"train": {"max_steps": 4}}))
+    code, stdout, _ = run(["--resume", "--out_dir", out, "--config", tweak], capsys)
+    assert code == 0 and "learning rate at step" not in stdout  # the schedule is the run's
+    saved = json.loads((out / "config.json").read_text())
+    assert (saved["optim"]["lr"], saved["train"]["log_every"], saved["train"]["max_steps"]) == (1e-3, 1, 4)
+    assert saved["model"]["dim"] == 32 and [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [1, 2, 3, 4]
+
+
+def test_a_resume_whose_config_json_is_lost_takes_the_settings_its_checkpoint_records(tmp_path, base, capsys):
+    out = tmp_path / "run"
+    argv = [*base, "--lr", "1e-3", "--log_every", "1", "--max_steps", "2", "--checkpoint_every", "2", "--out_dir", out]
+    assert run([*argv, "--overwrite"], capsys)[0] == 0  # how it started is not a setting of the resume
+    (out / "config.json").unlink()
+    code, stdout, _ = run(["--resume", "--out_dir", out, "--max_steps", "3"], capsys)
+    assert code == 0 and "learning rate at step" not in stdout
+    saved = json.loads((out / "config.json").read_text())
+    assert (saved["optim"]["lr"], saved["train"]["log_every"], saved["model"]["dim"]) == (1e-3, 1, 32)
+
+
+def test_a_resume_with_another_batch_says_so(tmp_path, base, capsys):
+    out = tmp_path / "run"
+    assert run([*base, "--max_steps", "2", "--checkpoint_every", "2", "--out_dir", out], capsys)[0] == 0
+    code, stdout, _ = run(["--resume", "--out_dir", out, "--max_steps", "3", "--batch_size", "8"], capsys)
+    assert code == 0 and "tokens per step and rank 64 -> 128" in " ".join(stdout.split())
+
+
+def test_a_cosine_that_ends_before_max_steps_is_named_in_the_summary(tmp_path, base, capsys):
+    argv = [*base, "--lr_decay_steps", "3", "--warmup_steps", "1", "--max_steps", "5", "--out_dir", tmp_path / "run"]
+    code, stdout, _ = run(argv, capsys)
+    assert code == 0 and "the cosine ends at step 3 of 5" in " ".join(stdout.split())
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (b"\xff\xfe{", "is not UTF-8 text"),
+        (b'{"train": {"max_steps": 3}, "train": {"seed": 1}}', "gives 'train' twice in one object"),
+    ],
+    ids=["not_utf8", "a_key_twice"],
+)
+def test_a_config_file_that_cannot_be_read_as_written_is_one_error_line(tmp_path, base, capsys, content, message):
+    path = tmp_path / "config.json"
+    path.write_bytes(content)
+    code, _, err = run([*base, "--config", path, "--out_dir", tmp_path / "run"], capsys)
+    assert code == 2 and message in err and "Traceback" not in err and not (tmp_path / "run").exists()
+
+
+def test_a_config_file_with_a_byte_order_mark_is_read(tmp_path, base, capsys):
+    path = tmp_path / "config.json"
+    path.write_bytes(b"\xef\xbb\xbf" + json.dumps({"train": {"max_steps": 1}}).encode())
+    assert run([*base, "--config", path, "--out_dir", tmp_path / "run"], capsys)[0] == 0
+
+
+def test_config_given_twice_and_a_seed_torch_cannot_take_are_refused(tmp_path, base, capsys):
+    path = tmp_path / "config.json"
+    path.write_text("{}")
+    with pytest.raises(SystemExit) as stop:
+        run([*base, "--config", path, "--config", path, "--out_dir", tmp_path / "run"], capsys)
+    assert stop.value.code == 2 and "--config is given twice" in capsys.readouterr().err
+    code, _, err = run([*base, "--seed", str(2**64), "--out_dir", tmp_path / "run"], capsys)
+    assert code == 2 and "seed must be in [0, 2**64)" in err and "Traceback" not in err
+
+
+def test_a_context_longer_than_memory_could_hold_is_refused_by_the_data_check(tmp_path, base, capsys):
+    """The plan builds the model on "meta" (shapes only): RoPE's tables there take no memory either, so the data's
+    check refuses the context, instead of an allocation failing first."""
+    code, _, err = run([*base, "--context_length", str(10**12), "--out_dir", tmp_path / "run"], capsys)
+    assert code == 2 and "is longer than the training data" in err and "Traceback" not in err
+
+
 def test_a_warmup_longer_than_the_schedule_is_named_in_the_summary(tmp_path, base, capsys):
     code, stdout, _ = run([*base, "--warmup_steps", "5", "--max_steps", "3", "--out_dir", tmp_path / "run"], capsys)
     said = " ".join(stdout.split())

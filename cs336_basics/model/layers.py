@@ -35,17 +35,17 @@ class RotaryEmbedding(nn.Module):
         self.head_dim = head_dim
         self.max_seq_len = max_seq_len
         self.theta = theta
-        cos, sin = self._tables(torch.device("cpu"))
+        cos, sin = self._tables(torch.get_default_device())
         # Non-persistent: the tables are a pure function of the config, so they stay out of checkpoints.
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
 
     def _tables(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         # Angles reach max_seq_len radians; float64 keeps them exact before rounding to fp32 once. Computed on the CPU
-        # whatever the default device (a model built on "meta" for its shapes alone still has its tables).
-        cpu = torch.device("cpu")
-        inv_freq = self.theta ** (-torch.arange(0, self.head_dim, 2, dtype=torch.float64, device=cpu) / self.head_dim)
-        angles = torch.outer(torch.arange(self.max_seq_len, dtype=torch.float64, device=cpu), inv_freq)
+        # for any real device; on "meta" (a model built for its shapes alone) as shapes only, taking no memory.
+        at = device if device.type == "meta" else torch.device("cpu")
+        inv_freq = self.theta ** (-torch.arange(0, self.head_dim, 2, dtype=torch.float64, device=at) / self.head_dim)
+        angles = torch.outer(torch.arange(self.max_seq_len, dtype=torch.float64, device=at), inv_freq)
         return angles.cos().float().to(device), angles.sin().float().to(device)
 
     def _apply(self, fn, recurse=True):

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from cs336_basics.config import at_least, finite, non_negative, setting, validate_fields
+from cs336_basics.config import at_least, finite, non_negative, seed_value, setting, validate_fields
 from cs336_basics.data import BPETokenizer
 
 
@@ -29,7 +29,7 @@ class Sampling:
     top_p: float = setting(
         0.95, "sample from the fewest most likely tokens whose probability reaches top_p", check=_probability_mass
     )
-    seed: int = setting(0, "seed of the sampling generator")
+    seed: int = setting(0, "seed of the sampling generator", check=seed_value)
 
     def __post_init__(self) -> None:
         validate_fields(self)

@@ -134,6 +134,11 @@ def _optimizer_line(config: RunConfig) -> str:
             f"; the warmup outlasts the cosine ({o.lr_decay_steps} steps): the rate climbs until step "
             f"{o.warmup_steps}, then drops straight to min_lr. Lower --warmup_steps or raise --lr_decay_steps"
         )
+    elif o.lr_decay_steps < config.train.max_steps and not config.train.resume:  # a resume's notes say it
+        line += (
+            f"; the cosine ends at step {o.lr_decay_steps} of {config.train.max_steps} (--lr_decay_steps, perhaps "
+            "from a --config file): the rest runs at min_lr"
+        )
     return line
 
 
