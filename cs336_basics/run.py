@@ -43,6 +43,9 @@ def _resume_notes(saved: RunConfig, config: RunConfig, step: int) -> list[str]:
             f"the learning rate at step {step} changes from {before:.3g} to {after:.3g}: the schedule settings differ "
             "from the checkpoint's"
         )
+    for name in ("dataset", "train_data", "val_data"):
+        if getattr(config.data, name) != getattr(saved.data, name):
+            notes.append(f"{name} {getattr(saved.data, name)} -> {getattr(config.data, name)}: it trains on other data")
     before, after = global_batch_tokens(saved, world_size=1), global_batch_tokens(config, world_size=1)
     if after != before:
         notes.append(
@@ -77,7 +80,8 @@ def run_training(config: RunConfig, results_json: str | Path | None = None, log=
     try:
         with alike_on_every_rank():  # the ranks share the flags and (on one node, or a shared filesystem) the files
             folder.check_usable(t.resume, t.overwrite)
-            check_data_sources(config.data)  # before any heavy work: a wrong path fails in a second
+            # Before any heavy work: a wrong path fails in a second.
+            check_data_sources(config.data, config.model.vocab_size)
     except ConfigError as exc:
         if torchrun_world() is None:
             raise
@@ -121,8 +125,10 @@ def _run_locked(config: RunConfig, folder: RunFolder, world, results_json, log) 
         notes = _resume_notes(RunConfig.from_dict(resume_state["config"]), p.config, resume_state["step"])
     with main_first(world):  # rank 0 tokenizes and caches; the others read its cache
         data = prepare_data(p.config.data, p.config.model.vocab_size)
-    for name, tokens in (("training", data.train), ("validation", data.val)):
-        require_windows(len(tokens), p.config.model.context_length, f"the {name} data")
+    require_windows(len(data.train), p.config.model.context_length, "the training data")
+    if t.eval_every > 0:  # nothing reads the validation data of a run that never evaluates
+        more = "more validation data (--val_data), or --eval_every 0"
+        require_windows(len(data.val), p.config.model.context_length, "the validation data", more)
     built = build(p)
     config = built.config
     if resume_state is not None:

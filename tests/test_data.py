@@ -3,6 +3,7 @@ import signal
 import subprocess
 import sys
 import sysconfig
+import time
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +16,7 @@ from cs336_basics.data import (
     BatchSampler,
     BPETokenizer,
     batching,
+    check_data_sources,
     get_batch,
     load_token_array,
     prepare_data,
@@ -173,8 +175,12 @@ def test_load_errors(tmp_path):
         load_token_array(tmp_path / "odd.bin", 100)
 
     (tmp_path / "corrupt.npy").write_bytes(b"not an npy file at all")
-    with pytest.raises(ConfigError, match="Cannot read token file"):
+    with pytest.raises(ConfigError, match="is not a .npy file .it does not start with numpy's header"):
         load_token_array(tmp_path / "corrupt.npy", 100)
+    np.save(tmp_path / "cut.npy", np.arange(100, dtype=np.uint16))
+    (tmp_path / "cut.npy").write_bytes((tmp_path / "cut.npy").read_bytes()[:-20])  # its header, not its data
+    with pytest.raises(ConfigError, match="Cannot read token file"):
+        load_token_array(tmp_path / "cut.npy", 100)
 
 
 def test_load_scans_every_chunk(tmp_path, monkeypatch):
@@ -290,6 +296,101 @@ def test_prepare_text_retrains_when_file_changes(tmp_path):
     os.utime(train_txt, ns=(1, 1))  # a different mtime even on coarse-timestamp filesystems
     b = prepare_data(cfg, 300)
     assert len(a.train) != len(b.train)
+
+
+def test_prepare_text_rebuilds_a_file_changed_behind_a_restored_mtime(tmp_path):
+    """cp -p, rsync -a, tar x or touch -d give a changed file its old mtime back (here: same size too); its ctime,
+    which no tool sets, still tells the cache that it changed."""
+    train_txt = tmp_path / "train.txt"
+    train_txt.write_text("alpha beta gamma delta\n" * 400)
+    cfg = DataConfig(train_data=str(train_txt), cache_dir=str(tmp_path / "c"))
+    before = prepare_data(cfg, 300)
+    stat = train_txt.stat()
+    time.sleep(0.01)  # a later ctime even on coarse clocks
+    train_txt.write_text("ALPHA BETA GAMMA DELTA\n" * 400)
+    os.utime(train_txt, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    after = prepare_data(cfg, 300)
+    assert after.tokenizer.decode(after.train[:6].tolist()).startswith("ALPHA")
+    assert before.tokenizer.decode(before.train[:6].tolist()).startswith("alpha")
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ("résumé naïve café\n".encode("latin-1") * 50, r"not UTF-8 text: near byte 1 .*iconv -f LATIN1"),
+        ("the cat sat\n".encode("utf-16") * 50, r"starts with UTF-16's byte-order mark.*iconv -f UTF-16"),
+    ],
+    ids=["latin1", "utf16"],
+)
+def test_text_that_is_not_utf8_is_refused_not_trained_on_as_replacement_characters(tmp_path, content, message):
+    (tmp_path / "train.txt").write_bytes(content)
+    with pytest.raises(ConfigError, match=message):
+        prepare_data(DataConfig(train_data=str(tmp_path / "train.txt"), cache_dir=str(tmp_path / "c")), 300)
+
+
+def test_validation_data_that_is_the_training_data_is_named_as_such(tmp_path):
+    train_txt = _corpus(tmp_path / "train.txt", 300, 0)
+    (tmp_path / "copy.txt").write_bytes(train_txt.read_bytes())
+    for val in (train_txt, tmp_path / "copy.txt"):
+        cfg = DataConfig(train_data=str(train_txt), val_data=str(val), cache_dir=str(tmp_path / "c"))
+        assert "the training data itself" in prepare_data(cfg, 300).description
+    np.save(tmp_path / "t.npy", np.arange(100, dtype=np.uint16))
+    assert (
+        "the training data itself"
+        in prepare_data(
+            DataConfig(train_data=str(tmp_path / "t.npy"), val_data=str(tmp_path / "t.npy")), 128
+        ).description
+    )
+    other = DataConfig(
+        train_data=str(train_txt), val_data=str(_corpus(tmp_path / "v.txt", 50, 1)), cache_dir=str(tmp_path / "c")
+    )
+    assert "itself" not in prepare_data(other, 300).description
+
+
+def test_a_vocabulary_larger_than_the_text_gives_is_named(tmp_path):
+    train_txt = _corpus(tmp_path / "train.txt", 300, 0)
+    data = prepare_data(DataConfig(train_data=str(train_txt), cache_dir=str(tmp_path / "c")), 5000)
+    fits = data.tokenizer.vocab_size
+    assert (
+        fits < 5000 and f"embedding rows above the BPE's are never used (--vocab_size {fits} fits" in data.description
+    )
+
+
+def test_data_sources_refused_before_any_work(tmp_path, monkeypatch):
+    _forbid_work(monkeypatch)
+    text = _corpus(tmp_path / "a.txt", 50, 0)
+    with pytest.raises(ConfigError, match="--dataset tinystories and --train_data name two sources"):
+        check_data_sources(DataConfig(dataset="tinystories", train_data=str(text)), 300)
+    with pytest.raises(ConfigError, match="vocab_size 256 is too small for byte-level BPE"):
+        check_data_sources(DataConfig(train_data=str(text)), 256)
+    with pytest.raises(ConfigError, match="vocab_size 100 is too small"):
+        check_data_sources(DataConfig(), 100)  # the built-in corpus trains one too
+    (tmp_path / "empty.txt").write_bytes(b"")
+    with pytest.raises(ConfigError, match="empty.txt is empty"):
+        check_data_sources(DataConfig(train_data=str(tmp_path / "empty.txt")), 300)
+    (tmp_path / "loop1.txt").symlink_to(tmp_path / "loop2.txt")
+    (tmp_path / "loop2.txt").symlink_to(tmp_path / "loop1.txt")
+    with pytest.raises(ConfigError, match="is a loop of symbolic links"):
+        check_data_sources(DataConfig(train_data=str(tmp_path / "loop1.txt")), 300)
+
+    def unreadable(path, mode="r", *args, **kwargs):  # what a file without read permission gives (root reads any)
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(sources, "open", unreadable, raising=False)
+    with pytest.raises(ConfigError, match="a.txt cannot be read: permission denied"):
+        check_data_sources(DataConfig(train_data=str(text)), 300)
+
+
+def test_token_files_a_wrong_reading_would_garble_are_refused(tmp_path):
+    np.arange(1, 1001, dtype=np.uint32).tofile(tmp_path / "u32.bin")  # read as uint16: every other value 0
+    with pytest.raises(ConfigError, match="looks like uint32 ids read as uint16"):
+        load_token_array(tmp_path / "u32.bin", 2000)
+    (np.arange(1000, dtype=np.uint16) + 7).tofile(tmp_path / "u16.bin")  # read as uint32: ids of two halves
+    with pytest.raises(ConfigError, match="If it holds uint16 ids .read as uint32.*save them as .npy"):
+        load_token_array(tmp_path / "u16.bin", 70000)
+    np.save(tmp_path / "neg.npy", np.array([3, -1, 5], dtype=np.int32))
+    with pytest.raises(ConfigError, match="holds negative ids .the smallest is -1"):
+        load_token_array(tmp_path / "neg.npy", 100)
 
 
 def test_prepare_token_arrays(tmp_path):

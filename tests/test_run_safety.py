@@ -13,6 +13,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from tiny import TINY_FLAGS
@@ -622,6 +623,24 @@ def test_a_resume_with_another_batch_says_so(tmp_path, base, capsys):
     assert run([*base, "--max_steps", "2", "--checkpoint_every", "2", "--out_dir", out], capsys)[0] == 0
     code, stdout, _ = run(["--resume", "--out_dir", out, "--max_steps", "3", "--batch_size", "8"], capsys)
     assert code == 0 and "tokens per step and rank 64 -> 128" in " ".join(stdout.split())
+
+
+def test_a_resume_on_other_data_says_so(tmp_path, base, capsys, token_files):
+    out = tmp_path / "run"
+    assert run([*base, "--max_steps", "2", "--checkpoint_every", "2", "--out_dir", out], capsys)[0] == 0
+    other = tmp_path / "other.npy"
+    other.write_bytes(Path(token_files[1]).read_bytes())
+    code, stdout, _ = run(["--resume", "--out_dir", out, "--max_steps", "3", "--train_data", other], capsys)
+    assert code == 0 and f"train_data {token_files[1]} -> {other}: it trains on other data" in " ".join(stdout.split())
+
+
+def test_a_run_that_never_evaluates_needs_no_validation_windows(tmp_path, token_files, capsys):
+    short_val = tmp_path / "short_val.npy"
+    np.save(short_val, np.arange(10, dtype=np.uint16))  # fewer tokens than one window of 16
+    argv = [*TINY_FLAGS, "--train_data", token_files[1], "--val_data", short_val, "--max_steps", "1"]
+    code, _, err = run([*argv, "--out_dir", tmp_path / "evaluates"], capsys)
+    assert code == 2 and "longer than the validation data (10 tokens)" in err and "or --eval_every 0" in err
+    assert run([*argv, "--eval_every", "0", "--out_dir", tmp_path / "never"], capsys)[0] == 0
 
 
 def test_a_cosine_that_ends_before_max_steps_is_named_in_the_summary(tmp_path, base, capsys):

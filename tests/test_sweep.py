@@ -437,7 +437,7 @@ def test_worker_under_torchrun_rank_0_alone_writes_and_a_failure_exits_1(tmp_pat
 
 def test_worker_skips_what_cannot_run_and_records_an_impossible_config(tmp_path, token_files, capsys):
     flash = sweep_plan.plan_sweep(
-        sweep_cli.parse_options([*TINY_GRID, "--attention", "flash", "--precisions", "fp32", *TINY])
+        sweep_cli.parse_options([*TINY_GRID, "--attention", "flash", "--precisions", "fp32", *TINY, *token_files])
     )
     record = worker.run_one(flash[0].spec, log=lambda line: None)
     assert record["status"] == "skipped" and "flash attention needs a CUDA GPU" in record["reason"]

@@ -138,7 +138,7 @@ def test_bad_data_files_fail_clearly(tmp_path, capsys):
     (tmp_path / "folder.npy").mkdir()
     garbage = tmp_path / "garbage.npy"
     garbage.write_bytes(b"this is not a numpy file")
-    cases.append((str(garbage), "Cannot read token file"))  # unreadable as an array (root can read any file)
+    cases.append((str(garbage), "is not a .npy file"))  # unreadable as an array (root can read any file)
     for train, message in cases:
         code, _, err = run([*TINY, "--train_data", train, "--val_data", val, "--out_dir", tmp_path / "r"], capsys)
         assert code == 2, train

@@ -17,6 +17,7 @@ from cs336_basics.errors import ConfigError
 
 # Largest vocabulary whose ids all fit in uint16 (ids 0..65535).
 _UINT16_VOCAB_LIMIT = 1 << 16
+_NPY_MAGIC = b"\x93NUMPY"
 # Elements per np.max call when validating ids: 64 Mi uint16 = 128 MiB, bounded memory for any file size.
 _SCAN_CHUNK = 1 << 26
 
@@ -52,16 +53,28 @@ def load_token_array(path: str | Path, vocab_size: int) -> np.ndarray:
     suffix = path.suffix.lower()
     if suffix == ".npy":
         try:
-            arr = np.load(path, mmap_mode="r", allow_pickle=False)
+            with open(path, "rb") as f:
+                magic = f.read(len(_NPY_MAGIC))
+            arr = np.load(path, mmap_mode="r", allow_pickle=False) if magic == _NPY_MAGIC else None
         except PermissionError as exc:
             raise ConfigError(f"Cannot read token file {path} ({exc}); check its permissions.") from exc
         except (OSError, ValueError, EOFError) as exc:
             raise ConfigError(
                 f"Cannot read token file {path} as a .npy array ({exc}); check that it was written with np.save."
             ) from exc
+        if arr is None:
+            raise ConfigError(
+                f"Token file {path} is not a .npy file (it does not start with numpy's header); write it with "
+                "np.save, or name raw uint16/uint32 tokens .bin."
+            )
         if not isinstance(arr, np.ndarray):
             raise ConfigError(f"Token file {path} holds {type(arr).__name__}, not one array; save one 1-D array.")
         # Any byte order is fine (numpy converts on read); only the width and signedness matter.
+        if arr.dtype.kind in "if" and arr.size and arr.min() < 0:  # the cast the hint below suggests would wrap them
+            raise ConfigError(
+                f"Token file {path} holds negative ids (the smallest is {arr.min()}); token ids are 0 .. vocab_size - "
+                "1. Drop or replace them, then save the array as uint16 or uint32."
+            )
         if arr.dtype.kind != "u" or arr.dtype.itemsize not in (2, 4):
             raise ConfigError(
                 f"Token file {path} has dtype {arr.dtype}, but token arrays must be uint16 or uint32; "
@@ -82,6 +95,13 @@ def load_token_array(path: str | Path, vocab_size: int) -> np.ndarray:
             arr = np.memmap(path, dtype=dtype, mode="r")
         except (OSError, ValueError) as exc:
             raise ConfigError(f"Cannot read token file {path} ({exc}); check its permissions.") from exc
+        head = arr[: 1 << 20]
+        if dtype == np.uint16 and len(head) % 2 == 0 and head[1::2].max() == 0 < head[0::2].max():
+            raise ConfigError(
+                f"Token file {path} looks like uint32 ids read as uint16 (every other 16-bit value is 0): a raw .bin "
+                f"is read as uint16 because --vocab_size is {vocab_size} (uint16 up to 65536, uint32 above). Save "
+                "the tokens as .npy, so that the dtype travels with them."
+            )
     else:
         raise ConfigError(
             f"Token file {path} has unsupported extension {path.suffix!r}; use .npy (np.save of a uint16/uint32 "
@@ -96,19 +116,25 @@ def load_token_array(path: str | Path, vocab_size: int) -> np.ndarray:
         raise ConfigError(f"Token file {path} is empty; it needs at least context_length + 1 tokens.")
     max_id = _max_token_id(arr)
     if max_id >= vocab_size:
+        uint16_as_uint32 = suffix == ".bin" and arr.dtype == np.uint32 and max_id >= _UINT16_VOCAB_LIMIT
         raise ConfigError(
             f"Token file {path} contains token id {max_id}, but vocab_size is {vocab_size} (ids must be "
             f"< vocab_size); pass --vocab_size {max_id + 1} or larger (the tokenizer's vocabulary size)."
+            + (
+                " If it holds uint16 ids (read as uint32 because --vocab_size is above 65536), save them as .npy."
+                if uint16_as_uint32
+                else ""
+            )
         )
     return arr
 
 
-def require_windows(n_tokens: int, context_length: int, what: str = "the data") -> None:
+def require_windows(n_tokens: int, context_length: int, what: str = "the data", more: str = "more data") -> None:
     """Every training window needs context_length + 1 tokens (inputs and their shifted targets)."""
     if n_tokens <= context_length:
         raise ConfigError(
             f"context_length {context_length} is longer than {what} ({n_tokens} tokens); every window needs "
-            "context_length + 1 tokens. Use a smaller --context_length or more data."
+            f"context_length + 1 tokens. Use a smaller --context_length or {more}."
         )
 
 

@@ -7,6 +7,10 @@ read, like any token file (complete, ids within the tokenizer's vocabulary), and
 
 from __future__ import annotations
 
+import codecs
+import dataclasses
+import errno
+import filecmp
 import hashlib
 import json
 import math
@@ -24,7 +28,7 @@ import numpy as np
 
 from cs336_basics.config import DataConfig
 from cs336_basics.data.batching import load_token_array
-from cs336_basics.data.tokenizer import BPETokenizer
+from cs336_basics.data.tokenizer import BPETokenizer, check_bpe_vocab
 from cs336_basics.errors import ConfigError, os_reason
 from cs336_basics.files.atomic import remove_stale_temps, temp_prefix
 
@@ -90,10 +94,11 @@ def _key(payload: Any) -> str:
 
 
 def _file_identity(path: Path) -> list[Any]:
-    # Size + mtime instead of a content hash: hashing a multi-GB corpus on every start would cost more
-    # than the cache saves, and an edited file always gets a new mtime.
+    # Its stat instead of a content hash: hashing a multi-GB corpus on every start would cost more than the cache
+    # saves. An edited file gets a new mtime; a file whose mtime was set back (cp -p, rsync -a, tar x, touch -d)
+    # still gets a new ctime, which no tool sets.
     st = path.stat()
-    return [str(path.resolve()), st.st_size, st.st_mtime_ns]
+    return [str(path.resolve()), st.st_size, st.st_mtime_ns, st.st_ctime_ns]
 
 
 def _count(n: int) -> str:
@@ -187,6 +192,43 @@ def _cached_encoding(tok: BPETokenizer, files: list[Path], out: Path, what: str)
     return load_token_array(out, tok.vocab_size)
 
 
+def _require_utf8(path: Path) -> None:
+    """A ConfigError unless the text file at `path` is UTF-8 (read in blocks: any size). The tokenizer would read other
+    bytes as replacement characters and train on those."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    offset = 0
+    with open(path, "rb") as f:
+        while block := f.read(1 << 24):
+            try:
+                decoder.decode(block)
+            except UnicodeDecodeError as exc:
+                utf16 = offset == 0 and block[:2] in (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)
+                raise ConfigError(
+                    f"{path} is not UTF-8 text: near byte {offset + exc.start:,} ({exc.reason})"
+                    + (", and it starts with UTF-16's byte-order mark" if utf16 else "")
+                    + f". Convert it, e.g. iconv -f {'UTF-16' if utf16 else 'LATIN1'} -t UTF-8 (naming its encoding), "
+                    "or pass token arrays (.npy)."
+                ) from exc
+            offset += len(block)
+
+
+def _with_val(
+    train: np.ndarray, train_path: Path, val_path: Path | None, read_val: Any
+) -> tuple[np.ndarray, np.ndarray, str]:
+    """(train, val, a note on where val came from): `read_val(val_path)`, or the last HOLDOUT_FRACTION of train."""
+    if val_path is None:
+        return *_hold_out(train, train_path), f"last {HOLDOUT_FRACTION:.0%} of train held out as val"
+    note = f"val from {val_path.name}"
+    if _same_content(train_path, val_path):
+        note += ", the training data itself: its loss measures fitting, not generalisation"
+    return train, read_val(val_path), note
+
+
+def _same_content(a: Path, b: Path) -> bool:
+    """Whether two files hold the same bytes (compared only where their sizes agree)."""
+    return a.stat().st_size == b.stat().st_size and filecmp.cmp(a, b, shallow=False)
+
+
 def _hold_out(tokens: np.ndarray, source: Path) -> tuple[np.ndarray, np.ndarray]:
     """Split off the last HOLDOUT_FRACTION of the tokens as validation (views: no copy)."""
     n_val = max(1, math.ceil(len(tokens) * HOLDOUT_FRACTION))
@@ -228,8 +270,17 @@ def _prepare_stdlib(cache: Path, vocab_size: int) -> PreparedData:
 
 
 def _prepare_text(
-    train_path: Path, val_path: Path | None, vocab_size: int, cache: Path, label: str, tokenizer: str | None = None
+    train_path: Path,
+    val_path: Path | None,
+    vocab_size: int,
+    cache: Path,
+    label: str,
+    tokenizer: str | None = None,
+    users: bool = True,
 ) -> PreparedData:
+    """Text files tokenised (a BPE trained on the train file, or `tokenizer`) and cached. `users`: the files are the
+    user's, held to being UTF-8 (a built-in corpus, like the standard library's test fixtures, may hold stray bytes:
+    they become replacement characters)."""
     _ensure_cache(cache)
     size = train_path.stat().st_size
     if tokenizer is not None:  # a given tokenizer (a fine-tune's base run's): the encodings are keyed by it
@@ -247,34 +298,36 @@ def _prepare_text(
         # so changing only --val_data re-encodes only the validation file.
         key = _key({"kind": "text", "vocab_size": vocab_size, "train": _file_identity(train_path)})
         folder = cache / f"text-{key}"
+
+    def encoding_path(path: Path) -> Path:
+        return folder / f"{path.stem}-{_key(_file_identity(path))}.npy"
+
+    for path in filter(None, (train_path, val_path)):
+        if users and not encoding_path(path).is_file():  # about to be read whole anyway (the cache holds checked ones)
+            _require_utf8(path)
+    if tokenizer is None:
         tok = _cached_tokenizer(folder / "tokenizer", [train_path], vocab_size, f"{train_path} ({_megabytes(size)})")
 
     def encoded(path: Path) -> np.ndarray:
-        out = folder / f"{path.stem}-{_key(_file_identity(path))}.npy"
-        return _cached_encoding(tok, [path], out, str(path))
+        return _cached_encoding(tok, [path], encoding_path(path), str(path))
 
-    train = encoded(train_path)
-    if val_path is None:
-        train, val = _hold_out(train, train_path)
-        val_note = f"last {HOLDOUT_FRACTION:.0%} of train held out as val"
-    else:
-        val = encoded(val_path)
-        val_note = f"val from {val_path.name}"
+    train, val, val_note = _with_val(encoded(train_path), train_path, val_path, encoded)
     desc = (
         f"{label} ({_megabytes(size)}) -> {_count(len(train))} train / {_count(len(val))} val tokens "
         f"({val_note}), BPE vocab {tok.vocab_size:,}, cached in {folder}"
     )
+    if tokenizer is None and tok.vocab_size < vocab_size:  # the text has fewer distinct pieces than asked for
+        desc += (
+            f"; the model's {vocab_size - tok.vocab_size:,} embedding rows above the BPE's are never used "
+            f"(--vocab_size {tok.vocab_size} fits this text)"
+        )
     return PreparedData(train=train, val=val, tokenizer=tok, description=desc)
 
 
 def _prepare_arrays(train_path: Path, val_path: Path | None, vocab_size: int) -> PreparedData:
-    train = load_token_array(train_path, vocab_size)
-    if val_path is None:
-        train, val = _hold_out(train, train_path)
-        val_note = f"last {HOLDOUT_FRACTION:.0%} of train held out as val"
-    else:
-        val = load_token_array(val_path, vocab_size)
-        val_note = f"val from {val_path.name}"
+    train, val, val_note = _with_val(
+        load_token_array(train_path, vocab_size), train_path, val_path, lambda path: load_token_array(path, vocab_size)
+    )
     desc = (
         f"token arrays {train_path.name} -> {_count(len(train))} train / {_count(len(val))} val tokens "
         f"({val_note}), vocab {vocab_size:,}, no tokenizer"
@@ -315,23 +368,41 @@ def _classify(path: Path, flag: str) -> str:
             f"{flag} file {path} has unsupported extension {path.suffix!r}; pass raw text (.txt) or token "
             "arrays (.npy, or raw .bin of uint16/uint32)."
         )
-    if not path.exists():
-        raise ConfigError(f"{flag} file {path} does not exist; check the path.")
+    try:
+        size = path.stat().st_size
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise ConfigError(f"{flag} file {path} is a loop of symbolic links; point it at the file itself.") from exc
+        raise ConfigError(f"{flag} file {path} does not exist; check the path.") from exc
     if not path.is_file():
         raise ConfigError(f"{flag} file {path} is not a regular file; pass the path of a file.")
+    if size == 0:
+        raise ConfigError(f"{flag} file {path} is empty.")
+    try:
+        with open(path, "rb") as f:
+            f.read(1)
+    except OSError as exc:
+        raise ConfigError(f"{flag} file {path} cannot be read: {os_reason(exc)}.") from exc
     return "text" if suffix in _TEXT_SUFFIXES else "tokens"
 
 
-def check_data_sources(cfg: DataConfig) -> str | None:
-    """The cheap checks of where the data comes from (the files exist, their kinds agree), made before anything
-    slow runs. Returns "text" or "tokens" for the user's files, None for a built-in corpus."""
+def check_data_sources(cfg: DataConfig, vocab_size: int) -> str | None:
+    """The cheap checks of where the data comes from (the files exist and read, their kinds agree, a BPE trained on
+    text can have the vocabulary), made before anything slow runs. Returns "text" or "tokens" for the user's files,
+    None for a built-in corpus."""
     if cfg.train_data is None:
         if cfg.val_data is not None:
             raise ConfigError("--val_data was given without --train_data; pass both, or only --train_data.")
         if cfg.tokenizer is not None:
             raise ConfigError(f"--tokenizer encodes your .txt --train_data; the built-in {cfg.dataset} has its own.")
+        check_bpe_vocab(vocab_size)
         return None
+    default_dataset = next(f.default for f in dataclasses.fields(DataConfig) if f.name == "dataset")
+    if cfg.dataset != default_dataset:
+        raise ConfigError(f"--dataset {cfg.dataset} and --train_data name two sources of training data; drop one.")
     kind = _classify(Path(cfg.train_data).expanduser(), "--train_data")
+    if kind == "text" and cfg.tokenizer is None:
+        check_bpe_vocab(vocab_size)
     if cfg.tokenizer is not None and kind != "text":
         raise ConfigError(
             f"--tokenizer {cfg.tokenizer} encodes .txt data, but --train_data {cfg.train_data} is already tokens; drop "
@@ -349,12 +420,12 @@ def check_data_sources(cfg: DataConfig) -> str | None:
 def prepare_data(cfg: DataConfig, vocab_size: int) -> PreparedData:
     """Resolve ``cfg`` to train/val token arrays (memory-mapped), training and caching a tokenizer if needed."""
     cache = Path(cfg.cache_dir).expanduser() if cfg.cache_dir else default_cache_dir()
-    kind = check_data_sources(cfg)
+    kind = check_data_sources(cfg, vocab_size)
     if kind is None:
         if cfg.dataset == "stdlib":
             return _prepare_stdlib(cache, vocab_size)
         train_path, val_path = _download_tinystories()
-        return _prepare_text(train_path, val_path, vocab_size, cache, "TinyStories V2 (GPT-4)")
+        return _prepare_text(train_path, val_path, vocab_size, cache, "TinyStories V2 (GPT-4)", users=False)
 
     train_path = Path(cfg.train_data).expanduser()
     val_path = Path(cfg.val_data).expanduser() if cfg.val_data else None

@@ -96,6 +96,16 @@ def _iter_file_chunks(path: Path, chunk_bytes: int | None = None) -> Iterator[tu
             yield carry.decode("utf-8", errors="replace"), len(carry)
 
 
+def check_bpe_vocab(vocab_size: int) -> None:
+    """A vocabulary a byte-level BPE can have: its 256 byte tokens and END_OF_TEXT at least."""
+    min_size = 256 + 1
+    if vocab_size < min_size:
+        raise ConfigError(
+            f"vocab_size {vocab_size} is too small for byte-level BPE: it needs 256 byte tokens plus {END_OF_TEXT}, "
+            f"so at least {min_size}."
+        )
+
+
 def _check_files(files: Iterable[str | Path]) -> list[Path]:
     paths = [Path(f) for f in files]
     for p in paths:
@@ -140,12 +150,7 @@ class BPETokenizer:
     def train(cls, files: list[Path], vocab_size: int, show_progress: bool = True) -> BPETokenizer:
         """Train on text files. ``vocab_size`` counts the 256 byte tokens and ``<|endoftext|>``."""
         paths = _check_files(files)
-        min_size = 256 + 1
-        if vocab_size < min_size:
-            raise ConfigError(
-                f"vocab_size {vocab_size} is too small for byte-level BPE: it needs 256 byte tokens plus "
-                f"{END_OF_TEXT}, so at least {min_size}."
-            )
+        check_bpe_vocab(vocab_size)
         tok = cls._empty()
         trainer = trainers.BpeTrainer(
             vocab_size=vocab_size,
