@@ -11,6 +11,7 @@ import contextlib
 import os
 import re
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -157,7 +158,8 @@ class BPETokenizer:
             special_tokens=[END_OF_TEXT],
             # All 256 bytes up front, so any text (including bytes unseen in training) can be encoded.
             initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-            show_progress=show_progress,
+            # Its bars draw on a terminal only: written to a log file, they are blank lines.
+            show_progress=show_progress and sys.stderr.isatty(),
         )
         tok.train_from_iterator(_training_texts(paths), trainer=trainer)
         return cls(tok)
