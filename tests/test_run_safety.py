@@ -643,6 +643,16 @@ def test_a_run_that_never_evaluates_needs_no_validation_windows(tmp_path, token_
     assert run([*argv, "--eval_every", "0", "--out_dir", tmp_path / "never"], capsys)[0] == 0
 
 
+def test_the_summary_says_which_of_the_presets_model_settings_were_changed(tmp_path, base, capsys, token_files):
+    code, stdout, _ = run([*base, "--max_steps", "1", "--out_dir", tmp_path / "tiny"], capsys)
+    changed = "dim, n_layers, n_heads, intermediate_size, vocab_size, context_length"
+    assert code == 0 and f"preset cpu-small with its {changed} changed: dim 32," in stdout
+    code, stdout, _ = run([*base, "--max_steps", "1", "--n_layers", "4", "--dim", "128", "--n_heads", "4",
+                           "--intermediate_size", "384", "--vocab_size", "2048", "--context_length", "128",
+                           "--out_dir", tmp_path / "preset"], capsys)  # fmt: skip
+    assert code == 0 and "preset cpu-small: dim 128," in stdout
+
+
 def test_a_cosine_that_ends_before_max_steps_is_named_in_the_summary(tmp_path, base, capsys):
     argv = [*base, "--lr_decay_steps", "3", "--warmup_steps", "1", "--max_steps", "5", "--out_dir", tmp_path / "run"]
     code, stdout, _ = run(argv, capsys)

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from cs336_basics.config import RunConfig
+from cs336_basics.config import PRESETS, RunConfig
 from cs336_basics.optim import fused_by_default, min_lr_from
 from cs336_basics.parallel.wrap import SINGLE_PROCESS, ParallelPlan
 
@@ -94,7 +94,11 @@ def _batch_and_parallel_rows(config: RunConfig, par: ParallelPlan) -> list[tuple
 
 def _model_line(config: RunConfig) -> str:
     m = config.model
-    whose = f"Hugging Face {m.hf_model} (transformers, random weights)" if m.hf_model else f"preset {config.preset}"
+    if m.hf_model:
+        whose = f"Hugging Face {m.hf_model} (transformers, random weights)"
+    else:  # the preset's shape, or the one that flags, a --config file or a fine-tune's base gave in its place
+        changed = [name for name, value in PRESETS[config.preset]["model"].items() if getattr(m, name) != value]
+        whose = f"preset {config.preset}" + (f" with its {', '.join(changed)} changed" if changed else "")
     return (
         f"{whose}: dim {m.dim}, {m.n_layers} layers, {m.n_heads} heads (kv {m.kv_heads}), "
         f"ffn {m.intermediate_size}, vocab {m.vocab_size}, context {m.context_length}"
