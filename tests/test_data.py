@@ -306,7 +306,7 @@ def test_prepare_text_rebuilds_a_file_changed_behind_a_restored_mtime(tmp_path):
     cfg = DataConfig(train_data=str(train_txt), cache_dir=str(tmp_path / "c"))
     before = prepare_data(cfg, 300)
     stat = train_txt.stat()
-    time.sleep(0.01)  # a later ctime even on coarse clocks
+    time.sleep(0.05)  # a later ctime even where the kernel stamps it once per clock tick
     train_txt.write_text("ALPHA BETA GAMMA DELTA\n" * 400)
     os.utime(train_txt, ns=(stat.st_atime_ns, stat.st_mtime_ns))
     after = prepare_data(cfg, 300)

@@ -8,7 +8,6 @@ read, like any token file (complete, ids within the tokenizer's vocabulary), and
 from __future__ import annotations
 
 import codecs
-import dataclasses
 import errno
 import filecmp
 import hashlib
@@ -20,6 +19,7 @@ import sys
 import sysconfig
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -213,7 +213,7 @@ def _require_utf8(path: Path) -> None:
 
 
 def _with_val(
-    train: np.ndarray, train_path: Path, val_path: Path | None, read_val: Any
+    train: np.ndarray, train_path: Path, val_path: Path | None, read_val: Callable[[Path], np.ndarray]
 ) -> tuple[np.ndarray, np.ndarray, str]:
     """(train, val, a note on where val came from): `read_val(val_path)`, or the last HOLDOUT_FRACTION of train."""
     if val_path is None:
@@ -397,8 +397,7 @@ def check_data_sources(cfg: DataConfig, vocab_size: int) -> str | None:
             raise ConfigError(f"--tokenizer encodes your .txt --train_data; the built-in {cfg.dataset} has its own.")
         check_bpe_vocab(vocab_size)
         return None
-    default_dataset = next(f.default for f in dataclasses.fields(DataConfig) if f.name == "dataset")
-    if cfg.dataset != default_dataset:
+    if cfg.dataset != DataConfig().dataset:
         raise ConfigError(f"--dataset {cfg.dataset} and --train_data name two sources of training data; drop one.")
     kind = _classify(Path(cfg.train_data).expanduser(), "--train_data")
     if kind == "text" and cfg.tokenizer is None:
