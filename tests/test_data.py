@@ -381,6 +381,13 @@ def test_data_sources_refused_before_any_work(tmp_path, monkeypatch):
         check_data_sources(DataConfig(train_data=str(text)), 300)
 
 
+def test_a_cache_dir_that_is_a_file_is_named_as_such(tmp_path):
+    (tmp_path / "cache").write_text("not a folder")
+    cfg = DataConfig(train_data=str(_corpus(tmp_path / "a.txt", 50, 0)), cache_dir=str(tmp_path / "cache"))
+    with pytest.raises(ConfigError, match=r"data cache .*cache \(a file of that name is in the way\)"):
+        prepare_data(cfg, 300)
+
+
 def test_token_files_a_wrong_reading_would_garble_are_refused(tmp_path):
     np.arange(1, 1001, dtype=np.uint32).tofile(tmp_path / "u32.bin")  # read as uint16: every other value 0
     with pytest.raises(ConfigError, match="looks like uint32 ids read as uint16"):

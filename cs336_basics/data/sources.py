@@ -120,7 +120,7 @@ def _ensure_cache(cache: Path) -> None:
             pass
     except OSError as exc:
         raise ConfigError(
-            f"Cannot write to the data cache {cache} ({exc}); point it somewhere writable with "
+            f"Cannot write to the data cache {cache} ({os_reason(exc)}); point it somewhere writable with "
             "--cache_dir or $CS336_CACHE_DIR."
         ) from exc
     # A run killed while building an entry (training its tokenizer, encoding) left its temporaries there, and only
