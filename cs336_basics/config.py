@@ -208,6 +208,8 @@ MODEL_IDENTITY_FIELDS = (
     "vocab_size", "context_length", "dim", "n_layers", "n_heads", "n_kv_heads", "intermediate_size",
     "rope_theta", "norm_eps", "tie_embeddings", "hf_model",
 )  # fmt: skip
+# The fine-tuning settings that decide which adapters a LoRA model has and what they compute (FinetuneConfig).
+LORA_IDENTITY_FIELDS = ("lora_rank", "lora_targets", "lora_alpha")
 
 
 @dataclass(frozen=True)
@@ -495,6 +497,14 @@ class FinetuneConfig:
     def __post_init__(self) -> None:
         validate_fields(self)
         lora_target_list(self.lora_targets)
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        unused = [f"--{name}" for name in ("lora_alpha", "lora_dropout", "lora_targets", "base_sha256")
+                  if getattr(self, name) != defaults[name]]  # fmt: skip
+        if unused and not self.lora:
+            raise ConfigError(
+                f"{', '.join(unused)} set LoRA's adapters, which --lora_rank turns on: add --lora_rank (e.g. 16), or "
+                "drop them (with --init_from alone every weight trains)."
+            )
         if self.lora and self.init_from is None:
             raise ConfigError(
                 "--lora_rank trains adapters on a frozen base model, which --init_from names: pass --init_from RUN "

@@ -63,7 +63,13 @@ def _with_base(values: dict[str, Any], init_from: str, explicit: dict[str, Any])
     values = {**values, "model": model_settings_from_base(base, model, explicit.get("model", {}))}
     data = values.get("data", {})
     text = str(data.get("train_data", "")).lower().endswith(".txt")
-    if base.tokenizer is not None and data.get("tokenizer") is None and text:
+    if text and data.get("tokenizer") is None:
+        if base.tokenizer is None:  # a new BPE's ids would name other tokens than the base learned
+            raise ConfigError(
+                f"--init_from {init_from} carries no tokenizer (a state dict), so .txt data would be tokenised by a "
+                "new BPE whose ids mean other tokens than the base learned: pass --tokenizer (the base run's "
+                "tokenizer/ folder), or token arrays made with it."
+            )
         values["data"] = {**data, "tokenizer": str(base.tokenizer)}
     return values
 

@@ -23,6 +23,7 @@ from cs336_basics.config import RunConfig
 from cs336_basics.data import BPETokenizer, check_data_sources, prepare_data, require_windows
 from cs336_basics.errors import ConfigError, WorkFailed, alike_on_every_rank, writing
 from cs336_basics.files.atomic import write_json_atomic
+from cs336_basics.lora.base import base_tokenizer
 from cs336_basics.measure.results import append_runs, format_or_na, result_record
 from cs336_basics.optim import min_lr_from
 from cs336_basics.parallel.world import main_first, process_group, refuse_together, torchrun_world
@@ -69,6 +70,20 @@ def _check_tokenizer(folder: RunFolder, tokenizer: BPETokenizer | None) -> None:
         raise ConfigError(
             f"--resume: the data's tokenizer differs from the one this run trained with ({saved}); resume with the "
             "run's own --train_data and --vocab_size."
+        )
+
+
+def _check_base_tokenizer(config: RunConfig, tokenizer: BPETokenizer | None) -> None:
+    """A fine-tune's data tokenised as its base's was: the same ids for the same text (a built-in corpus, or another
+    --tokenizer, would bring a BPE of its own)."""
+    if config.finetune.init_from is None or tokenizer is None:
+        return
+    base = base_tokenizer(config.finetune.init_from)
+    if base is not None and BPETokenizer.load(base) != tokenizer:
+        raise ConfigError(
+            f"the data's tokenizer differs from the one the base was trained with ({base}), so its ids would mean "
+            "other tokens than the base learned; train on .txt data (it is tokenised with the base's tokenizer), or "
+            f"pass --tokenizer {base}."
         )
 
 
@@ -125,6 +140,7 @@ def _run_locked(config: RunConfig, folder: RunFolder, world, results_json, log) 
         notes = _resume_notes(RunConfig.from_dict(resume_state["config"]), p.config, resume_state["step"])
     with main_first(world):  # rank 0 tokenizes and caches; the others read its cache
         data = prepare_data(p.config.data, p.config.model.vocab_size)
+    _check_base_tokenizer(p.config, data.tokenizer)
     require_windows(len(data.train), p.config.model.context_length, "the training data")
     if t.eval_every > 0:  # nothing reads the validation data of a run that never evaluates
         more = "more validation data (--val_data), or --eval_every 0"
@@ -152,19 +168,20 @@ def _run_locked(config: RunConfig, folder: RunFolder, world, results_json, log) 
         fp8={name: getattr(requested_fp8, name) for name in AUTO_SETTINGS},
     )
     before = "Nothing was trained." + (f" {folder.checkpoint_path} is intact." if resume_state is not None else "")
-    if world.is_main:
-        with writing(folder.config_path, before):
-            write_json_atomic(folder.config_path, saved.to_dict())
-        if data.tokenizer is not None and resume_state is None:
-            with writing(folder.tokenizer_path, before):
-                data.tokenizer.save(folder.tokenizer_path)
-
     trainer = None
     try:
         trainer = Trainer(
             built.model, config, data.train, data.val, built.device, log=log, resume_state=resume_state,
             parallel=built.parallel, converter=built.converter,
         )  # fmt: skip
+        # Written once the Trainer holds the checkpoint's state: a resume its checkpoint does not fit (other adapters,
+        # say) leaves the run's config.json as it was, so that a plain --resume still continues it.
+        if world.is_main:
+            with writing(folder.config_path, before):
+                write_json_atomic(folder.config_path, saved.to_dict())
+            if data.tokenizer is not None and resume_state is None:
+                with writing(folder.tokenizer_path, before):
+                    data.tokenizer.save(folder.tokenizer_path)
         result = trainer.train()
     except (RuntimeError, MemoryError) as exc:
         if not _out_of_memory(exc):

@@ -15,9 +15,11 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import train_h100
+from cs336_basics import run as train_program
 from cs336_basics.build import build
 from cs336_basics.config import FinetuneConfig, FP8Config
 from cs336_basics.config_layers import build_config
+from cs336_basics.data import BPETokenizer
 from cs336_basics.errors import ConfigError
 from cs336_basics.lora import LoRAConverter, LoRAReport, apply_lora
 from cs336_basics.lora.layers import (
@@ -36,7 +38,7 @@ from cs336_basics.precision.fused.linear import joint_dgrad_scales
 from cs336_basics.precision.fused.scaling import GRAD, INPUT, SiteScaling
 from cs336_basics.precision.fused.units import fused_dtypes
 from cs336_basics.precision.rules import FAST_ACCUM_BACKWARD_NOTE
-from cs336_basics.programs import export
+from cs336_basics.programs import export, merge_lora
 from cs336_basics.training.checkpoint import read_checkpoint
 from cs336_basics.training.metrics import read_metrics
 
@@ -640,6 +642,75 @@ def test_a_lora_checkpoint_is_not_a_base(base_run, tmp_path, token_files, capsys
     assert run([*argv, "--out_dir", out], capsys)[0] == 0
     code, _, err = run([*COMMON, *token_files, "--init_from", out, "--out_dir", tmp_path / "again"], capsys)
     assert code == 2 and "Merge them into their base first" in err
+
+
+def test_a_resume_with_other_adapters_is_refused_before_anything_and_a_late_refusal_keeps_config_json(
+    base_run, tmp_path, token_files, capsys, monkeypatch
+):
+    out = tmp_path / "lora"
+    lora = [*COMMON, *token_files, "--init_from", base_run, "--lora_rank", "4", "--max_steps", "2", "--out_dir", out]
+    assert run(lora, capsys)[0] == 0
+    saved = (out / "config.json").read_bytes()
+    code, _, err = run(["--resume", "--out_dir", out, "--max_steps", "3", "--lora_rank", "8"], capsys)
+    assert code == 2 and "trained with another model (lora_rank 4 -> 8)" in err
+    assert (out / "config.json").read_bytes() == saved
+
+    def checkpoint_does_not_fit(*args, **kwargs):  # what a checkpoint the model cannot take raises, as it loads
+        raise ConfigError("the checkpoint does not fit this model")
+
+    monkeypatch.setattr(train_program, "Trainer", checkpoint_does_not_fit)
+    assert run(["--resume", "--out_dir", out, "--max_steps", "3", "--lr", "1e-2"], capsys)[0] == 2
+    assert (out / "config.json").read_bytes() == saved  # written only once the checkpoint has loaded
+    monkeypatch.undo()
+    assert run(["--resume", "--out_dir", out, "--max_steps", "3"], capsys)[0] == 0
+
+
+def test_lora_settings_without_lora_rank_are_refused():
+    for flag, value in (("lora_alpha", 8.0), ("lora_dropout", 0.3), ("lora_targets", "mlp"), ("base_sha256", "0" * 64)):
+        with pytest.raises(ConfigError, match=f"--{flag} set LoRA's adapters, which --lora_rank turns on"):
+            FinetuneConfig(init_from="base", **{flag: value})
+
+
+def test_merge_and_export_refuse_to_replace_a_file_unless_told(base_run, tmp_path, token_files, capsys):
+    out = tmp_path / "lora"
+    lora = [*COMMON, *token_files, "--init_from", base_run, "--lora_rank", "2", "--max_steps", "1", "--out_dir", out]
+    assert run(lora, capsys)[0] == 0
+    before = (base_run / "checkpoint.pt").read_bytes()
+    for program, source in ((merge_lora, out), (export, base_run)):
+        assert program.main([str(source), "--output", str(base_run / "checkpoint.pt")]) == 2
+        assert "exists already; pass --overwrite to replace it" in capsys.readouterr().err
+        assert (base_run / "checkpoint.pt").read_bytes() == before
+        target = tmp_path / f"{program.__name__.rsplit('.', 1)[-1]}.pt"
+        target.write_bytes(b"old")
+        assert (
+            program.main([str(source), "--output", str(target), "--overwrite"]) == 0 and target.read_bytes() != b"old"
+        )
+
+
+def test_a_fine_tune_on_text_takes_its_bases_tokenizer_or_is_refused(tmp_path, capsys):
+    text = tmp_path / "train.txt"
+    text.write_text("def add(a, b):\n    return a + b\n" * 300)
+    flags = [*COMMON, "--dim", "32", "--n_layers", "2", "--n_heads", "2", "--intermediate_size", "64"]
+    flags += ["--context_length", "16", "--vocab_size", "300", "--cache_dir", tmp_path / "cache", "--max_steps", "1"]
+    base = tmp_path / "base"
+    assert run([*flags, "--train_data", text, "--out_dir", base], capsys)[0] == 0
+    # A checkpoint.pt in its run folder: the run's tokenizer, as for the folder itself.
+    code, stdout, _ = run(
+        [*flags, "--train_data", text, "--init_from", base / "checkpoint.pt", "--out_dir", tmp_path / "a"], capsys
+    )
+    assert code == 0 and f"tokenizer {base / 'tokenizer'}" in stdout
+    # A state dict carries none: a new BPE's ids would mean other tokens.
+    state = tmp_path / "state.pt"
+    torch.save(read_checkpoint(base / "checkpoint.pt")["model"], state)
+    code, _, err = run([*flags, "--train_data", text, "--init_from", state, "--out_dir", tmp_path / "b"], capsys)
+    assert code == 2 and "carries no tokenizer (a state dict)" in err and not (tmp_path / "b").exists()
+    # Another tokenizer than the base's, asked for: refused.
+    other_text = tmp_path / "other.txt"
+    other_text.write_text("the cat sat on the mat\n" * 300)
+    BPETokenizer.train([other_text], 300, show_progress=False).save(tmp_path / "other_tok")
+    argv = [*flags, "--train_data", text, "--init_from", base, "--tokenizer", tmp_path / "other_tok"]
+    code, _, err = run([*argv, "--out_dir", tmp_path / "c"], capsys)
+    assert code == 2 and "differs from the one the base was trained with" in err
 
 
 def test_export_of_a_lora_run_is_refused_and_points_to_merge_lora(base_run, tmp_path, token_files, capsys):

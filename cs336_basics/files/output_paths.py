@@ -57,10 +57,13 @@ def _problem(path: Path, want_dir: bool) -> str | None:
     return _unwritable(path if want_dir else path.parent)  # a file is replaced from its folder
 
 
-def check_output_path(path: str | os.PathLike, flag: str, *, folder: bool) -> Path:
+def check_output_path(path: str | os.PathLike, flag: str, *, folder: bool, replace: bool = True) -> Path:
     """`path` is a folder this program can create or write into (`folder`), or a file it can write (atomically: a
-    temporary file beside it, renamed); else a ConfigError naming `flag`."""
+    temporary file beside it, renamed); else a ConfigError naming `flag`. Without `replace`, a file that is there
+    already is refused (a program writing a weights file a run may need, say), with --overwrite to replace it."""
     path = Path(path).expanduser()
+    if not replace and not folder and path.is_file():
+        raise ConfigError(f"{flag} {path} exists already; pass --overwrite to replace it, or choose another {flag}.")
     problem = _problem(path, want_dir=folder)
     if problem:
         shown = str(path) if len(str(path)) <= 100 else f"{str(path)[:60]}...{str(path)[-30:]}"

@@ -52,6 +52,14 @@ class Base:
         return self
 
 
+def base_tokenizer(init_from: str) -> Path | None:
+    """The tokenizer of the run --init_from names (a run folder, or a checkpoint.pt in one), without reading the base;
+    None for a state dict (a merged or exported file), which carries none."""
+    path = Path(init_from).expanduser()
+    tokenizer = (path if path.is_dir() else path.parent) / TOKENIZER_DIR
+    return tokenizer if (path.is_dir() or path.name == CHECKPOINT_NAME) and tokenizer.is_dir() else None
+
+
 def read_base(init_from: str) -> Base:
     """Read --init_from (mapped, not copied: a large base costs no memory until used). ConfigError if it is not a
     base this package can start from."""
@@ -59,9 +67,9 @@ def read_base(init_from: str) -> Base:
     if path.is_dir():
         if not (path / CHECKPOINT_NAME).is_file():
             raise ConfigError(f"--init_from {path}: a folder, but it holds no {CHECKPOINT_NAME}; is it a run folder?")
-        base = _from_checkpoint(path / CHECKPOINT_NAME, kind="run folder")
-        tokenizer = path / TOKENIZER_DIR
-        return dataclasses.replace(base, tokenizer=tokenizer if tokenizer.is_dir() else None)
+        return dataclasses.replace(
+            _from_checkpoint(path / CHECKPOINT_NAME, kind="run folder"), tokenizer=base_tokenizer(init_from)
+        )
     if not path.is_file():
         raise ConfigError(f"--init_from {path}: no such file or folder.")
     try:
@@ -71,8 +79,8 @@ def read_base(init_from: str) -> Base:
             f"--init_from {path} could not be read as a torch file ({type(exc).__name__}); point at a run folder, a "
             "checkpoint.pt or a state dict saved with torch.save."
         ) from exc
-    if isinstance(raw, dict) and "format" in raw:
-        return _from_checkpoint(path, kind="checkpoint")  # read_checkpoint checks its checksums
+    if isinstance(raw, dict) and "format" in raw:  # read_checkpoint checks its checksums
+        return dataclasses.replace(_from_checkpoint(path, kind="checkpoint"), tokenizer=base_tokenizer(init_from))
     verify_zip(path)  # a damaged file is an error naming it; a legacy torch file carries no checksums to check
     state = raw.get("model_state_dict", raw) if isinstance(raw, dict) else None  # the course's checkpoint layout too
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):

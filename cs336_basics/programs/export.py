@@ -24,10 +24,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("source", help="a run folder (its checkpoint.pt) or a checkpoint file")
     parser.add_argument("--output", required=True, help="the single-file checkpoint to write (atomically)")
+    parser.add_argument("--overwrite", action="store_true", help="replace --output if it exists")
     args = parser.parse_args(argv)
 
     def export() -> int:
-        output = check_output_path(args.output, "--output", folder=False)
+        output = check_output_path(args.output, "--output", folder=False, replace=args.overwrite)
         from cs336_basics.training.sharded_checkpoint import export_checkpoint
 
         with writing(output, f"The checkpoint {args.source} is unchanged."):

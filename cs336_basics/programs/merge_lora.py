@@ -19,14 +19,15 @@ from cs336_basics.lora.merge import merged_state_dict
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m cs336_basics.programs.merge_lora", description=__doc__.split("\n\n")[0]
+        prog="python -m cs336_basics.programs.merge_lora", description=__doc__.split("\n\n")[0], allow_abbrev=False
     )
     parser.add_argument("run", help="a LoRA run folder, or its checkpoint.pt")
     parser.add_argument("--output", required=True, help="the state dict file to write (.pt)")
+    parser.add_argument("--overwrite", action="store_true", help="replace --output if it exists")
     args = parser.parse_args(argv)
 
     def merge() -> int:
-        output = check_output_path(args.output, "--output", folder=False)
+        output = check_output_path(args.output, "--output", folder=False, replace=args.overwrite)
         state = merged_state_dict(args.run)
         with writing(output, f"The run {args.run} is unchanged."):
             save_torch_file(output, state)

@@ -32,7 +32,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from cs336_basics.config import MODEL_IDENTITY_FIELDS, RunConfig
+from cs336_basics.config import LORA_IDENTITY_FIELDS, MODEL_IDENTITY_FIELDS, RunConfig
 from cs336_basics.errors import ConfigError
 from cs336_basics.files.atomic import remove_stale_temps
 from cs336_basics.files.output_paths import check_output_path
@@ -237,11 +237,14 @@ class RunFolder:
                 f"{config.train.seed}; its weights and data order continue from the checkpoint whatever the seed. "
                 "Resume without --seed, or start a new run with it in another --out_dir."
             )
-        saved = saved_config.model
         changed = [
-            f"{name} {getattr(saved, name)} -> {getattr(config.model, name)}"
-            for name in MODEL_IDENTITY_FIELDS
-            if getattr(saved, name) != getattr(config.model, name)
+            f"{name} {getattr(saved, name)} -> {getattr(now, name)}"
+            for saved, now, names in (
+                (saved_config.model, config.model, MODEL_IDENTITY_FIELDS),
+                (saved_config.finetune, config.finetune, LORA_IDENTITY_FIELDS),
+            )
+            for name in names
+            if getattr(saved, name) != getattr(now, name)
         ]
         if changed:
             raise ConfigError(
