@@ -81,14 +81,16 @@ def machine_device_type() -> str:
 
 def run_settings(folder: Path) -> dict[str, Any]:
     """The settings of the run in `folder`, as a config layer: its config.json, or where that is missing, those its
-    checkpoint records (as the run resolved them); {} where neither is there (the resume then says what is missing)."""
+    checkpoint records (as the run resolved them); {} where neither can be read (the resume's own checks of the
+    folder and its checkpoint then say what is wrong, on every rank alike)."""
     saved = folder / "config.json"
     if saved.is_file():
         return load_config_file(saved)
     checkpoint = checkpoint_file(folder)
-    if not checkpoint.is_file():
+    try:
+        settings = read_checkpoint(checkpoint, mmap=True)["config"]
+    except ConfigError:  # no checkpoint, or one that cannot be read
         return {}
-    settings = read_checkpoint(checkpoint, mmap=True)["config"]
     # How that run was started (perhaps replacing an earlier one) is none of the resume's settings.
     settings = {**settings, "train": {**settings["train"], "overwrite": False}}
     return check_layer(settings, f"the settings in {checkpoint}")

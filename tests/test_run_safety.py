@@ -616,6 +616,11 @@ def test_a_resume_whose_config_json_is_lost_takes_the_settings_its_checkpoint_re
     assert code == 0 and "learning rate at step" not in stdout
     saved = json.loads((out / "config.json").read_text())
     assert (saved["optim"]["lr"], saved["train"]["log_every"], saved["model"]["dim"]) == (1e-3, 1, 32)
+    # Neither a config.json nor a checkpoint that reads: the resume's own check of the checkpoint says so.
+    (out / "config.json").unlink()
+    (out / CHECKPOINT_NAME).write_bytes(b"")
+    code, _, err = run(["--resume", "--out_dir", out, "--max_steps", "4"], capsys)
+    assert code == 2 and "is not a readable checkpoint" in err
 
 
 def test_a_resume_with_another_batch_says_so(tmp_path, base, capsys):
