@@ -44,9 +44,10 @@ def _resume_notes(saved: RunConfig, config: RunConfig, step: int) -> list[str]:
             f"the learning rate at step {step} changes from {before:.3g} to {after:.3g}: the schedule settings differ "
             "from the checkpoint's"
         )
+    saved_data, data = _absolute_paths(saved).data, _absolute_paths(config).data  # the same file however it is named
     for name in ("dataset", "train_data", "val_data"):
-        if getattr(config.data, name) != getattr(saved.data, name):
-            notes.append(f"{name} {getattr(saved.data, name)} -> {getattr(config.data, name)}: it trains on other data")
+        if getattr(data, name) != getattr(saved_data, name):
+            notes.append(f"{name} {getattr(saved_data, name)} -> {getattr(data, name)}: it trains on other data")
     before, after = global_batch_tokens(saved, world_size=1), global_batch_tokens(config, world_size=1)
     if after != before:
         notes.append(
@@ -60,6 +61,21 @@ def _resume_notes(saved: RunConfig, config: RunConfig, step: int) -> list[str]:
             f"{end}" + (" and stays there" if end < config.train.max_steps else "")
         )
     return notes
+
+
+# The settings that name files a run reads: the run holds them absolute (so its config.json and checkpoint do), so
+# that a resume, a merge or a sample started from another folder finds them.
+_INPUT_PATHS = {"data": ("train_data", "val_data", "tokenizer", "cache_dir"), "finetune": ("init_from",)}
+
+
+def _absolute_paths(config: RunConfig) -> RunConfig:
+    return config.replace(
+        **{
+            section: {name: str(Path(value).expanduser().absolute()) for name in names
+                      if (value := getattr(getattr(config, section), name)) is not None}
+            for section, names in _INPUT_PATHS.items()
+        }
+    )  # fmt: skip
 
 
 def _check_tokenizer(folder: RunFolder, tokenizer: BPETokenizer | None) -> None:
@@ -89,6 +105,7 @@ def _check_base_tokenizer(config: RunConfig, tokenizer: BPETokenizer | None) -> 
 
 def run_training(config: RunConfig, results_json: str | Path | None = None, log=print) -> TrainResult | None:
     """Train `config` in its run folder. Returns the result, or None when a resumed run had nothing left to do."""
+    config = _absolute_paths(config)
     t = config.train
     folder = RunFolder(t.out_dir)
     refusal = None

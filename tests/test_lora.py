@@ -5,6 +5,8 @@ on the CPU (the same calls as on a GPU)."""
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
 from statistics import fmean
 
 import pytest
@@ -663,6 +665,24 @@ def test_a_resume_with_other_adapters_is_refused_before_anything_and_a_late_refu
     assert (out / "config.json").read_bytes() == saved  # written only once the checkpoint has loaded
     monkeypatch.undo()
     assert run(["--resume", "--out_dir", out, "--max_steps", "3"], capsys)[0] == 0
+
+
+def test_a_lora_run_started_with_relative_paths_resumes_merges_and_samples_from_another_folder(
+    base_run, tmp_path, token_files, capsys, monkeypatch
+):
+    """config.json keeps the files a run reads as absolute paths: the base, the data."""
+    monkeypatch.chdir(tmp_path)
+    train = Path(token_files[1]).relative_to(tmp_path)
+    lora = [*COMMON, "--train_data", train, "--init_from", base_run.name, "--lora_rank", "2", "--max_steps", "1"]
+    assert run([*lora, "--out_dir", "lora"], capsys)[0] == 0
+    saved = json.loads((tmp_path / "lora" / "config.json").read_text())
+    assert saved["finetune"]["init_from"] == str(base_run) and saved["data"]["train_data"] == token_files[1]
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    code, stdout, _ = run(["--resume", "--out_dir", tmp_path / "lora", "--max_steps", "2"], capsys)
+    assert code == 0 and "other data" not in stdout
+    assert merge_lora.main([str(tmp_path / "lora"), "--output", "merged.pt"]) == 0
 
 
 def test_lora_settings_without_lora_rank_are_refused():
