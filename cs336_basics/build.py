@@ -29,7 +29,7 @@ from cs336_basics.compiled import (
     resolve_compile_wrapper,
     runs_cuda_graphs,
 )
-from cs336_basics.config import ModelConfig, RunConfig, TrainConfig
+from cs336_basics.config import ModelConfig, RunConfig, TrainConfig, reads_base
 from cs336_basics.errors import ConfigError
 from cs336_basics.lora import LoRAReport, check_finetune_request, load_base
 from cs336_basics.model import TransformerLM, check_attention_backend
@@ -278,7 +278,7 @@ def build(config_or_plan: RunConfig | Plan) -> Built:
     config, use_fp8 = p.config, bool(p.config.fp8.use_fp8)
     model = seeded_model(config, p.device)
     ft = config.finetune
-    if ft.init_from is not None:
+    if reads_base(ft.init_from, ft.lora_rank, config.train.resume):
         _, sha256 = load_base(model, ft.init_from, ft.base_sha256 if ft.lora else None)
         if ft.lora:  # adapters belong to these weights: saved with the run, checked on resume and merge
             config = config.replace(finetune={"base_sha256": sha256})

@@ -468,6 +468,13 @@ def lora_target_list(value: str) -> tuple[str, ...]:
     return tuple(t for t in LORA_TARGETS if t in names)
 
 
+def reads_base(init_from: str | None, lora_rank: int | None, resume: bool) -> bool:
+    """Whether a run reads its --init_from base: a LoRA run always (its frozen weights are the base's, checked by
+    SHA-256), a full fine-tune only when it starts (its checkpoint then holds every weight, and its config.json the
+    base's shape)."""
+    return init_from is not None and (lora_rank is not None or not resume)
+
+
 @dataclass(frozen=True)
 class FinetuneConfig:
     init_from: str | None = setting(

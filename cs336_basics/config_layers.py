@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from cs336_basics.config import PRESETS, SECTIONS, ModelConfig, RunConfig, check_layer
+from cs336_basics.config import PRESETS, SECTIONS, ModelConfig, RunConfig, check_layer, reads_base
 from cs336_basics.errors import ConfigError
 from cs336_basics.lora.base import model_settings_from_base, read_base
 
@@ -44,7 +44,9 @@ def build_config(
     values = merge_layers(merge_layers(PRESETS[resolved_preset], from_file), overrides)
     values["preset"] = resolved_preset
     init_from = lookup("finetune", "init_from", overrides, from_file)
-    if init_from is not None:  # the base's weights fix the model's shape: a layer between the preset and the file
+    lora_rank = lookup("finetune", "lora_rank", overrides, from_file)
+    # The base's weights fix the model's shape: a layer between the preset and the file.
+    if reads_base(init_from, lora_rank, resume=lookup("train", "resume", overrides, from_file)):
         values = _with_base(values, init_from, explicit=merge_layers(from_file, overrides))
     hf_model = lookup("model", "hf_model", overrides, from_file)
     if hf_model is not None:  # so does a Hugging Face model's config

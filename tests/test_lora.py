@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 from pathlib import Path
 from statistics import fmean
 
@@ -683,6 +684,15 @@ def test_a_lora_run_started_with_relative_paths_resumes_merges_and_samples_from_
     code, stdout, _ = run(["--resume", "--out_dir", tmp_path / "lora", "--max_steps", "2"], capsys)
     assert code == 0 and "other data" not in stdout
     assert merge_lora.main([str(tmp_path / "lora"), "--output", "merged.pt"]) == 0
+
+
+def test_a_full_fine_tune_resumes_without_its_base(base_run, tmp_path, token_files, capsys):
+    """Its checkpoint holds every weight and its config.json the base's shape: the base is read only to start."""
+    out = tmp_path / "ft"
+    assert run([*COMMON, *token_files, "--init_from", base_run, "--max_steps", "1", "--out_dir", out], capsys)[0] == 0
+    shutil.rmtree(base_run)
+    assert run(["--resume", "--out_dir", out, "--max_steps", "2"], capsys)[0] == 0
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [1, 2]
 
 
 def test_lora_settings_without_lora_rank_are_refused():
