@@ -229,7 +229,7 @@ class Built:
         """The FP8 row of the configuration summary."""
         if self.lora is not None:
             if not self.config.fp8.use_fp8:
-                return "off (the frozen base runs in BF16)"
+                return f"off (the frozen base runs in {self.lora.base_dtype})"
             cpu = self.device.type == "cpu"
             where = " (on the CPU too: torch._scaled_mm's CPU kernel, not emulation)" if cpu else ""
             return (

@@ -695,6 +695,13 @@ def test_a_full_fine_tune_resumes_without_its_base(base_run, tmp_path, token_fil
     assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [1, 2]
 
 
+def test_a_float32_lora_base_is_named_float32_in_the_summary(base_run, tmp_path, token_files, capsys):
+    lora = [*COMMON, *token_files, "--init_from", base_run, "--lora_rank", "2", "--max_steps", "1", "--no_use_fp8"]
+    code, stdout, _ = run([*lora, "--out_dir", tmp_path / "lora"], capsys)
+    said = " ".join(stdout.split())
+    assert code == 0 and "off (the frozen base runs in float32)" in said and "15 in float32 (FP8 off)" in said
+
+
 def test_lora_settings_without_lora_rank_are_refused():
     for flag, value in (("lora_alpha", 8.0), ("lora_dropout", 0.3), ("lora_targets", "mlp"), ("base_sha256", "0" * 64)):
         with pytest.raises(ConfigError, match=f"--{flag} set LoRA's adapters, which --lora_rank turns on"):

@@ -53,11 +53,12 @@ class LoRAReport:
     trainable: int = 0
     frozen: int = 0
     weights_in_host_memory: int = 0  # FP8 frozen linears whose BF16 weight was moved to CPU memory
+    base_dtype: str = "BF16"  # what the base's linears kept out of FP8 run in (float32 in a float32 run on the CPU)
 
     def summary_lines(self) -> list[tuple[str, str]]:
         """(label, text) rows for the configuration summary."""
         b = self.base
-        text = f"{b.n_converted} frozen linears in FP8 (weights cast once), {len(b.skipped)} in BF16"
+        text = f"{b.n_converted} frozen linears in FP8 (weights cast once), {len(b.skipped)} in {self.base_dtype}"
         if b.skipped:
             reasons = sorted(set(b.skipped.values()))
             text += f" ({'; '.join(reasons)})"
@@ -164,7 +165,11 @@ class LoRAConverter(FP8Converter):
             scaling=fp8.fp8_scaling if fp8 is not None else "none",
             fast_accum_backward=fp8 is not None and bool(fp8.fp8_fast_accum_backward),
         )  # fmt: skip
-        report = LoRAReport(rank=ft.lora_rank, scale=ft.scale, targets=targets, base=base)
+        dtype = next(model.parameters()).dtype
+        report = LoRAReport(
+            rank=ft.lora_rank, scale=ft.scale, targets=targets, base=base,
+            base_dtype="BF16" if dtype == torch.bfloat16 else str(dtype).removeprefix("torch."),
+        )  # fmt: skip
         delayed = fp8 is not None and fp8.fp8_scaling == "delayed"
         for p in model.parameters():
             p.requires_grad_(False)
