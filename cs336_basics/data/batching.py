@@ -70,9 +70,10 @@ def load_token_array(path: str | Path, vocab_size: int) -> np.ndarray:
         if not isinstance(arr, np.ndarray):
             raise ConfigError(f"Token file {path} holds {type(arr).__name__}, not one array; save one 1-D array.")
         # Any byte order is fine (numpy converts on read); only the width and signedness matter.
-        if arr.dtype.kind in "if" and arr.size and arr.min() < 0:  # the cast the hint below suggests would wrap them
+        smallest = arr.min() if arr.dtype.kind in "if" and arr.size else 0  # one pass; unsigned ids are never below 0
+        if smallest < 0:  # the cast the hint below suggests would wrap them
             raise ConfigError(
-                f"Token file {path} holds negative ids (the smallest is {arr.min()}); token ids are 0 .. vocab_size - "
+                f"Token file {path} holds negative ids (the smallest is {smallest}); token ids are 0 .. vocab_size - "
                 "1. Drop or replace them, then save the array as uint16 or uint32."
             )
         if arr.dtype.kind != "u" or arr.dtype.itemsize not in (2, 4):
