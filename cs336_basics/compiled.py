@@ -129,10 +129,12 @@ def auto_compile_mode(train: TrainConfig, use_fp8: bool, device: torch.device, p
     accumulation the Trainer sums the micro-batches' gradients outside the graphs (training/accumulation.py). Under
     DDP the FP8 step replays under CUDA graphs too, measured ahead of the step without them on 2 GPUs, without
     accumulation (2026-11-28-ddp-levers-4xh200) and with it, where every micro-batch skips DDP's overlapped reduction
-    and the sums are averaged over the ranks after the last one (2026-11-28-ddp-default-4xh200). They are
-    kept out under FSDP2 until measured there on several GPUs: its blocks' graphs were first recorded again in nearly
-    every step (2026-11-28-fsdp2-cpp-wrapper-x2-h200), and now replay (parallel/fsdp_graphs.py), measured on one
-    rank only (2026-11-29-fsdp2-cuda-graphs-h200).
+    and the sums are averaged over the ranks after the last one (2026-11-28-ddp-default-4xh200). Under FSDP2 the FP8
+    step replays under them too, with each unit's gathered weights kept allocated so that the graphs replay
+    (parallel/fsdp_graphs.py; measured on 2 GPUs: 2026-11-29-fsdp2-graphs-default-x2-h200); the memory that costs
+    is one gathered copy of the weights per GPU, as DDP holds, which --compile_mode default gives back. FSDP2
+    reduce-scatters each micro-batch's gradients from inside backward, which the graphs' accumulation does not
+    cover, so with accumulation it runs without them.
     Where they are left out, --compile_mode reduce-overhead asks for them
     (build.check_cuda_graphs_request refuses the one mix that cannot run). A C++ wrapper asked for (--compile_wrapper
     cpp) keeps them out: inductor turns CUDA graphs off under it."""
@@ -142,10 +144,17 @@ def auto_compile_mode(train: TrainConfig, use_fp8: bool, device: torch.device, p
         return "default", "--compile_wrapper cpp asked for: inductor runs its C++ wrapper without CUDA graphs"
     if not use_fp8:
         return "default", "a BF16 step keeps the GPU busy: CUDA graphs would not speed it up"
-    if parallel_mode == "fsdp":
-        return "default", "CUDA graphs under FSDP2 are not yet measured on several GPUs"
+    if parallel_mode == "fsdp" and train.gradient_accumulation_steps > 1:
+        return "default", (
+            "CUDA graphs under FSDP2 do not cover gradient accumulation (its gradients reduce-scatter inside backward)"
+        )
     ddp = parallel_mode == "ddp"
-    if ddp:
+    if parallel_mode == "fsdp":
+        why = (
+            "CUDA graphs under FSDP2: the FP8 step's kernels off the host, measured faster; the gathered weights "
+            "stay allocated (--compile_mode default gives that memory back)"
+        )
+    elif ddp:
         why = "CUDA graphs under DDP: the FP8 step's kernels off the host, measured faster"
     else:
         why = "CUDA graphs: the FP8 step's many small kernels launched at once, off the host"

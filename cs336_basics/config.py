@@ -374,7 +374,7 @@ class TrainConfig:
     compile_mode: str = setting(
         "auto",
         "torch.compile mode; auto: reduce-overhead (CUDA graphs) for an FP8 step in one process and under DDP (with "
-        "gradient accumulation too), default otherwise (compiled.auto_compile_mode says why)",
+        "gradient accumulation too) and under FSDP2 (without), default otherwise (compiled.auto_compile_mode says why)",
         choices=("auto", *COMPILE_MODES),
     )
     compile_scope: str = setting(

@@ -48,7 +48,9 @@ MODES = (
         parallel="ddp",
         accumulation=4,
     ),
-    Mode("FSDP2 (torchrun, `--parallel fsdp`)", "2026-11-28-fsdp2-cpp-wrapper-x2-h200", world_size=2, parallel="fsdp"),
+    Mode(
+        "FSDP2 (torchrun, `--parallel fsdp`)", "2026-11-29-fsdp2-graphs-default-x2-h200", world_size=2, parallel="fsdp"
+    ),
     Mode("LoRA on an FP8 base, one GPU", "2026-11-27-lora-joint-dgrad-both-gpus", lora=True),
 )
 

@@ -221,7 +221,7 @@ def test_cuda_graphs_with_gradient_accumulation_are_refused_under_fsdp_only(mode
     check_cuda_graphs_request(accumulating, cpu, "fsdp")
 
 
-def test_auto_compile_mode_uses_cuda_graphs_for_an_fp8_step_in_one_process_and_under_ddp():
+def test_auto_compile_mode_uses_cuda_graphs_for_an_fp8_step_in_one_process_and_under_ddp_and_fsdp2():
     train = dataclasses.replace(RunConfig().train, compile_model=True)
     accumulating = dataclasses.replace(train, gradient_accumulation_steps=2)
     cuda = torch.device("cuda")
@@ -232,15 +232,21 @@ def test_auto_compile_mode_uses_cuda_graphs_for_an_fp8_step_in_one_process_and_u
     assert mode == "reduce-overhead" and "DDP" in why
     mode, why = auto_compile_mode(accumulating, True, cuda, "ddp")
     assert mode == "reduce-overhead" and "averaged over the ranks after the last" in why
+    mode, why = auto_compile_mode(train, True, cuda, "fsdp")
+    assert mode == "reduce-overhead" and "FSDP2" in why and "--compile_mode default gives that memory back" in why
+    # FSDP2 reduce-scatters each micro-batch's gradients inside backward: its accumulation runs without CUDA graphs,
+    # which build.check_cuda_graphs_request would refuse if asked for.
+    mode, why = auto_compile_mode(accumulating, True, cuda, "fsdp")
+    assert mode == "default" and "accumulation" in why
+    check_cuda_graphs_request(dataclasses.replace(accumulating, compile_mode=mode), cuda, "fsdp")
     # A C++ wrapper asked for is honoured: auto leaves CUDA graphs out, which inductor would turn off under it.
     cpp = dataclasses.replace(train, compile_wrapper="cpp")
-    for parallel_mode in ("none", "ddp"):
+    for parallel_mode in ("none", "ddp", "fsdp"):
         mode, why = auto_compile_mode(cpp, True, cuda, parallel_mode)
         assert mode == "default" and "--compile_wrapper cpp" in why
         assert resolve_compile_wrapper(dataclasses.replace(cpp, compile_mode=mode), cuda, SINGLE)[0] == "cpp"
     for mode, why in (
         auto_compile_mode(train, False, cuda, "none"),
-        auto_compile_mode(train, True, cuda, "fsdp"),  # not yet measured on several GPUs there
         auto_compile_mode(train, True, torch.device("cpu"), "none"),
         auto_compile_mode(dataclasses.replace(train, compile_model=False), True, cuda, "none"),
     ):

@@ -21,20 +21,19 @@ def test_every_mode_cites_a_study_that_exists_and_is_indexed():
         assert f"({mode.record}/)" in index, mode.record
 
 
-def test_cuda_graphs_wherever_fp8_trains_in_one_process_or_under_ddp_and_cpp_under_fsdp2():
+def test_cuda_graphs_wherever_fp8_trains_in_one_process_under_ddp_or_under_fsdp2():
     by_name = {mode.name: choices(mode) for mode in MODES}
     one_process = [mode for mode in MODES if mode.world_size == 1 and mode.compile_mode == "auto"]
     assert all(by_name[mode.name][0] == "`reduce-overhead`" for mode in one_process)
     # A one-process step without CUDA graphs launches its kernels from C++.
     no_graphs = [mode for mode in MODES if mode.world_size == 1 and mode not in one_process]
     assert no_graphs and all(by_name[mode.name][0] == "`default`, C++ wrapper" for mode in no_graphs)
-    # Across processes: the fused path, under DDP with CUDA graphs, accumulating or not; under FSDP2 without them
-    # (not yet measured on several GPUs there) and with the C++ wrapper.
+    # Across processes: the fused path under CUDA graphs, under DDP accumulating or not, and under FSDP2.
     ddp = [mode for mode in MODES if mode.parallel == "ddp"]
     assert {mode.accumulation for mode in ddp} == {1, 4}
     for mode in ddp:
         compile_mode, fp8 = by_name[mode.name]
         assert fp8.startswith("fused") and compile_mode == "`reduce-overhead`"
     fsdp = [mode for mode in MODES if mode.parallel == "fsdp"]
-    assert fsdp and all(by_name[mode.name][0] == "`default`, C++ wrapper" for mode in fsdp)
+    assert fsdp and all(by_name[mode.name][0] == "`reduce-overhead`" for mode in fsdp)
     assert all(by_name[mode.name][1].startswith("fused") for mode in fsdp)

@@ -1168,6 +1168,27 @@ def test_gpu_fsdp2_under_cuda_graphs_records_each_graph_once_and_trains_like_fsd
     assert_same_losses(metrics(tmp_path / "graphs"), metrics(tmp_path / "plain"), rel=BF16_REL)
 
 
+@pytest.mark.gpu
+@needs_two_gpus
+def test_gpu_fsdp2_fp8_on_two_ranks_takes_auto_cuda_graphs_and_trains_like_fsdp2_without(tmp_path):
+    """Auto's choice for the fused FP8 step under FSDP2 with one micro-batch a step: CUDA graphs
+    (compiled.auto_compile_mode), on two ranks, where each all-gather refreshes the kept gathered weights and each
+    reduce-scatter reads gradients a replay wrote. Every graph is recorded in the first steps only, and the losses are
+    those of the same run without CUDA graphs."""
+    two = [*gpu_base_flags(tmp_path), *TWO_RANKS, *GPU_FUSED, *GRAPHS[2:], "--parallel", "fsdp"]
+    auto = torchrun([*two, "--out_dir", tmp_path / "auto"], REPORT_CUDA_GRAPHS="1")
+    plain = torchrun([*two, *NO_GRAPHS, "--out_dir", tmp_path / "plain"])
+    auto, plain = auto.wait(), plain.wait()
+    auto.assert_succeeded()
+    plain.assert_succeeded()
+    assert "compile_mode=reduce-overhead (CUDA graphs under FSDP2" in auto.stdout  # auto's choice, and why
+    assert "gathered weights stay allocated between steps" in auto.stdout
+    recordings = json.loads(re.search(r"cuda_graph_recordings=(\[.*\])", auto.stdout).group(1))
+    assert len(recordings) == STEPS and sum(recordings) > 0 and sum(recordings[STEPS // 2 :]) == 0, recordings
+    assert "cudagraph_skips=0" in auto.stdout
+    assert_same_losses(metrics(tmp_path / "auto"), metrics(tmp_path / "plain"), rel=BF16_REL)
+
+
 # ---- GPU: checkpoints across world sizes, 4 -> 2 -> 1 and 1 -> 2 -> 4 (a 4-GPU machine) ----
 
 CHAIN_PRECISIONS = {"bf16": BF16, "fp8": TORCHAO_FP8, "fused": GPU_FUSED}

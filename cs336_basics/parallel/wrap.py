@@ -32,8 +32,9 @@ place (each block's forward, the embedding and the output: `compile_for_training
   the compiled graph, once per all-gather (twice per step when blocks re-gather for backward). Half the bytes, but on
   one GPU of FSDP2 (no communication) those casts cost more than FP8 saves (INDEX.md:
   2026-11-23-fsdp-overheads-h200), so it is off by default, as in torchtitan.
-  Under CUDA graphs (--compile_mode reduce-overhead; auto leaves them out under FSDP2) the blocks' graphs need fixed
-  addresses: the gathered weights stay allocated between steps and the buffers are static inputs (fsdp_graphs.py).
+  Under CUDA graphs (--compile_mode reduce-overhead; auto's choice for FP8 without accumulation) the blocks' graphs
+  need fixed addresses: the gathered weights stay allocated between steps and the buffers are static inputs
+  (fsdp_graphs.py).
 """
 
 from __future__ import annotations

@@ -7,7 +7,9 @@ accumulation (2026-11-28-ddp-levers-4xh200); its delayed scaling ran ahead of it
 (2026-11-28-ddp-delayed-4xh200).
 Under FSDP2 too: there, on first runs on 2 GPUs at 1.3b, the fused path ran ahead of TorchAO's, both behind BF16
 (2026-11-28-fsdp2-x2-h200); with inductor's C++ wrapper, which auto gives it there, it came near BF16, and TorchAO's
-path took less memory per GPU (2026-11-28-fsdp2-cpp-wrapper-x2-h200).
+path took less memory per GPU (2026-11-28-fsdp2-cpp-wrapper-x2-h200); under CUDA graphs, auto's compile mode there
+without accumulation, it ran well ahead of BF16 (2026-11-29-fsdp2-graphs-default-x2-h200; TorchAO's path under
+graphs is not measured on several GPUs).
 TorchAO's path is chosen where only it runs:
   - a rowwise recipe or --fp8_all_gather (the fused path is tensorwise and has no FP8 all-gather);
   - --fp8_emulate (emulation is TorchAO's; the fused path runs real FP8 casts even on the CPU).
