@@ -5,6 +5,7 @@ setting types alone, because the base-model layer reads a checkpoint (lora/base.
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Any
 
 from cs336_basics.config import PRESETS, SECTIONS, ModelConfig, RunConfig, check_layer, reads_base
@@ -46,7 +47,13 @@ def build_config(
     init_from = lookup("finetune", "init_from", overrides, from_file)
     lora_rank = lookup("finetune", "lora_rank", overrides, from_file)
     # The base's weights fix the model's shape: a layer between the preset and the file.
-    if reads_base(init_from, lora_rank, resume=lookup("train", "resume", overrides, from_file)):
+    resume = lookup("train", "resume", overrides, from_file)
+    if reads_base(init_from, lora_rank, resume=resume):
+        if resume and "init_from" not in overrides.get("finetune", {}) and not Path(init_from).expanduser().exists():
+            raise ConfigError(
+                f"The base this LoRA run fine-tunes, {init_from} (its --init_from), is no longer there: resume with "
+                "--init_from where it is now (its weights are checked against those the run started on)."
+            )
         values = _with_base(values, init_from, explicit=merge_layers(from_file, overrides))
     hf_model = lookup("model", "hf_model", overrides, from_file)
     if hf_model is not None:  # so does a Hugging Face model's config

@@ -25,6 +25,7 @@ from cs336_basics.config_layers import build_config
 from cs336_basics.data import BPETokenizer
 from cs336_basics.errors import ConfigError
 from cs336_basics.lora import LoRAConverter, LoRAReport, apply_lora
+from cs336_basics.lora.base import read_base
 from cs336_basics.lora.layers import (
     FrozenFp8LMHead,
     FrozenFp8QkvRope,
@@ -41,7 +42,7 @@ from cs336_basics.precision.fused.linear import joint_dgrad_scales
 from cs336_basics.precision.fused.scaling import GRAD, INPUT, SiteScaling
 from cs336_basics.precision.fused.units import fused_dtypes
 from cs336_basics.precision.rules import FAST_ACCUM_BACKWARD_NOTE
-from cs336_basics.programs import export, merge_lora
+from cs336_basics.programs import export, generate, merge_lora
 from cs336_basics.training.checkpoint import read_checkpoint
 from cs336_basics.training.metrics import read_metrics
 
@@ -605,7 +606,7 @@ def test_merge_writes_a_plain_state_dict_with_the_fine_tuned_outputs(base_run, t
     out = tmp_path / "lora"
     argv = [*COMMON, *token_files, "--init_from", base_run, "--lora_rank", "4", "--lora_targets", "all"]
     assert run([*argv, "--lr", "1e-2", "--max_steps", "4", "--out_dir", out], capsys)[0] == 0
-    tuned, config = lora_model(out)
+    tuned, config, _ = lora_model(out)
     plain = TransformerLM(config.model)
     plain.load_state_dict(merged_state_dict(out))  # strict: the course layout, no adapter keys
     x = batch()
@@ -748,6 +749,78 @@ def test_a_fine_tune_on_text_takes_its_bases_tokenizer_or_is_refused(tmp_path, c
     argv = [*flags, "--train_data", text, "--init_from", base, "--tokenizer", tmp_path / "other_tok"]
     code, _, err = run([*argv, "--out_dir", tmp_path / "c"], capsys)
     assert code == 2 and "differs from the one the base was trained with" in err
+
+
+def test_merge_and_generate_read_a_moved_base_from_base_and_check_it(base_run, tmp_path, token_files, capsys):
+    out = tmp_path / "lora"
+    lora = [*COMMON, *token_files, "--init_from", base_run, "--lora_rank", "2", "--max_steps", "2", "--out_dir", out]
+    assert run(lora, capsys)[0] == 0
+    tuned = lora_model(out)[0]
+    moved = tmp_path / "moved"
+    base_run.rename(moved)
+    merged = tmp_path / "merged.pt"
+    assert merge_lora.main([str(out), "--output", str(merged)]) == 2
+    err = capsys.readouterr().err
+    assert f"{base_run} (its --init_from), is no longer there. Pass --base" in err and not merged.exists()
+    assert merge_lora.main([str(out), "--output", str(merged), "--base", str(moved)]) == 0
+    text = tmp_path / "text.txt"  # a tokenizer for generate to load: the run trained on token arrays
+    text.write_text("def add(a, b):\n    return a + b\n" * 50)
+    BPETokenizer.train([text], 260, show_progress=False).save(out / "tokenizer")
+    model, _ = generate.load_trained(out, torch.device("cpu"), str(moved))
+    x = batch()
+    torch.testing.assert_close(model(x), tuned(x), rtol=1e-5, atol=1e-5)
+    # Another base is refused by its weights, wherever it lies; --base on a whole model's run is refused too.
+    other = tmp_path / "other"
+    assert run([*TINY_FLAGS, *token_files, "--max_steps", "1", "--seed", "1", "--out_dir", other], capsys)[0] == 0
+    with pytest.raises(ConfigError, match="not the base this LoRA run was started on"):
+        generate.load_trained(out, torch.device("cpu"), str(other))
+    with pytest.raises(ConfigError, match="is not a LoRA run"):
+        generate.load_trained(other, torch.device("cpu"), str(moved))
+    # A resume reads the base again: told where it went, or stopped with the flag that says it.
+    code, _, err = run(["--resume", "--out_dir", out, "--max_steps", "3"], capsys)
+    assert code == 2 and "is no longer there: resume with --init_from where it is now" in err
+    assert run(["--resume", "--out_dir", out, "--max_steps", "3", "--init_from", moved], capsys)[0] == 0
+
+
+@pytest.mark.parametrize("targets", ["attn", "attn,lm_head"])
+def test_a_tied_base_state_dict_is_read_tied_and_merged_tied_unless_its_head_has_adapters(
+    targets, tmp_path, token_files, capsys
+):
+    """torch.save(model.state_dict()) of a tied model stores the shared weight once, under both names."""
+    base = tmp_path / "tied.pt"
+    torch.save(TransformerLM(tiny_model(tie_embeddings=True)).state_dict(), base)
+    assert read_base(str(base)).shape["tie_embeddings"] is True
+    out = tmp_path / "lora"
+    lora = [*COMMON, *token_files, "--n_heads", "2", "--context_length", "16", "--init_from", base, "--lora_rank", "2"]
+    lora += ["--lora_targets", targets, "--lr", "1e-2", "--max_steps", "2", "--out_dir", out]
+    code, stdout, err = run(lora, capsys)
+    assert code == 0 and "tied embeddings" in stdout, err
+    merged = tmp_path / "merged.pt"
+    assert merge_lora.main([str(out), "--output", str(merged)]) == 0
+    state = torch.load(merged, weights_only=True)
+    head_adapted = "lm_head" in targets
+    assert read_base(str(merged)).shape["tie_embeddings"] is not head_adapted
+    tuned = lora_model(out)[0]
+    plain = TransformerLM(tiny_model(tie_embeddings=not head_adapted))
+    plain.load_state_dict(state)
+    x = batch()
+    torch.testing.assert_close(plain.eval()(x), tuned(x), rtol=1e-5, atol=1e-5)
+
+
+def test_a_merged_model_keeps_its_bases_dtype(base_run, tmp_path, token_files, capsys):
+    """The base trained in float32 on the CPU; the fine-tune ran in BF16: the merge writes the base's dtype."""
+    out = tmp_path / "lora"
+    lora = [*COMMON, *token_files, "--init_from", base_run, "--lora_rank", "2", "--max_steps", "1"]
+    assert run([*lora, "--dtype", "bfloat16", "--no_use_fp8", "--out_dir", out], capsys)[0] == 0
+    assert {v.dtype for v in merged_state_dict(out).values()} == {torch.float32}
+
+
+def test_a_rank_above_a_target_layers_smaller_side_is_refused(base_run, tmp_path, token_files, capsys):
+    lora = [*COMMON, *token_files, "--init_from", base_run, "--max_steps", "1", "--lora_targets", "attn"]
+    code, stdout, err = run([*lora, "--lora_rank", "33", "--out_dir", tmp_path / "a"], capsys)
+    assert code == 2 and "--lora_rank 33 is above the smaller side of the q, k, v, o layers (32, 32, 32, 32)" in err
+    assert "Use --lora_rank 32 or less" in err and "FINAL CONFIGURATION SUMMARY" not in stdout
+    assert run([*lora, "--lora_rank", "32", "--out_dir", tmp_path / "b"], capsys)[0] == 0
 
 
 def test_export_of_a_lora_run_is_refused_and_points_to_merge_lora(base_run, tmp_path, token_files, capsys):

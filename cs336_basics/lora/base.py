@@ -86,7 +86,10 @@ def read_base(init_from: str) -> Base:
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise ConfigError(f"--init_from {path} holds no state dict of tensors.")
     shape, kv_dim = shape_of_state(state, path)
-    return Base(path, dict(state), shape, None, "state dict", kv_dim=kv_dim)
+    state = dict(state)
+    if shape["tie_embeddings"]:  # a tied model's keys name the shared weight twice
+        state.setdefault("lm_head.weight", state["token_embeddings.weight"])
+    return Base(path, state, shape, None, "state dict", kv_dim=kv_dim)
 
 
 def _from_checkpoint(path: Path, kind: str) -> Base:
@@ -115,8 +118,16 @@ def shape_of_state(state: dict[str, torch.Tensor], path: Path) -> tuple[dict[str
             "token_embeddings.weight, layers.0.attn.q_proj.weight, lm_head.weight."
         ) from exc
     shape = {"vocab_size": vocab, "dim": dim, "n_layers": max(layers) + 1, "intermediate_size": d_ff}
-    shape["tie_embeddings"] = "lm_head.weight" not in state
+    # Tied: no head of its own, or (a tied model's state_dict(), saved with torch.save) one tensor under both names.
+    head = state.get("lm_head.weight")
+    shape["tie_embeddings"] = head is None or _same_tensor(head, state["token_embeddings.weight"])
     return shape, kv_out  # heads are not in the tensors' sizes: the flags give them, checked against kv_out
+
+
+def _same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return (a.untyped_storage().data_ptr(), a.storage_offset(), a.shape, a.stride()) == (
+        b.untyped_storage().data_ptr(), b.storage_offset(), b.shape, b.stride()
+    )  # fmt: skip
 
 
 def model_settings_from_base(base: Base, model: dict[str, Any], explicit: dict[str, Any]) -> dict[str, Any]:

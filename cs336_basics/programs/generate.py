@@ -26,15 +26,18 @@ from cs336_basics.training.sampling import Sampling, sample_text
 from cs336_basics.training.signals import terminate_raises
 
 
-def load_trained(out_dir: Path, device: torch.device) -> tuple[torch.nn.Module, BPETokenizer]:
-    """Rebuild the model from a run folder's checkpoint (its saved config gives the shape) and tokenizer."""
+def load_trained(out_dir: Path, device: torch.device, base: str | None = None) -> tuple[torch.nn.Module, BPETokenizer]:
+    """Rebuild the model from a run folder's checkpoint (its saved config gives the shape) and tokenizer. `base`: a
+    LoRA run's base where it is now, if it moved."""
     checkpoint = out_dir / CHECKPOINT_NAME
     state = load_checkpoint(checkpoint, restore_rng=False)
     config = RunConfig.from_dict(state["config"])
     if config.finetune.lora:  # adapters alone: the base they fine-tune, with them folded in
         from cs336_basics.lora.merge import lora_model, merge_adapters
 
-        model = merge_adapters(lora_model(checkpoint)[0])
+        model = merge_adapters(lora_model(checkpoint, base)[0])
+    elif base is not None:
+        raise ConfigError(f"--base names a LoRA run's base, and {out_dir} is not a LoRA run: it holds its whole model.")
     else:
         model = new_model(config.model)  # this package's model, or a Hugging Face one (--hf_model)
         load_checkpoint(checkpoint, model=model, restore_rng=False)
@@ -47,6 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, allow_abbrev=False)
     parser.add_argument("--out_dir", default="runs/default", help="the run folder written by train_h100.py")
     parser.add_argument("--device", default="auto")
+    parser.add_argument("--base", help="a LoRA run's base where it is now, if it moved since the run started")
     add_field_arguments(parser.add_argument_group("sampling settings"), Sampling)
     args = parser.parse_args(argv)
 
@@ -54,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         names = {f.name for f in dataclasses.fields(Sampling)}
         sampling = Sampling(**{k: v for k, v in vars(args).items() if k in names and v is not None})
         device = resolve_device(args.device)
-        model, tokenizer = load_trained(Path(args.out_dir), device)
+        model, tokenizer = load_trained(Path(args.out_dir), device, args.base)
         with terminate_raises():
             print(sample_text(model, tokenizer, sampling))
         return 0
