@@ -172,17 +172,21 @@ def _run_locked(config: RunConfig, folder: RunFolder, world, results_json, log) 
     if built.device.type == "cuda" or config.fp8.use_fp8:
         log(built.plan.fp8_support.format())
     log(format_summary(config, _facts(built, data.description, notes)))
-    # The run's settings, as a later --resume reads them: how this invocation started is not one of them, and the FP8
-    # settings, the compile mode and the wrapper left automatic stay automatic (a resume chooses again, as for
-    # --parallel auto: on another world size the choice may differ).
+    # The run's settings, as a later --resume reads them: how this invocation started is not one of them, and the
+    # settings left automatic stay automatic: FP8 on or off and its settings, the weights' dtype, compiling, the
+    # compile mode and the wrapper. A resume chooses again, as for --parallel auto (on another world size the choice
+    # may differ), and the file used as another run's --config on another machine gives that machine's choices, not
+    # this one's (a CPU run's would otherwise turn a GPU run's FP8, BF16 and compile off).
     saved = config.replace(
         train={
             "resume": False,
             "overwrite": False,
+            "dtype": t.dtype,
+            "compile_model": t.compile_model,
             "compile_mode": t.compile_mode,
             "compile_wrapper": t.compile_wrapper,
         },
-        fp8={name: getattr(requested_fp8, name) for name in AUTO_SETTINGS},
+        fp8={"use_fp8": requested_fp8.use_fp8, **{name: getattr(requested_fp8, name) for name in AUTO_SETTINGS}},
     )
     before = "Nothing was trained." + (f" {folder.checkpoint_path} is intact." if resume_state is not None else "")
     trainer = None

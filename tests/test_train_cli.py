@@ -66,7 +66,9 @@ def test_smoke_run_writes_every_artifact_and_learns(tmp_path, token_files, capsy
     saved = json.loads((out / "config.json").read_text())
     assert saved["model"]["dim"] == 32
     # What auto chose is chosen again on resume (another machine or world size may choose otherwise).
-    assert saved["train"]["compile_mode"] == saved["train"]["compile_wrapper"] == "auto"
+    assert saved["train"]["compile_mode"] == saved["train"]["compile_wrapper"] == saved["train"]["dtype"] == "auto"
+    # As for FP8 on or off and compiling: a CPU run's config.json as a GPU run's --config leaves them to the GPU.
+    assert saved["train"]["compile_model"] is None and saved["fp8"]["use_fp8"] is None
     for name in ("metrics.jsonl", "loss_curve.png", "checkpoint.pt", "result.json", "config.json"):
         assert str(out / name) in stdout  # the end of the run says where everything is
     # What a CPU run cannot measure reads n/a, without a unit after it.
