@@ -54,6 +54,11 @@ def _resume_notes(saved: RunConfig, config: RunConfig, step: int) -> list[str]:
             f"tokens per step and rank {before:,} -> {after:,}: --batch_size or --gradient_accumulation_steps differ "
             "from the checkpoint's"
         )
+    if (config.fp8.use_fp8, config.train.dtype) != (saved.fp8.use_fp8, saved.train.dtype):
+        notes.append(
+            f"precision {precision_name(saved)} -> {precision_name(config)}: the run goes on in another precision "
+            "than its checkpoint's (asked for, or auto's choice on this machine)"
+        )
     if config.train.max_steps != saved.train.max_steps:
         end = min_lr_from(config.optim.warmup_steps, config.optim.lr_decay_steps)
         notes.append(
@@ -61,6 +66,10 @@ def _resume_notes(saved: RunConfig, config: RunConfig, step: int) -> list[str]:
             f"{end}" + (" and stays there" if end < config.train.max_steps else "")
         )
     return notes
+
+
+def precision_name(config: RunConfig) -> str:
+    return f"FP8 ({config.train.dtype} weights)" if config.fp8.use_fp8 else config.train.dtype
 
 
 # The settings that name files a run reads: the run holds them absolute (so its config.json and checkpoint do), so

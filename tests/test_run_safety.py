@@ -630,6 +630,19 @@ def test_a_resume_with_another_batch_says_so(tmp_path, base, capsys):
     assert code == 0 and "tokens per step and rank 64 -> 128" in " ".join(stdout.split())
 
 
+def test_a_resume_in_another_precision_says_so(tmp_path, base, capsys):
+    """FP8 left automatic is chosen again on resume (config.json keeps it as asked): on a machine that chooses
+    otherwise, or with another precision asked for, the summary says the run goes on in another precision."""
+    out = tmp_path / "run"
+    fp8 = ["--use_fp8", "--fp8_emulate", "--dtype", "bfloat16"]  # TorchAO's emulated FP8 on the CPU
+    assert run([*base, *fp8, "--max_steps", "2", "--checkpoint_every", "2", "--out_dir", out], capsys)[0] == 0
+    code, stdout, _ = run(["--resume", "--out_dir", out, "--max_steps", "3", "--no_use_fp8"], capsys)
+    assert code == 0 and "precision FP8 (bfloat16 weights) -> bfloat16: the run goes on" in " ".join(stdout.split())
+    # Its config.json now asks for BF16: the next resume goes on as the last, without the note.
+    code, stdout, _ = run(["--resume", "--out_dir", out, "--max_steps", "4"], capsys)
+    assert code == 0 and "another precision" not in stdout and "FP8 linears counted" not in stdout
+
+
 def test_a_resume_on_other_data_says_so(tmp_path, base, capsys, token_files):
     out = tmp_path / "run"
     assert run([*base, "--max_steps", "2", "--checkpoint_every", "2", "--out_dir", out], capsys)[0] == 0
