@@ -60,7 +60,7 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"config file {path} {exc}.") from exc
     except RecursionError as exc:  # json's parser recurses once per level
         raise ConfigError(f"config file {path} is nested too deeply to read; a config has two levels.") from exc
-    return check_layer(values, f"the config file {path}")
+    return check_layer(values, f"the config file {path}", each_setting=True)
 
 
 class _GivenOnce(argparse.Action):
@@ -93,7 +93,7 @@ def run_settings(folder: Path) -> dict[str, Any]:
         return {}
     # How that run was started (perhaps replacing an earlier one) is none of the resume's settings.
     settings = {**settings, "train": {**settings["train"], "overwrite": False}}
-    return check_layer(settings, f"the settings in {checkpoint}")
+    return check_layer(settings, f"the settings in {checkpoint}", each_setting=True)
 
 
 def _default_text(value: Any, preset_value: Any, preset: str) -> str:

@@ -591,10 +591,11 @@ def _json_type(value: Any) -> str:
     return _JSON_TYPES.get(type(value), type(value).__name__)
 
 
-def check_layer(values: Any, source: str = "the config") -> dict[str, Any]:
+def check_layer(values: Any, source: str = "the config", each_setting: bool = False) -> dict[str, Any]:
     """`values` if it is a layer of settings (a config file's, the command line's): an object of sections, each an
     object of settings (or absent), the preset a name; else a ConfigError naming the section and `source`. Checked
-    before the layers merge, where a section that is not an object would stand in for the preset's whole section."""
+    before the layers merge, where a section that is not an object would stand in for the preset's whole section.
+    `each_setting` (a file's layer): every setting checked on its own too, so that an error names the file."""
     if not isinstance(values, dict):
         raise ConfigError(f"{source} must hold a JSON object of sections, got {_json_type(values)}.")
     unknown = set(values) - set(SECTIONS) - {"preset"}
@@ -607,7 +608,33 @@ def check_layer(values: Any, source: str = "the config") -> dict[str, Any]:
         if not isinstance(value, kind):
             what = "a preset name" if kind is str else "an object of settings (or absent)"
             raise ConfigError(f"{source}: section {name!r} must be {what}, got {_json_type(value)}.")
+        if kind is dict and each_setting:
+            _check_settings(name, value, source)
     return values
+
+
+def check_known_settings(section: str, settings: dict[str, Any], where: str = "") -> None:
+    known = sorted(f.name for f in dataclasses.fields(SECTIONS[section]))
+    unknown = sorted(set(settings) - set(known))
+    if unknown:
+        raise ConfigError(f"{where}unknown {section} settings {unknown}; valid ones: {known}.")
+
+
+def _check_settings(section: str, settings: dict[str, Any], source: str) -> None:
+    """Each setting of one section of a layer, on its own: a known name, the field's type, choices and range; a
+    ConfigError naming `source` and the setting. Checks that relate several settings run once the layers merge."""
+    cls = SECTIONS[section]
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    check_known_settings(section, settings, f"{source}: ")
+    hints = typing.get_type_hints(cls)
+    for name, value in settings.items():
+        try:
+            value = _checked_value(name, value, hints[name])
+        except ConfigError as exc:
+            raise ConfigError(f"{source}: {section}.{exc}") from exc
+        problem = field_problem(fields[name], value) if value is not None else None
+        if problem:
+            raise ConfigError(f"{source}: {section}.{name} {problem}; got {value!r}.")
 
 
 def _build(values: dict[str, Any]) -> RunConfig:
@@ -615,10 +642,7 @@ def _build(values: dict[str, Any]) -> RunConfig:
     sections = {}
     for name, cls in SECTIONS.items():
         given = values.get(name, {})
-        known = {f.name for f in dataclasses.fields(cls)}
-        bad = set(given) - known
-        if bad:
-            raise ConfigError(f"unknown {name} settings {sorted(bad)}; valid ones: {sorted(known)}.")
+        check_known_settings(name, given)
         sections[name] = cls(**given)
     preset = values.get("preset", "auto")
     if preset != "auto" and preset not in PRESETS:

@@ -120,6 +120,21 @@ def test_a_config_file_section_that_is_not_an_object_names_the_section_and_the_f
         build_config({"train": {"max_steps": 3}}, from_file=json.loads(text))
 
 
+@pytest.mark.parametrize(
+    "values, message",
+    [({"train": {"max_steps": "ten"}}, "train.max_steps must be an integer, got 'ten'"),
+     ({"train": {"max_steps": 0}}, "train.max_steps must be >= 1; got 0"),
+     ({"fp8": {"fp8_recipe": "blockwise"}}, "fp8.fp8_recipe must be one of"),
+     ({"optim": {"lr_typo": 1}}, "unknown optim settings ['lr_typo']")],
+)  # fmt: skip
+def test_a_bad_setting_in_a_config_file_names_the_file_and_the_setting(tmp_path, values, message):
+    """A flag's error names the flag; a file's names the file and the setting, not a bare field name."""
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps(values))
+    with pytest.raises(ConfigError, match=re.escape(f"the config file {path}: {message}")):
+        config_from_args(parse("--config", str(path), "--device", "cpu"))
+
+
 def test_a_config_file_nested_too_deep_is_one_error_line(tmp_path, capsys):
     path = tmp_path / "deep.json"
     path.write_text('{"model": ' * 100_000 + "{}" + "}" * 100_000)
