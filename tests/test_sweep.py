@@ -88,6 +88,17 @@ def test_subset_from_cli_strings():
     assert options.steps == 30 and options.timeout_s == 600
 
 
+def test_fp8_rows_a_machine_cannot_run_are_known_at_planning_unless_emulated():
+    """On the CPU (--device cpu, on any machine) FP8 runs only emulated: the plan says so in the sweep's own flags."""
+    flags = "--presets cpu-small --precisions bf16,fp8 --compile default --attention sdpa --ac off --device cpu"
+    bf16, fp8 = sweep_plan.plan_sweep(sweep_cli.parse_options(cli(flags)))
+    assert bf16.skip is None
+    assert fp8.skip.startswith("FP8 does not run here (FP8 needs a CUDA GPU")
+    assert fp8.skip.endswith("); drop fp8 from --precisions on this machine")
+    emulated = flags.replace("bf16,fp8", "bf16,fp8-tensorwise") + " --fp8_emulate"
+    assert [p.skip for p in sweep_plan.plan_sweep(sweep_cli.parse_options(cli(emulated)))] == [None, None]
+
+
 def test_full_grid_by_default_and_fp8_lm_head_only_multiplies_fp8():
     options = sweep_cli.parse_options([])
     plan = sweep_plan.plan_sweep(options)
@@ -477,14 +488,16 @@ def test_end_to_end_cpu_sweep_writes_every_output(tmp_path, token_files, capsys)
         assert set(GUIDE_FIELDS) <= set(run), set(GUIDE_FIELDS) - set(run)
         assert (run["preset"], run["dim"], run["batch_size"], run["seq_len"]) == ("cpu-small", 32, 4, 16)
         assert run["compile"] is False and run["attention"] == "sdpa"
-        assert (out / run["log"]).exists()
     bf16, fp8 = data["runs"]
+    assert (out / bf16["log"]).exists()
     assert bf16["status"] == "ok" and bf16["precision"] == "bf16"
     assert bf16["tokens_per_sec"] > 0 and bf16["step_time_ms"] > 0 and math.isfinite(bf16["loss"])
     assert bf16["mfu"] is None and bf16["peak_mem_gib"] is None  # CPU: no known peak, no CUDA memory
     assert bf16["steps"] == 4 and bf16["speedup_vs_bf16"] is None  # eager BF16 is not the (compiled) baseline
     assert fp8["status"] == "skipped" and fp8["precision"] == "fp8-tensorwise"
-    assert "FP8 needs an H100-class GPU" in fp8["reason"] and fp8["tokens_per_sec"] is None
+    # Known at planning: said in the sweep's own flags, and no worker started for it (no log).
+    assert "FP8 does not run here (FP8 needs a CUDA GPU" in fp8["reason"] and fp8["tokens_per_sec"] is None
+    assert "drop fp8 from --precisions on this machine" in fp8["reason"] and "log" not in fp8
 
     with (out / "sweep.csv").open() as f:
         rows = list(csv.DictReader(f))

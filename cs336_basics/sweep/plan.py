@@ -22,7 +22,7 @@ from cs336_basics.devices import resolve_device
 from cs336_basics.errors import ConfigError, NotSupportedHere
 from cs336_basics.parallel.world import World
 from cs336_basics.parallel.wrap import DDP, FSDP, NONE, check_parallel_request
-from cs336_basics.precision import choose_fp8
+from cs336_basics.precision import FP8Support, check_fp8_support, choose_fp8
 
 # fp8: train_h100.py's default FP8 (no FP8 flag but --use_fp8: the path and its settings as precision/choice.py
 # chooses them); fp8-<recipe>: TorchAO's path; fp8-fused-<scaling>: this package's (--fp8_path fused);
@@ -334,6 +334,7 @@ class Planned:
     overrides: dict[str, Any]
     from_file: dict[str, Any]
     config: RunConfig  # built here, so a bad pass-through setting fails before the sweep starts
+    skip: str | None = None  # why this machine cannot run it, known before any run: then no worker is started
 
     @property
     def spec(self) -> dict[str, Any]:
@@ -363,14 +364,22 @@ class SweepOptions:
 
 def plan_sweep(options: SweepOptions) -> list[Planned]:
     plan = []
+    fp8_support: dict[str, FP8Support] = {}  # probed once per device
     for point in expand_grid(options.grid):
         overrides = point.overrides(options.base_overrides, options.steps)
         config = build_config(overrides, options.from_file)
+        skip = None
         try:
-            resolve_device(config.train.device)
+            device = resolve_device(config.train.device)
         except NotSupportedHere:  # a device this machine lacks: every run would be skipped, so none is started
             if not options.dry_run:  # (a plan may be printed anywhere)
                 raise
+        else:
+            if config.fp8.use_fp8 and not config.fp8.fp8_emulate:
+                if str(device) not in fp8_support:
+                    fp8_support[str(device)] = check_fp8_support(device)
+                if not (support := fp8_support[str(device)]).ok:
+                    skip = f"FP8 does not run here ({support.reason}); drop fp8 from --precisions on this machine"
         # What the ranks would refuse (e.g. the fused path's FP8 all-gather under FSDP2), before any run.
         try:
             if point.world_size > 1:
@@ -378,7 +387,7 @@ def plan_sweep(options: SweepOptions) -> list[Planned]:
             choose_fp8(config.fp8, world_size=point.world_size, lora=config.finetune.lora)
         except ConfigError as exc:
             raise ConfigError(f"{point.label}: {exc} (narrow --precisions or --parallel)") from exc
-        plan.append(Planned(point, overrides, options.from_file, config))
+        plan.append(Planned(point, overrides, options.from_file, config, skip))
     return plan
 
 

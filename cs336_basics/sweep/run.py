@@ -197,6 +197,18 @@ def run_isolated(
     return record
 
 
+def skipped_run(planned: Planned) -> dict[str, Any]:
+    """The record of a configuration the plan found this machine cannot run (Planned.skip), as a worker that
+    refused it would write it, without starting one."""
+    p = planned.point
+    parallel = p.parallel if p.world_size > 1 else "none"
+    extra = planned.spec["extra"]
+    return run_record(
+        planned.config, status="skipped", reason=planned.skip, world_size=p.world_size, parallel=parallel, wall_s=0.0,
+        **extra,
+    )  # fmt: skip
+
+
 def prepare_all_data(plan: Sequence[Planned], log: Callable[[str], None]) -> None:
     """Tokenise and cache each distinct (data, vocabulary) once, here, so that the workers only read the cache
     and never race to build it."""
@@ -274,13 +286,16 @@ def run_sweep(plan: Sequence[Planned], options: SweepOptions, out_dir: Path, log
                     which = f" (run {k} of {repeats})" if repeats > 1 else ""
                     log(f"[{i}/{len(plan)}] {planned.point.label}: running{which} ...")
                     log_name = f"logs/{_log_name(planned.point.label + (f'.{k}' if repeats > 1 else ''))}"
-                    try:
-                        run = run_isolated(planned, Path(work), out_dir / log_name, options.timeout_s, options.cold)
-                    except KeyboardInterrupt as stop:
-                        if hasattr(stop, "finished_run"):  # the run had finished: kept like the others
-                            runs[i - 1].append({**stop.finished_run, "log": log_name})
-                        raise
-                    run["log"] = log_name  # relative to the results folder, which may be moved or committed
+                    if planned.skip is not None:
+                        run = skipped_run(planned)
+                    else:
+                        try:
+                            run = run_isolated(planned, Path(work), out_dir / log_name, options.timeout_s, options.cold)
+                        except KeyboardInterrupt as stop:
+                            if hasattr(stop, "finished_run"):  # the run had finished: kept like the others
+                                runs[i - 1].append({**stop.finished_run, "log": log_name})
+                            raise
+                        run["log"] = log_name  # relative to the results folder, which may be moved or committed
                     runs[i - 1].append(run)
                     if repeats > 1:
                         log(f"  run {k}/{repeats}: {_run_summary(run)}")
