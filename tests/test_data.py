@@ -446,6 +446,33 @@ def test_tinystories_offline_error(tmp_path, monkeypatch):
     assert "roneneldan/TinyStories" in str(info.value)
 
 
+def test_tinystories_is_read_from_the_hub_cache_without_asking_the_network(tmp_path, monkeypatch):
+    """Cached files are used as they are (the dataset never changes); the network is asked only for a file the cache
+    lacks, and never with HF_HUB_OFFLINE."""
+    import huggingface_hub
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    from cs336_basics.data import sources
+
+    cached, calls = {"TinyStoriesV2-GPT4-train.txt"}, []
+
+    def hub(repo, name, repo_type, local_files_only=False):
+        calls.append((name, local_files_only))
+        if local_files_only and name not in cached:
+            raise LocalEntryNotFoundError(f"{name} is not cached")
+        return str(tmp_path / name)
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", hub)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    assert sources._download_tinystories() == tuple(tmp_path / name for name in sources.TINYSTORIES_FILES)
+    train, val = sources.TINYSTORIES_FILES
+    assert calls == [(train, True), (val, True), (val, False)]
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ConfigError, match=f"{val} is not cached"):
+        sources._download_tinystories()
+
+
 def test_stdlib_source_files():
     files = stdlib_source_files()
     root = Path(sysconfig.get_paths()["stdlib"])

@@ -338,14 +338,23 @@ def _prepare_arrays(train_path: Path, val_path: Path | None, vocab_size: int) ->
 def _download_tinystories() -> tuple[Path, Path]:
     # Imported here: only this dataset needs the hub client, and importing it costs a noticeable moment.
     from huggingface_hub import constants, hf_hub_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
 
     # The hub reads HF_HUB_OFFLINE once at import; re-read it so a value set later is still honoured.
     offline = constants.HF_HUB_OFFLINE or os.environ.get("HF_HUB_OFFLINE", "").upper() in {"1", "ON", "YES", "TRUE"}
+
+    def fetch(name: str) -> Path:
+        # The copy in the hub's cache first: the files never change, and asking the hub whether they did would wait
+        # out its timeouts and retries on a machine without a network before falling back to that copy.
+        try:
+            return Path(hf_hub_download(TINYSTORIES_REPO, name, repo_type="dataset", local_files_only=True))
+        except LocalEntryNotFoundError:
+            if offline:
+                raise
+        return Path(hf_hub_download(TINYSTORIES_REPO, name, repo_type="dataset"))
+
     try:
-        paths = [
-            Path(hf_hub_download(TINYSTORIES_REPO, name, repo_type="dataset", local_files_only=offline))
-            for name in TINYSTORIES_FILES
-        ]
+        paths = [fetch(name) for name in TINYSTORIES_FILES]
     except Exception as exc:  # the hub raises many error types (network, auth, offline); all mean the same here
         reason = f"{type(exc).__name__}: {exc}"
         if exc.__cause__ is not None:
