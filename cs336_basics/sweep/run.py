@@ -284,11 +284,11 @@ def run_sweep(plan: Sequence[Planned], options: SweepOptions, out_dir: Path, log
             for k in range(1, repeats + 1):
                 for i, planned in enumerate(plan, 1):
                     which = f" (run {k} of {repeats})" if repeats > 1 else ""
-                    log(f"[{i}/{len(plan)}] {planned.point.label}: running{which} ...")
                     log_name = f"logs/{_log_name(planned.point.label + (f'.{k}' if repeats > 1 else ''))}"
                     if planned.skip is not None:
                         run = skipped_run(planned)
                     else:
+                        log(f"[{i}/{len(plan)}] {planned.point.label}: running{which} ...")
                         try:
                             run = run_isolated(planned, Path(work), out_dir / log_name, options.timeout_s, options.cold)
                         except KeyboardInterrupt as stop:
