@@ -22,7 +22,7 @@ from cs336_basics.devices import resolve_device
 from cs336_basics.errors import ConfigError, NotSupportedHere
 from cs336_basics.parallel.world import World
 from cs336_basics.parallel.wrap import DDP, FSDP, NONE, check_parallel_request
-from cs336_basics.precision import FP8Support, check_fp8_support, choose_fp8
+from cs336_basics.precision import check_fp8_support, choose_fp8
 
 # fp8: train_h100.py's default FP8 (no FP8 flag but --use_fp8: the path and its settings as precision/choice.py
 # chooses them); fp8-<recipe>: TorchAO's path; fp8-fused-<scaling>: this package's (--fp8_path fused);
@@ -364,7 +364,6 @@ class SweepOptions:
 
 def plan_sweep(options: SweepOptions) -> list[Planned]:
     plan = []
-    fp8_support: dict[str, FP8Support] = {}  # probed once per device
     for point in expand_grid(options.grid):
         overrides = point.overrides(options.base_overrides, options.steps)
         config = build_config(overrides, options.from_file)
@@ -375,11 +374,11 @@ def plan_sweep(options: SweepOptions) -> list[Planned]:
             if not options.dry_run:  # (a plan may be printed anywhere)
                 raise
         else:
-            if config.fp8.use_fp8 and not config.fp8.fp8_emulate:
-                if str(device) not in fp8_support:
-                    fp8_support[str(device)] = check_fp8_support(device)
-                if not (support := fp8_support[str(device)]).ok:
-                    skip = f"FP8 does not run here ({support.reason}); drop fp8 from --precisions on this machine"
+            # Off a GPU, FP8 runs only emulated. (On one, the workers probe it: a probe here would hold a CUDA
+            # context on the GPU beside them for the whole sweep.)
+            if device.type != "cuda" and config.fp8.use_fp8 and not config.fp8.fp8_emulate:
+                reason = check_fp8_support(device).reason
+                skip = f"FP8 does not run here ({reason}); drop fp8 from --precisions on this machine"
         # What the ranks would refuse (e.g. the fused path's FP8 all-gather under FSDP2), before any run.
         try:
             if point.world_size > 1:
