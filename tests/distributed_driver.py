@@ -5,6 +5,8 @@ FAIL_RANK, FAIL_STEP   that rank raises at the start of that optimizer step (0-b
                        FAIL_HOW=kill it is killed there instead (SIGKILL: no message, as the OOM killer does it);
 SLOW_LEAVE_S=<s>       a rank that stops on an error waits that long before it leaves the process group, as a loaded
                        machine can: long enough for torchrun to stop it (SIGTERM) because another rank failed;
+SLOW_DATA_S=<s>        rank 0's data preparation (tokenizing and caching, which the other ranks wait for) takes that
+                       much longer, as a large corpus's does;
 REPORT_GRAPH_BREAKS=1  rank 0 prints "graph_breaks=<n>" (torch.compile's count) when training ends;
 REPORT_CUDA_GRAPHS=1   rank 0 prints "cuda_graph_recordings=[<n>, ...]" (the CUDA graphs recorded in each optimizer
                        step) and "cudagraph_skips=<n>" (compiled graphs inductor would not capture) when training ends.
@@ -18,6 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import train_h100  # noqa: E402
+from cs336_basics import run  # noqa: E402
 from cs336_basics.parallel import world  # noqa: E402
 from cs336_basics.parallel.world import exit_process  # noqa: E402
 from cs336_basics.training.trainer import Trainer  # noqa: E402
@@ -62,7 +65,20 @@ def slow_leave(seconds: float):
     return slowly
 
 
+def slow_data(seconds: float):
+    prepare = run.prepare_data
+
+    def slowly(*args, **kwargs):
+        if os.environ.get("RANK") == "0":
+            time.sleep(seconds)
+        return prepare(*args, **kwargs)
+
+    return slowly
+
+
 if __name__ == "__main__":
+    if "SLOW_DATA_S" in os.environ:
+        run.prepare_data = slow_data(float(os.environ["SLOW_DATA_S"]))
     if "FAIL_RANK" in os.environ:
         Trainer.train_step = failing_step
     if "SLOW_LEAVE_S" in os.environ:

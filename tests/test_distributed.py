@@ -362,6 +362,16 @@ def test_a_survivor_of_a_killed_rank_says_so_in_one_line(tmp_path, token_files):
 
 
 @pytest.mark.slow
+def test_the_other_ranks_wait_for_rank_0s_data_past_the_collective_timeout(tmp_path, token_files):
+    """Tokenizing a large corpus on rank 0 takes longer than a collective may: the others wait for it (main_first)
+    without --dist_timeout_s cutting the run short."""
+    args = [*tiny_flags(), *token_files, *TWO_RANKS, "--max_steps", "1", "--eval_every", "0", "--dist_timeout_s", "2"]
+    done = torchrun([*args, "--out_dir", tmp_path / "run"], SLOW_DATA_S="5").wait()
+    done.assert_succeeded()
+    assert [r["step"] for r in metrics(tmp_path / "run")] == [1]
+
+
+@pytest.mark.slow
 def test_a_refusal_every_rank_reaches_is_printed_once_by_rank_0(tmp_path, token_files):
     one_process([*tiny_flags(), *token_files, "--max_steps", "1", "--eval_every", "0", "--out_dir", tmp_path / "base"])
     lora = ["--init_from", tmp_path / "base", "--lora_rank", "4", "--out_dir", tmp_path / "lora"]

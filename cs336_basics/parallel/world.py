@@ -297,15 +297,26 @@ def main_writes(world: World, write: Callable[[], T], what: str) -> T | None:
     return result
 
 
+# How long the other ranks wait for rank 0's work in main_first: tokenizing a large corpus takes far longer than a
+# collective should (--dist_timeout_s is for a rank that stopped answering mid-step). A rank 0 that fails or is killed
+# there ends the run through torchrun, which stops the waiting ranks; this bounds only a rank 0 that hangs.
+MAIN_FIRST_WAIT_S = 24 * 3600
+
+
 @contextlib.contextmanager
 def main_first(world: World) -> Iterator[None]:
     """Rank 0 runs the body first (e.g. builds and caches the tokenized data), the other ranks after it (reading
-    its cache instead of racing to write the same files)."""
+    its cache instead of racing to write the same files). They wait in a barrier of their own, held to
+    MAIN_FIRST_WAIT_S rather than the collective timeout."""
     if not world.launched:
         yield
         return
+    import torch.distributed as dist
+
+    waiting = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=MAIN_FIRST_WAIT_S))
     if not world.is_main:
-        barrier()
+        dist.barrier(group=waiting)
     yield
     if world.is_main:
-        barrier()
+        dist.barrier(group=waiting)
+    dist.destroy_process_group(waiting)
