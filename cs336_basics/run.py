@@ -27,7 +27,7 @@ from cs336_basics.lora.base import base_tokenizer
 from cs336_basics.measure.results import append_runs, format_or_na, result_record
 from cs336_basics.optim import min_lr_from
 from cs336_basics.parallel.world import main_first, process_group, refuse_together, torchrun_world
-from cs336_basics.parallel.wrap import FSDP
+from cs336_basics.parallel.wrap import FSDP, ParallelPlan
 from cs336_basics.precision.choice import AUTO_SETTINGS
 from cs336_basics.training.run_folder import RunFolder
 from cs336_basics.training.sampling import Sampling, sample_text
@@ -35,8 +35,11 @@ from cs336_basics.training.summary import RunFacts, format_summary
 from cs336_basics.training.trainer import Trainer, TrainResult, global_batch_tokens, scheduled_lr
 
 
-def _resume_notes(saved: RunConfig, config: RunConfig, step: int) -> list[str]:
-    """What a resumed run does differently from the run it continues, in words for the summary."""
+def _resume_notes(checkpoint: dict[str, Any], config: RunConfig, parallel: ParallelPlan) -> list[str]:
+    """What a resumed run (`config`, in `parallel`'s mode and world) does differently from the run its `checkpoint`
+    continues, in words for the summary."""
+    saved, step = RunConfig.from_dict(checkpoint["config"]), checkpoint["step"]
+    extra = checkpoint.get("extra") or {}
     notes = []
     before, after = scheduled_lr(saved, step), scheduled_lr(config, step)
     if abs(after - before) > 1e-12 * max(abs(before), 1e-30):
@@ -48,12 +51,24 @@ def _resume_notes(saved: RunConfig, config: RunConfig, step: int) -> list[str]:
     for name in ("dataset", "train_data", "val_data"):
         if getattr(data, name) != getattr(saved_data, name):
             notes.append(f"{name} {getattr(saved_data, name)} -> {getattr(data, name)}: it trains on other data")
-    before, after = global_batch_tokens(saved, world_size=1), global_batch_tokens(config, world_size=1)
-    if after != before:
-        notes.append(
-            f"tokens per step and rank {before:,} -> {after:,}: --batch_size or --gradient_accumulation_steps differ "
-            "from the checkpoint's"
+    # A checkpoint records the ranks it was trained on (a sharded one always did; a whole one since it records the
+    # mode): the global batch is compared where it does, the batch per rank where it does not.
+    ranks = extra.get("world_size", checkpoint.get("world_size"))
+    if ranks is not None:
+        before, after = global_batch_tokens(saved, ranks), global_batch_tokens(config, parallel.world.world_size)
+        what = (
+            f"tokens per step {before:,} -> {after:,}: the batch, micro-batches or ranks differ from the checkpoint's"
         )
+    else:
+        before, after = global_batch_tokens(saved, world_size=1), global_batch_tokens(config, world_size=1)
+        what = (
+            f"tokens per step and rank {before:,} -> {after:,}: --batch_size or --gradient_accumulation_steps "
+            "differ from the checkpoint's"
+        )
+    if after != before:
+        notes.append(what)
+    if extra.get("parallel", parallel.mode) != parallel.mode:
+        notes.append(f"parallel mode {extra['parallel']} -> {parallel.mode}")
     if (config.fp8.use_fp8, config.train.dtype) != (saved.fp8.use_fp8, saved.train.dtype):
         notes.append(
             f"precision {precision_name(saved)} -> {precision_name(config)}: the run goes on in another precision "
@@ -163,7 +178,7 @@ def _run_locked(config: RunConfig, folder: RunFolder, world, results_json, log) 
     with alike_on_every_rank():  # process_group refused a GPU this rank cannot use already: plan's checks are alike
         p = plan(config)
     if resume_state is not None:
-        notes = _resume_notes(RunConfig.from_dict(resume_state["config"]), p.config, resume_state["step"])
+        notes = _resume_notes(resume_state, p.config, p.parallel)
     with main_first(world):  # rank 0 tokenizes and caches; the others read its cache
         data = prepare_data(p.config.data, p.config.model.vocab_size)
     _check_base_tokenizer(p.config, data.tokenizer)

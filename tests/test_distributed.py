@@ -362,6 +362,42 @@ def test_a_survivor_of_a_killed_rank_says_so_in_one_line(tmp_path, token_files):
 
 
 @pytest.mark.slow
+def test_an_fsdp2_run_resumes_in_one_process_and_keeps_its_mode_for_torchrun(tmp_path, token_files, capsys):
+    """Resume at any world size, one process included, without changing the run: its --parallel fsdp stays in
+    config.json for the next launch under torchrun, and each resume's summary says what changed."""
+    out = tmp_path / "run"
+    args = [*tiny_flags(), *token_files, *TWO_RANKS, "--eval_every", "0", "--checkpoint_every", "1"]
+    torchrun([*args, "--max_steps", "2", "--parallel", "fsdp", "--out_dir", out]).wait().assert_succeeded()
+    code = train_h100.main(["--resume", "--max_steps", "3", "--out_dir", str(out)])
+    said = " ".join(capsys.readouterr().out.split())
+    assert code == 0 and "none, world size 1: one process (the run's --parallel fsdp applies under torchrun)" in said
+    assert "parallel mode fsdp -> none" in said and "tokens per step 64 -> 32" in said  # 2 ranks of 2 sequences, then 1
+    assert json.loads((out / "config.json").read_text())["train"]["parallel"] == "fsdp"
+    again = torchrun(["--resume", "--max_steps", "4", "--out_dir", out]).wait()
+    again.assert_succeeded()
+    assert "fsdp, world size 2: --parallel fsdp" in again.stdout and "parallel mode none -> fsdp" in again.stdout
+    assert [r["step"] for r in metrics(out)] == [1, 2, 3, 4]
+
+
+def test_a_resumes_global_batch_counts_the_ranks_of_the_checkpoint_and_of_the_resume():
+    from cs336_basics.run import _resume_notes
+
+    def notes(saved_ranks, saved_batch, ranks, batch, saved_mode="ddp", mode="ddp"):
+        saved = config(batch_size=saved_batch, max_steps=4).replace(optim={"lr_decay_steps": 4})
+        extra = {"world_size": saved_ranks, "parallel": saved_mode}
+        world = World(rank=0, world_size=ranks, local_rank=0, launched=True)
+        parallel = wrap.ParallelPlan(mode, world, "", 0.0, None)
+        resumed = saved.replace(train={"batch_size": batch})
+        return _resume_notes({"config": saved.to_dict(), "step": 2, "extra": extra}, resumed, parallel)
+
+    assert notes(3, 4, 2, 6) == []  # 12 sequences a step either way
+    assert notes(2, 4, 1, 4, mode="none") == [
+        "tokens per step 128 -> 64: the batch, micro-batches or ranks differ from the checkpoint's",
+        "parallel mode ddp -> none",
+    ]
+
+
+@pytest.mark.slow
 def test_the_other_ranks_wait_for_rank_0s_data_past_the_collective_timeout(tmp_path, token_files):
     """Tokenizing a large corpus on rank 0 takes longer than a collective may: the others wait for it (main_first)
     without --dist_timeout_s cutting the run short."""
@@ -785,6 +821,11 @@ def test_fp8_all_gather_only_when_asked_under_fsdp_with_tensorwise():
     assert "not used here: --fp8_all_gather (FSDP2 settings; --fp8_all_gather needs FP8 too)" in alone.summary_line()
     on = two_rank_plan(config(parallel="ddp", fsdp_reshard_after_forward=True))
     assert "not used here: --fsdp_reshard_after_forward (FSDP2 settings)" in on.summary_line()
+    # DDP's own setting, asked for where no DDP runs; a preset's value (1.3b's buckets) is not asked for.
+    buckets = two_rank_plan(config(parallel="fsdp", ddp_bucket_mb=100))
+    assert "not used here: --ddp_bucket_mb (DDP settings)" in buckets.summary_line()
+    preset = build_config({"preset": "1.3b", "train": {"device": "cpu", "parallel": "fsdp"}})
+    assert "not used here" not in wrap.resolve_parallel(preset, TWO, torch.device("cpu"), 1000).summary_line()
     assert plan.unused_flags == () and "not used" not in plan.summary_line()
     with pytest.raises(ConfigError, match="needs --fp8_recipe tensorwise"):
         choose_fp8(asked.replace(fp8={"fp8_recipe": "rowwise"}).fp8, world_size=2)

@@ -627,7 +627,8 @@ def test_a_resume_with_another_batch_says_so(tmp_path, base, capsys):
     out = tmp_path / "run"
     assert run([*base, "--max_steps", "2", "--checkpoint_every", "2", "--out_dir", out], capsys)[0] == 0
     code, stdout, _ = run(["--resume", "--out_dir", out, "--max_steps", "3", "--batch_size", "8"], capsys)
-    assert code == 0 and "tokens per step and rank 64 -> 128" in " ".join(stdout.split())
+    said = " ".join(stdout.split())
+    assert code == 0 and "tokens per step 64 -> 128: the batch, micro-batches or ranks differ" in said
 
 
 def test_a_resume_in_another_precision_says_so(tmp_path, base, capsys):

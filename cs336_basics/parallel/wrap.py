@@ -40,6 +40,7 @@ place (each block's forward, the embedding and the output: `compile_for_training
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import inspect
 from collections.abc import Callable
@@ -49,7 +50,7 @@ import torch
 from torch import nn
 
 from cs336_basics.compiled import compile_options, runs_cuda_graphs, write_shared_fp8_gemm_inputs_once
-from cs336_basics.config import RunConfig, TrainConfig
+from cs336_basics.config import PRESETS, RunConfig, TrainConfig
 from cs336_basics.errors import ConfigError
 from cs336_basics.parallel.fsdp_graphs import keep_gathered_weights, mark_buffers_static
 from cs336_basics.parallel.world import World, all_reduce_
@@ -77,13 +78,17 @@ class ParallelPlan:
     blocks_per_unit: int = 2  # FSDP2: consecutive blocks sharded (gathered, reduced) as one unit
     # FSDP2 under CUDA graphs: gathered weights stay allocated, buffers are static inputs (parallel/fsdp_graphs.py)
     keep_gathered_weights: bool = False
-    unused_flags: tuple[str, ...] = ()  # FSDP2 settings this run asked for that its mode does not use
+    unused_flags: tuple[str, ...] = ()  # FSDP2 or DDP settings this run asked for that its mode does not use
 
     def summary_line(self) -> str:
         line = f"{self.mode}, world size {self.world.world_size}: {self.reason}"
-        if self.unused_flags:
-            needs_fp8 = "; --fp8_all_gather needs FP8 too" if "--fp8_all_gather" in self.unused_flags else ""
-            line += f"; not used here: {', '.join(self.unused_flags)} (FSDP2 settings{needs_fp8})"
+        fsdp = [flag for flag in self.unused_flags if flag not in DDP_FLAGS]
+        ddp = [flag for flag in self.unused_flags if flag in DDP_FLAGS]
+        if fsdp:
+            needs_fp8 = "; --fp8_all_gather needs FP8 too" if "--fp8_all_gather" in fsdp else ""
+            line += f"; not used here: {', '.join(fsdp)} (FSDP2 settings{needs_fp8})"
+        if ddp:
+            line += f"; not used here: {', '.join(ddp)} (DDP settings)"
         if self.mode == DDP:
             line += f"; {self.ddp_bucket_mb} MB all-reduce buckets"
         if self.mode == FSDP:
@@ -136,12 +141,13 @@ def _device_memory_gib(device: torch.device) -> float | None:
 def check_parallel_request(config: RunConfig, world: World) -> None:
     """Refuse, with what to do, a --parallel request this launch cannot honour (before any model is built)."""
     requested = config.train.parallel
-    if not world.launched and requested != "auto":
+    # A resumed run keeps the --parallel it was started with, for its launches under torchrun; in one process it runs
+    # as one process, and its summary says so.
+    if not world.launched and requested != "auto" and not config.train.resume:
         raise ConfigError(
             f"--parallel {requested} needs several processes started by torchrun, e.g. "
             f"torchrun --standalone --nproc_per_node 2 train_h100.py --parallel {requested} ...; this process was "
-            "not (no RANK/WORLD_SIZE/LOCAL_RANK in its environment). For one process pass --parallel auto (a run "
-            "resumed from its folder keeps the --parallel it was started with)."
+            "not (no RANK/WORLD_SIZE/LOCAL_RANK in its environment). For one process pass --parallel auto."
         )
 
 
@@ -154,7 +160,10 @@ def resolve_parallel(config: RunConfig, world: World, device: torch.device, n_pa
     state_gib = model_state_bytes(n_params, dtype) / 2**30
     device_gib = _device_memory_gib(device)
     if not world.launched:
-        return ParallelPlan(NONE, world, "one process", state_gib, device_gib, unused_flags=_unused(config, NONE))
+        why = "one process" + (
+            f" (the run's --parallel {requested} applies under torchrun)" if requested != "auto" else ""
+        )
+        return ParallelPlan(NONE, world, why, state_gib, device_gib, unused_flags=_unused(config, NONE))
     if requested == "auto":
         if world.world_size == 1:
             mode, reason = NONE, "auto: one process"
@@ -188,16 +197,23 @@ def _fp8_all_gather(config: RunConfig, mode: str) -> bool:
     return mode == FSDP and config.fp8.use_fp8 is not False and config.fp8.fp8_all_gather
 
 
+DDP_FLAGS = ("--ddp_bucket_mb",)
+
+
 def _unused(config: RunConfig, mode: str) -> tuple[str, ...]:
-    """The FSDP2 flags asked for that `mode` does not use. Not an error: a run resumed at another world size (or
-    mode) keeps its flags, and a sweep passes them to every configuration; the summary names them instead."""
+    """The FSDP2 and DDP flags asked for (set apart from the preset's value) that `mode` does not use. Not an error:
+    a run resumed at another world size (or mode) keeps its flags, and a sweep passes them to every configuration;
+    the summary names them instead."""
     unused = []
+    preset_train = {**dataclasses.asdict(TrainConfig()), **PRESETS.get(config.preset, {}).get("train", {})}
+    if config.train.ddp_bucket_mb != preset_train["ddp_bucket_mb"] and mode != DDP:
+        unused.append("--ddp_bucket_mb")
     if config.fp8.fp8_all_gather and not _fp8_all_gather(config, mode):
         unused.append("--fp8_all_gather")
     reshard = config.train.fsdp_reshard_after_forward
     if reshard is not None and mode != FSDP:
         unused.append("--fsdp_reshard_after_forward" if reshard else "--no_fsdp_reshard_after_forward")
-    if config.train.fsdp_blocks_per_unit != TrainConfig.fsdp_blocks_per_unit and mode != FSDP:
+    if config.train.fsdp_blocks_per_unit != preset_train["fsdp_blocks_per_unit"] and mode != FSDP:
         unused.append("--fsdp_blocks_per_unit")
     return tuple(unused)
 

@@ -74,7 +74,8 @@ def suboptimal_choices(config: RunConfig, facts: RunFacts) -> list[str]:
 
 def _batch_and_parallel_rows(config: RunConfig, par: ParallelPlan) -> list[tuple[str, str]]:
     """The parallel rows, then the batch row. Under torchrun: the mode and why, and the global batch over every rank.
-    One process: no parallel row, unless FSDP2 flags were asked for that it does not use."""
+    One process: no parallel row, unless flags of a mode it does not run were asked for, or the run was started in
+    one (a resume of a DDP or FSDP2 run)."""
     t, m = config.train, config.model
     world = par.world.world_size
     tokens = t.batch_size * m.context_length * t.gradient_accumulation_steps
@@ -89,7 +90,8 @@ def _batch_and_parallel_rows(config: RunConfig, par: ParallelPlan) -> list[tuple
         "tokens per step",
         f"{t.batch_size} x {m.context_length} x {t.gradient_accumulation_steps} accumulation = {tokens:,}",
     )
-    return [("parallel", par.summary_line()), batch_row] if par.unused_flags else [batch_row]
+    shown = par.unused_flags or config.train.parallel != "auto"
+    return [("parallel", par.summary_line()), batch_row] if shown else [batch_row]
 
 
 def _model_line(config: RunConfig) -> str:

@@ -256,6 +256,8 @@ class Trainer:
         # The running loss of the interval so far, over all ranks (a copy: the ranks keep summing their own).
         loss_sum = dist.all_reduce_(self._loss_sum.detach().clone(), "avg")
         extra = {"log_interval": {"loss_sum": loss_sum.cpu(), "count": self._loss_count}, "tokens": self.tokens}
+        # How it was trained, for a resume's summary: the global batch and the mode it continues from.
+        extra |= {"world_size": self.world.world_size, "parallel": self.parallel.mode}
         precision_state = self.converter.state_dict()
         if precision_state is not None:  # the key of checkpoints written before converters: they still resume
             extra["fp8_scaling"] = precision_state
