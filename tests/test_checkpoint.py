@@ -239,3 +239,28 @@ def test_is_weights_only_loadable(tmp_path):
     assert ckpt["sampler_state"]["arr"] == [0, 1, 2]
     assert ckpt["model"]["proj.weight"].dtype == torch.bfloat16
     assert ckpt["optimizer"]["master"]["proj.weight"].dtype == torch.float32
+
+
+def test_a_sharded_checkpoint_replaced_while_it_is_read_is_read_again_from_the_new_one(tmp_path, monkeypatch):
+    """A run still training names its next shard folder, then removes the one a reader (export, generate) was reading:
+    the read is made again from the folder named now. A failure while the same folder is named is the failure."""
+    from cs336_basics.training import sharded_checkpoint as sc
+
+    named = iter(["step-1", "step-2", "step-2"])
+    reads = []
+
+    def read(path):
+        reads.append(path)
+        if len(reads) == 1:
+            raise FileNotFoundError("step-1/.metadata")  # removed under the reader
+        return {"format": "whole", "step": 2}
+
+    monkeypatch.setattr(sc, "referenced_shards", lambda folder: next(named))
+    monkeypatch.setattr(sc, "read_checkpoint", read)
+    monkeypatch.setattr(sc, "is_sharded_checkpoint", lambda ckpt: False)
+    checkpoint = tmp_path / CHECKPOINT_NAME
+    assert sc.read_whole_checkpoint(checkpoint) == {"format": "whole", "step": 2} and len(reads) == 2
+    named, reads[:] = iter(["step-1", "step-1"]), []
+    with pytest.raises(FileNotFoundError):
+        sc.read_whole_checkpoint(checkpoint)
+    assert len(reads) == 1

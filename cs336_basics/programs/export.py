@@ -15,6 +15,7 @@ import argparse
 import sys
 
 from cs336_basics.errors import run_program, writing
+from cs336_basics.files.integrity import save_torch_file
 from cs336_basics.files.output_paths import check_output_path
 
 
@@ -29,10 +30,11 @@ def main(argv: list[str] | None = None) -> int:
 
     def export() -> int:
         output = check_output_path(args.output, "--output", folder=False, replace=args.overwrite)
-        from cs336_basics.training.sharded_checkpoint import export_checkpoint
+        from cs336_basics.training.sharded_checkpoint import export_payload
 
+        payload = export_payload(args.source)  # read first: an error reading names the source, not the output
         with writing(output, f"The checkpoint {args.source} is unchanged."):
-            path = export_checkpoint(args.source, output)
+            path = save_torch_file(output, payload)
         print(f"wrote {path}")
         return 0
 

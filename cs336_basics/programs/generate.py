@@ -21,8 +21,9 @@ from cs336_basics.data import BPETokenizer
 from cs336_basics.devices import resolve_device
 from cs336_basics.errors import ConfigError, run_program
 from cs336_basics.training.checkpoint import CHECKPOINT_NAME
-from cs336_basics.training.restore import load_checkpoint
+from cs336_basics.training.restore import restore_checkpoint
 from cs336_basics.training.sampling import Sampling, sample_text
+from cs336_basics.training.sharded_checkpoint import read_whole_checkpoint
 from cs336_basics.training.signals import terminate_raises
 
 
@@ -30,7 +31,7 @@ def load_trained(out_dir: Path, device: torch.device, base: str | None = None) -
     """Rebuild the model from a run folder's checkpoint (its saved config gives the shape) and tokenizer. `base`: a
     LoRA run's base where it is now, if it moved."""
     checkpoint = out_dir / CHECKPOINT_NAME
-    state = load_checkpoint(checkpoint, restore_rng=False)
+    state = read_whole_checkpoint(checkpoint)  # once: a run still training may replace its checkpoint meanwhile
     config = RunConfig.from_dict(state["config"])
     if config.finetune.lora:  # adapters alone: the base they fine-tune, with them folded in
         from cs336_basics.lora.merge import lora_model, merge_adapters
@@ -40,7 +41,7 @@ def load_trained(out_dir: Path, device: torch.device, base: str | None = None) -
         raise ConfigError(f"--base names a LoRA run's base, and {out_dir} is not a LoRA run: it holds its whole model.")
     else:
         model = new_model(config.model)  # this package's model, or a Hugging Face one (--hf_model)
-        load_checkpoint(checkpoint, model=model, restore_rng=False)
+        restore_checkpoint(state, model=model, restore_rng=False)
     if not (out_dir / "tokenizer").is_dir():
         raise ConfigError(f"{out_dir} has no tokenizer/ folder (the run trained on pre-tokenised arrays).")
     return model.to(device).eval(), BPETokenizer.load(out_dir / "tokenizer")

@@ -42,6 +42,7 @@ from cs336_basics.training.checkpoint import (
     is_sharded_checkpoint,
     model_state,
     read_checkpoint,
+    referenced_shards,
     remove_stale_shards,
 )
 
@@ -191,12 +192,32 @@ def restore_sharded_model(ckpt: dict[str, Any], *, model: nn.Module, optimizer: 
     optimizer.load_state_dict(state)
 
 
-def export_checkpoint(source: str | Path, output: str | Path) -> Path:
-    """Write the checkpoint of a run folder (or a checkpoint file), sharded or not, as one file in the one-process
-    layout: what `--resume` in one process, cs336_basics.programs.generate and the course's load_checkpoint read, on
-    a GPU or the CPU. Written atomically."""
+# A read of a run's sharded checkpoint made again where the run replaced it meanwhile (read_whole_checkpoint).
+READ_ATTEMPTS = 3
+
+
+def read_whole_checkpoint(path: Path) -> dict[str, Any]:
+    """read_checkpoint, a sharded checkpoint assembled into the one-process layout (on the CPU). A run still training
+    may replace its sharded checkpoint while it is read: its checkpoint.pt names the next shard folder, then the one
+    being read is removed. Such a read is made again from the checkpoint named now, up to READ_ATTEMPTS times; a read
+    that fails while the same folder is named is a failure of that checkpoint."""
+    for attempt in range(1, READ_ATTEMPTS + 1):
+        named = referenced_shards(path.parent) if path.name == CHECKPOINT_NAME else None
+        try:
+            ckpt = read_checkpoint(path)
+            return assemble_sharded(ckpt) if is_sharded_checkpoint(ckpt) else ckpt
+        except Exception:
+            if attempt == READ_ATTEMPTS or not named or referenced_shards(path.parent) == named:
+                raise
+    raise AssertionError("unreachable")
+
+
+def export_payload(source: str | Path) -> dict[str, Any]:
+    """The checkpoint of a run folder (or a checkpoint file), sharded or not, in the one-process layout: what
+    `--resume` in one process, cs336_basics.programs.generate and the course's load_checkpoint read, on a GPU or the
+    CPU (cs336_basics.programs.export writes it)."""
     source = Path(source)
-    ckpt = read_checkpoint(checkpoint_file(source))
+    ckpt = read_whole_checkpoint(checkpoint_file(source))
     if RunConfig.from_dict(ckpt["config"]).finetune.lora:
         # Its model is the adapters alone (their base is another file) and its optimizer trains them alone: no
         # one-process checkpoint of a whole model can be made of it; the merged weights are a plain state dict.
@@ -205,9 +226,7 @@ def export_checkpoint(source: str | Path, output: str | Path) -> Path:
             "load_checkpoint nor a plain model can load. Fold them into their base with: python -m "
             f"cs336_basics.programs.merge_lora {source} --output FILE (a course-layout state dict)."
         )
-    if is_sharded_checkpoint(ckpt):
-        ckpt = assemble_sharded(ckpt)
-    payload = checkpoint_payload(
+    return checkpoint_payload(
         model=ckpt["model"],
         optimizer=ckpt["optimizer"],
         step=ckpt["step"],
@@ -216,7 +235,9 @@ def export_checkpoint(source: str | Path, output: str | Path) -> Path:
         extra=ckpt["extra"],
         rng=ckpt["rng"],
     )
-    return save_torch_file(output, payload)
 
 
-__all__ = ["assemble_sharded", "export_checkpoint", "restore_sharded_model", "save_sharded"]
+__all__ = [
+    "assemble_sharded", "export_payload", "read_whole_checkpoint", "restore_sharded_model",
+    "save_sharded",
+]  # fmt: skip
