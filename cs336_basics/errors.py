@@ -120,8 +120,14 @@ def run_program(body: Callable[[], int], after_interrupt: Callable[[], str] | No
         return body()
     except KeyboardInterrupt as exc:
         said = str(exc).rstrip(".") or "interrupted"
+        code = getattr(exc, "exit_code", 130)  # signals.Interrupted knows its signal; a plain Ctrl-C is SIGINT
+        if rank_prefix() and os.environ["RANK"] != "0":
+            # torchrun stops every rank when one ends (its error, a refusal, or the user's stop): rank 0's lines say
+            # what is intact and how to go on, which advice here could only contradict.
+            print(f"\n{rank_prefix()}{said}; rank 0's lines say what is intact", file=sys.stderr)
+            return code
         print(f"\n{rank_prefix()}{said}" + (f". {after_interrupt()}" if after_interrupt else ""), file=sys.stderr)
-        return getattr(exc, "exit_code", 130)  # signals.Interrupted knows its signal; a plain Ctrl-C is SIGINT
+        return code
     except ConfigError as exc:
         if exc.every_rank and rank_prefix() and os.environ["RANK"] != "0":
             time.sleep(RANK_0_REPORTS_S)

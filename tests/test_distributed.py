@@ -957,6 +957,27 @@ def test_a_refusal_every_rank_makes_is_left_to_rank_0_unless_it_stays_silent(mon
     assert capsys.readouterr().err.splitlines() == [f"[rank{r}]: error: bad flag" for r in (0, 1, 1)]
 
 
+def test_a_stop_signal_leaves_what_to_do_to_rank_0(monkeypatch, capsys):
+    """torchrun stops every rank when one ends, a refusal on rank 0 included: the other ranks' advice ("start the run
+    again") would contradict rank 0's, which says what is intact."""
+    import signal
+
+    from cs336_basics import errors
+    from cs336_basics.training.signals import Interrupted
+
+    def stopped():
+        raise Interrupted(signal.SIGTERM)
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    for rank in ("0", "1"):
+        monkeypatch.setenv("RANK", rank)
+        assert errors.run_program(stopped, after_interrupt=lambda: "Continue with: --resume") == 143
+    assert capsys.readouterr().err.split("\n")[1::2] == [
+        "[rank0]: stopped by SIGTERM. Continue with: --resume",
+        "[rank1]: stopped by SIGTERM; rank 0's lines say what is intact",
+    ]
+
+
 def test_a_collective_that_lost_its_peer_is_told_apart_from_other_errors():
     from cs336_basics.errors import RunFolderError
     from cs336_basics.parallel.world import _lost_peer
