@@ -28,3 +28,8 @@ timeout 270 python3 -m lab.loss_parity --out_dir $OUT/p$W --variants bf16,fp8 --
 # main job's CLI and of LoRA (last session's three commits after its GPU tests: absolute input paths, the LoRA base's
 # dtype in the summary, a .npy's smallest id computed once)
 timeout 230 python3 -m pytest -q -m gpu tests/test_train_cli.py tests/test_lora.py -p no:cacheprovider > $OUT/t1.log 2>&1
+#
+# call 4, nvidia-h200 (1 x H200), tree fcf9a99 (main later this session: the other ranks wait for rank 0's data in a
+# gloo group of their own, checkpoints record their ranks and mode, generate/export read a checkpoint once): FSDP2's
+# one-rank CUDA-graph GPU tests, under torchrun with NCCL. (Its -k also deselected test_train_cli's GPU tests.)
+timeout 280 python3 -m pytest -q -m gpu -p no:cacheprovider --durations=6 "tests/test_distributed.py" -k "fsdp2_under_cuda_graphs" tests/test_train_cli.py > $OUT/t2.log 2>&1
