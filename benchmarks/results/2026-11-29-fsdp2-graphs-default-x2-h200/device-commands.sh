@@ -33,3 +33,7 @@ timeout 230 python3 -m pytest -q -m gpu tests/test_train_cli.py tests/test_lora.
 # gloo group of their own, checkpoints record their ranks and mode, generate/export read a checkpoint once): FSDP2's
 # one-rank CUDA-graph GPU tests, under torchrun with NCCL. (Its -k also deselected test_train_cli's GPU tests.)
 timeout 280 python3 -m pytest -q -m gpu -p no:cacheprovider --durations=6 "tests/test_distributed.py" -k "fsdp2_under_cuda_graphs" tests/test_train_cli.py > $OUT/t2.log 2>&1
+#
+# call 5, nvidia-h200 (1 x H200), tree c5b734f (the code of fcf9a99): the main job's GPU tests, after config.json
+# began keeping FP8 on/off, dtype and compiling as asked where left automatic (a resume chooses them again)
+timeout 230 python3 -m pytest -q -m gpu -p no:cacheprovider --durations=6 tests/test_train_cli.py > $OUT/t3.log 2>&1
