@@ -300,7 +300,7 @@ def test_generate_without_a_checkpoint_says_where_one_is_written_and_not_how_to_
 
 @pytest.mark.parametrize("stop, exit_code", [(KeyboardInterrupt(), 130), (Interrupted(signal.SIGTERM), 143)])
 def test_generate_stopped_by_a_signal_says_so_in_one_line(tmp_path, capsys, monkeypatch, stop, exit_code):
-    monkeypatch.setattr(generate, "load_trained", lambda out_dir, device: (None, None))
+    monkeypatch.setattr(generate, "load_trained", lambda out_dir, device, base: (None, None))
 
     def sampling_stopped(model, tokenizer, sampling):
         raise stop
