@@ -2,6 +2,7 @@
 base runs torch._scaled_mm's CPU kernel), and the GPU mode on a tiny model."""
 
 import json
+from pathlib import Path
 
 import pytest
 from tiny import TINY_FLAGS, tiny_flags
@@ -34,7 +35,11 @@ def test_cpu_mode_runs_checks_1_to_4_with_emulation(tmp_path, token_files, capsy
     precisions = [r["precision"] for r in payload["runs"]]
     assert precisions == ["bf16", "fp8-tensorwise-emulated", "fp8-fused-delayed-emulated"]
     assert [line.split(":")[0] for line in payload["paths"]] == ["torchao", "fused"]
-    assert "ALL CHECKS PASSED" in stdout and "FP8 paths on this model:" in stdout
+    # A check that did not run is not called passed: the verdict and the report name it.
+    assert "EVERY CHECK THAT RAN PASSED; skipped here: fp8_speedup" in stdout and "ALL CHECKS PASSED" not in stdout
+    assert payload["passed"] is True and payload["skipped"] == ["fp8_speedup"]
+    assert "on the CPU: uncompiled, BF16 weights, FP8 emulated, whatever the flags ask" in stdout
+    assert "FP8 paths on this model:" in stdout
 
 
 def test_cpu_mode_verifies_the_fused_path_too(tmp_path, token_files, capsys):
@@ -74,7 +79,9 @@ def test_help_names_the_verdicts_defaults(capsys):
         (["--max_steps", "3"], "does not take --max_steps: its steps per precision are --steps"),
         (["--parallel", "ddp"], "runs in one process: drop --parallel"),
         (["--steps", "0"], "--steps must be >= 1; got 0"),
-        (["--loss_tolerance", "-1"], "--loss_tolerance and --min_speedup must be >= 0; got -1 and 1"),
+        (["--loss_tolerance", "-1"], "--loss_tolerance and --min_speedup must be finite and >= 0; got -1 and 1"),
+        (["--loss_tolerance", "nan"], "--loss_tolerance and --min_speedup must be finite and >= 0; got nan and 1"),
+        (["--json", ""], "--json . cannot be used"),
     ],
 )
 def test_flags_it_cannot_honour_are_refused_before_any_work(flags, says, capsys, monkeypatch):
@@ -82,6 +89,32 @@ def test_flags_it_cannot_honour_are_refused_before_any_work(flags, says, capsys,
     assert verify_fp8_compilation.main([*tiny_flags(), *flags]) == 2
     err = capsys.readouterr().err
     assert says in err and err.count("\n") == 1, err
+
+
+def test_what_it_cannot_honour_is_refused_in_a_config_file_and_under_torchrun_too(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(verify_fp8_compilation, "verify_fp8", lambda *a, **k: pytest.fail("verification started"))
+    for settings, says in (
+        ({"train": {"resume": True}}, "does not take {}: its --resume: it writes no run folder"),
+        ({"fp8": {"use_fp8": False}}, "does not take {}: its --no_use_fp8: it compares FP8 with BF16"),
+        ({"train": {"parallel": "ddp"}}, "runs in one process: drop {}: its --parallel"),
+    ):
+        path = tmp_path / "c.json"
+        path.write_text(json.dumps(settings))
+        assert verify_fp8_compilation.main([*tiny_flags(), "--config", str(path)]) == 2
+        assert says.format(path) in capsys.readouterr().err
+    for name, value in (("RANK", "0"), ("WORLD_SIZE", "2"), ("LOCAL_RANK", "0")):
+        monkeypatch.setenv(name, value)
+    assert verify_fp8_compilation.main(tiny_flags()) == 2
+    assert "runs in one process: start it without torchrun" in capsys.readouterr().err
+
+
+def test_json_never_replaces_a_file_that_is_not_a_report(tmp_path, token_files, capsys, monkeypatch):
+    """--json names the report to write: the training data or a config file given there is refused, not replaced."""
+    monkeypatch.setattr(verify_fp8_compilation, "verify_fp8", lambda *a, **k: pytest.fail("verification started"))
+    data = token_files[1]
+    before = Path(data).read_bytes()
+    assert verify_fp8_compilation.main([*tiny_flags(), *token_files, "--json", data]) == 2
+    assert f"--json {data} cannot be used" in capsys.readouterr().err and Path(data).read_bytes() == before
 
 
 # ---- a LoRA fine-tune: frozen FP8 base, adapters ----
@@ -142,7 +175,7 @@ def test_cpu_mode_verifies_a_lora_fine_tune_on_an_fp8_base(scaling, lora_flags, 
     assert [r["fp8_path"] for r in payload["runs"]] == [None, "lora-frozen"]
     label = "fp8-tensorwise" + ("-delayed" if scaling == "delayed" else "")
     assert [r["precision"] for r in payload["runs"]] == ["bf16", label]  # real FP8, not "-emulated"
-    assert "ALL CHECKS PASSED" in stdout
+    assert "EVERY CHECK THAT RAN PASSED; skipped here: fp8_speedup" in stdout  # speed: on a GPU only
 
 
 def _recast_a_base_weight(model):

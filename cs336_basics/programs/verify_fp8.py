@@ -114,6 +114,7 @@ class Verification:
         """The JSON fields beside the runs."""
         return {
             "passed": self.passed,
+            "skipped": [c.name for c in self.checks if c.status == "SKIP"],
             "checks": [dataclasses.asdict(c) for c in self.checks],
             "diagnosis": self.diagnosis.to_dict() if self.diagnosis is not None else None,
             "amdahl": self.amdahl.to_dict() if self.amdahl is not None else None,
@@ -496,6 +497,9 @@ def verify_fp8(
     package's model, train the FP8 path not chosen too and show both side by side."""
     on_gpu = resolve_device(config.train.device).type == "cuda"
     requested = _for_this_machine(config, on_gpu)
+    if not on_gpu:
+        fp8 = "the frozen base's FP8 on torch._scaled_mm's CPU kernel" if config.finetune.lora else "FP8 emulated"
+        log(f"on the CPU: uncompiled, BF16 weights, {fp8}, whatever the flags ask (a numerics check, not a timing)")
     diagnosis = _diagnosis(requested, on_gpu, log)
     # the same checks as train_h100.py: FP8 support, batch shape, attention
     fp8_plan = plan(requested.with_fp8(True))
