@@ -223,11 +223,6 @@ class FP8ConversionReport:
         parts = [f"{fqns[0]} ({cat})" if len(fqns) == 1 else f"{len(fqns)} {cat}" for cat, fqns in groups.items()]
         return f"{line}; skipped: " + ", ".join(parts)
 
-    def format_skipped(self) -> str:
-        if not self.skipped:
-            return "no linear layers skipped"
-        return "\n".join(f"  {fqn}: {reason}" for fqn, reason in self.skipped.items())
-
 
 def check_model_ready(model: nn.Module, cfg: FP8Config) -> None:
     """Refuse a model that cannot be converted now: a bare linear, already compiled, not BF16 on its device."""
@@ -281,9 +276,19 @@ def nothing_converted_error(report: FP8ConversionReport) -> ConfigError:
     if SKIP_NOT_16 in categories:
         hints.append("use layer dims divisible by 16")
     hints.append("or run without --use_fp8 (BF16)")
+    # One line: the layers grouped by why they were skipped, one example each (the summary lists every layer).
+    groups: dict[str, list[str]] = {}
+    for fqn, reason in report.skipped.items():
+        groups.setdefault(report.skip_category.get(fqn, reason), []).append(fqn)
+    why = "; ".join(
+        f"{len(fqns)} like {fqns[0]}: {report.skipped[fqns[0]]}"
+        if len(fqns) > 1
+        else f"{fqns[0]}: {report.skipped[fqns[0]]}"
+        for fqns in groups.values()
+    )
     return ConfigError(
-        f"FP8 conversion would convert none of the model's {report.n_linear} linear layers:\n"
-        f"{report.format_skipped()}\nTo use FP8: {'; '.join(hints)}."
+        f"FP8 conversion would convert none of the model's {report.n_linear} linear layers ({why}). To use FP8: "
+        f"{'; '.join(hints)}."
     )
 
 
