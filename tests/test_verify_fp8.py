@@ -173,6 +173,7 @@ def test_cpu_mode_verifies_a_lora_fine_tune_on_an_fp8_base(scaling, lora_flags, 
     assert "adapters on q+k+v+o: 8 layers" in summary and "no weight-gradient GEMM" in summary
     assert "2,048 trainable" in summary and "not emulation" in summary
     assert [r["fp8_path"] for r in payload["runs"]] == [None, "lora-frozen"]
+    assert payload["paths"][0].startswith("lora-frozen: loss")  # as the run record names it
     label = "fp8-tensorwise" + ("-delayed" if scaling == "delayed" else "")
     assert [r["precision"] for r in payload["runs"]] == ["bf16", label]  # real FP8, not "-emulated"
     assert "EVERY CHECK THAT RAN PASSED; skipped here: fp8_speedup" in stdout  # speed: on a GPU only

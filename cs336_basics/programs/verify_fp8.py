@@ -50,7 +50,7 @@ from torch.utils._pytree import tree_leaves
 
 from cs336_basics.build import Built, build, plan
 from cs336_basics.compiled import PROFILED_WRAPPER, eager, hides_ops_from_profiler
-from cs336_basics.config import RunConfig
+from cs336_basics.config import LORA_FP8_PATH, RunConfig
 from cs336_basics.data import PreparedData, get_batch, prepare_data, require_windows
 from cs336_basics.devices import resolve_device
 from cs336_basics.diagnostics.amdahl.law import GemmShape, linear_gemm_shapes
@@ -480,7 +480,8 @@ def _path_line(config: RunConfig, result: TrainResult, summary: str, bf16: Train
     speed = ""
     if on_gpu:
         speed = f", {result.tokens_per_sec:,.0f} tokens/s = {result.tokens_per_sec / bf16.tokens_per_sec:.3f}x BF16"
-    return f"{config.fp8.fp8_path}: loss {result.loss:.4f}{speed}; {summary}"
+    path = LORA_FP8_PATH if config.finetune.lora else config.fp8.fp8_path  # a LoRA base's own, whatever --fp8_path
+    return f"{path}: loss {result.loss:.4f}{speed}; {summary}"
 
 
 def verify_fp8(
