@@ -68,6 +68,14 @@ _NOT_HERE = {
 }
 
 
+# Trainer flags it leaves unused (it neither evaluates nor checkpoints, logs its own way, runs one process): said in a
+# note, not refused, so that a run's flags can be passed on as they are.
+_UNUSED_HERE = (
+    "eval_every", "eval_batches", "checkpoint_every", "log_every", "ddp_bucket_mb", "dist_timeout_s",
+    "fsdp_blocks_per_unit", "fsdp_reshard_after_forward",
+)  # fmt: skip
+
+
 def _check_request(args) -> None:
     """Refuse, before any work, what this tool would otherwise ignore or cannot verify: as flags, or in a --config
     file, where a run folder's config.json names its out_dir and max_steps, which are said to be unused instead."""
@@ -89,6 +97,10 @@ def _check_request(args) -> None:
             raise ConfigError(f"verify_fp8_compilation.py does not take {where}{flag}: {why}.")
         if layer.get("train", {}).get("parallel", "auto") != "auto":
             raise ConfigError(f"verify_fp8_compilation.py runs in one process: drop {where}--parallel.")
+    typed = layers[0][1].get("train", {})
+    flags = [f"--{name}" for name in _UNUSED_HERE if typed.get(name) is not None]
+    if flags:
+        print(f"note: {', '.join(flags)} not used here: it trains each precision in one process, unevaluated")
     if unused:
         print(f"note: {args.config}'s {', '.join(unused)} are not used here (each precision trains --steps steps)")
     if args.steps < 1:

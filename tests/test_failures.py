@@ -245,7 +245,9 @@ def test_an_unwritable_json_is_refused_before_the_verification_runs(tmp_path, ca
 
 
 def test_a_json_write_that_fails_after_the_verification_is_one_line(tmp_path, capsys, monkeypatch):
-    result = SimpleNamespace(table=lambda: "the checks", passed=True, runs=[], to_dict=lambda: {"passed": True})
+    result = SimpleNamespace(
+        table=lambda: "the checks", passed=True, checks=[], runs=[], to_dict=lambda: {"passed": True}
+    )
     monkeypatch.setattr(verify_fp8_compilation, "verify_fp8", lambda *a, **k: result)
 
     def read_only(path, *args, **kwargs):

@@ -9,6 +9,7 @@ from tiny import TINY_FLAGS, tiny_flags
 
 import train_h100
 import verify_fp8_compilation
+from cs336_basics.errors import ConfigError
 from cs336_basics.lora.layers import FrozenLinear
 from cs336_basics.precision.fused.head import LOGITS_ROW_BLOCKS
 from cs336_basics.programs import verify_fp8 as verify
@@ -106,6 +107,15 @@ def test_what_it_cannot_honour_is_refused_in_a_config_file_and_under_torchrun_to
         monkeypatch.setenv(name, value)
     assert verify_fp8_compilation.main(tiny_flags()) == 2
     assert "runs in one process: start it without torchrun" in capsys.readouterr().err
+
+
+def test_trainer_flags_it_leaves_unused_are_named(capsys, monkeypatch):
+    def stop(*args, **kwargs):
+        raise ConfigError("stopped here")
+
+    monkeypatch.setattr(verify_fp8_compilation, "verify_fp8", stop)
+    assert verify_fp8_compilation.main([*tiny_flags(), "--eval_every", "5", "--checkpoint_every", "2"]) == 2
+    assert "note: --eval_every, --checkpoint_every not used here" in capsys.readouterr().out
 
 
 def test_json_never_replaces_a_file_that_is_not_a_report(tmp_path, token_files, capsys, monkeypatch):
