@@ -111,6 +111,11 @@ def report_error(exc: BaseException | str, exit_code: int = 2) -> int:
     return exit_code
 
 
+def _another_rank() -> bool:
+    """A rank other than 0 of a torchrun launch: rank 0 speaks for the run."""
+    return bool(rank_prefix()) and os.environ["RANK"] != "0"
+
+
 def run_program(body: Callable[[], int], after_interrupt: Callable[[], str] | None = None) -> int:
     """Run a program's work with the one error path every program shares: a ConfigError is exit code 2, a WorkFailed
     1, and an OSError no check foresaw (a file that could not be read or written) 1, each one line. A stop signal
@@ -121,7 +126,7 @@ def run_program(body: Callable[[], int], after_interrupt: Callable[[], str] | No
     except KeyboardInterrupt as exc:
         said = str(exc).rstrip(".") or "interrupted"
         code = getattr(exc, "exit_code", 130)  # signals.Interrupted knows its signal; a plain Ctrl-C is SIGINT
-        if rank_prefix() and os.environ["RANK"] != "0":
+        if _another_rank():
             # torchrun stops every rank when one ends (its error, a refusal, or the user's stop): rank 0's lines say
             # what is intact and how to go on, which advice here could only contradict.
             print(f"\n{rank_prefix()}{said}; rank 0's lines say what is intact", file=sys.stderr)
@@ -129,7 +134,7 @@ def run_program(body: Callable[[], int], after_interrupt: Callable[[], str] | No
         print(f"\n{rank_prefix()}{said}" + (f". {after_interrupt()}" if after_interrupt else ""), file=sys.stderr)
         return code
     except ConfigError as exc:
-        if exc.every_rank and rank_prefix() and os.environ["RANK"] != "0":
+        if exc.every_rank and _another_rank():
             time.sleep(RANK_0_REPORTS_S)
         return report_error(exc)
     except WorkFailed as exc:

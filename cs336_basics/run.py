@@ -32,7 +32,7 @@ from cs336_basics.precision.choice import AUTO_SETTINGS
 from cs336_basics.training.run_folder import RunFolder
 from cs336_basics.training.sampling import Sampling, sample_text
 from cs336_basics.training.summary import RunFacts, format_summary
-from cs336_basics.training.trainer import Trainer, TrainResult, global_batch_tokens, scheduled_lr
+from cs336_basics.training.trainer import Trainer, TrainResult, global_batch_tokens, scheduled_lr, trained_ranks
 
 
 def _resume_notes(checkpoint: dict[str, Any], config: RunConfig, parallel: ParallelPlan) -> list[str]:
@@ -51,9 +51,8 @@ def _resume_notes(checkpoint: dict[str, Any], config: RunConfig, parallel: Paral
     for name in ("dataset", "train_data", "val_data"):
         if getattr(data, name) != getattr(saved_data, name):
             notes.append(f"{name} {getattr(saved_data, name)} -> {getattr(data, name)}: it trains on other data")
-    # A checkpoint records the ranks it was trained on (a sharded one always did; a whole one since it records the
-    # mode): the global batch is compared where it does, the batch per rank where it does not.
-    ranks = extra.get("world_size", checkpoint.get("world_size"))
+    # The global batch is compared where the checkpoint records its ranks, the batch per rank where it does not.
+    ranks = trained_ranks(checkpoint)
     if ranks is not None:
         before, after = global_batch_tokens(saved, ranks), global_batch_tokens(config, parallel.world.world_size)
         what = (

@@ -77,6 +77,12 @@ def global_batch_tokens(config: RunConfig, world_size: int) -> int:
     return t.batch_size * config.model.context_length * t.gradient_accumulation_steps * world_size
 
 
+def trained_ranks(checkpoint: dict[str, Any]) -> int | None:
+    """The ranks a checkpoint was trained on: recorded with its extras (Trainer.save), or by a sharded checkpoint of
+    before that; None for a whole checkpoint of before that."""
+    return (checkpoint.get("extra") or {}).get("world_size", checkpoint.get("world_size"))
+
+
 def _with_step_tokens(scaling_state: dict | None, saved_config: dict) -> dict | None:
     """Delayed scaling's saved state with the tokens per rank and step its gradient amaxes were recorded at. A
     checkpoint written before the state kept them has its saved config's (batch per rank x context x micro-batches),
@@ -235,9 +241,9 @@ class Trainer:
         self.tokens = extra.get("tokens")
         if self.tokens is None:
             # A checkpoint written before the count was kept: its steps are taken as all of its saved config's global
-            # batch (a change on an earlier resume went unrecorded then). A whole checkpoint does not record its
-            # ranks (a sharded one does): this launch's stand in.
-            ranks = state.get("world_size", self.world.world_size)
+            # batch (a change on an earlier resume went unrecorded then). Where it does not record its ranks either,
+            # this launch's stand in.
+            ranks = trained_ranks(state) or self.world.world_size
             self.tokens = state["step"] * global_batch_tokens(RunConfig.from_dict(state["config"]), ranks)
         interval = extra.get("log_interval")
         if interval:
