@@ -17,6 +17,7 @@ from typing import Any
 from cs336_basics.config import PRESETS, SECTIONS, RunConfig, check_layer
 from cs336_basics.config_layers import build_config, lookup, merge_layers
 from cs336_basics.errors import ConfigError
+from cs336_basics.parallel.world import torchrun_world
 from cs336_basics.training.checkpoint import checkpoint_file, read_checkpoint
 
 # The FP8 paths whose own settings --help groups apart (config.setting's only_on).
@@ -200,6 +201,12 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     overrides = overrides_from_args(args)
     from_file = load_config_file(args.config) if args.config else {}
     if lookup("train", "resume", overrides, from_file) is True:
+        asked = overrides.get("train", {}).get("parallel", "auto")
+        if asked != "auto" and torchrun_world() is None:  # only a run's saved mode waits in one process for torchrun
+            raise ConfigError(
+                f"--parallel {asked} needs several processes started by torchrun, and this process was not; a resume "
+                "in one process runs as one process, keeping the run's own --parallel for torchrun: drop --parallel."
+            )
         from_file = merge_layers(run_settings(Path(lookup("train", "out_dir", overrides, from_file))), from_file)
     device = lookup("train", "device", overrides, from_file)
     device_type = "cuda" if str(device).startswith("cuda") else "cpu" if device == "cpu" else machine_device_type()

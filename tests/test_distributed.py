@@ -373,6 +373,9 @@ def test_an_fsdp2_run_resumes_in_one_process_and_keeps_its_mode_for_torchrun(tmp
     assert code == 0 and "none, world size 1: one process (the run's --parallel fsdp applies under torchrun)" in said
     assert "parallel mode fsdp -> none" in said and "tokens per step 64 -> 32" in said  # 2 ranks of 2 sequences, then 1
     assert json.loads((out / "config.json").read_text())["train"]["parallel"] == "fsdp"
+    # Asked for on the command line, the mode cannot be honoured in one process: refused, not run as one process.
+    assert train_h100.main(["--resume", "--max_steps", "3", "--parallel", "fsdp", "--out_dir", str(out)]) == 2
+    assert "a resume in one process runs as one process" in capsys.readouterr().err
     again = torchrun(["--resume", "--max_steps", "4", "--out_dir", out]).wait()
     again.assert_succeeded()
     assert "fsdp, world size 2: --parallel fsdp" in again.stdout and "parallel mode none -> fsdp" in again.stdout
