@@ -37,3 +37,7 @@ timeout 280 python3 -m pytest -q -m gpu -p no:cacheprovider --durations=6 "tests
 # call 5, nvidia-h200 (1 x H200), tree c5b734f (the code of fcf9a99): the main job's GPU tests, after config.json
 # began keeping FP8 on/off, dtype and compiling as asked where left automatic (a resume chooses them again)
 timeout 230 python3 -m pytest -q -m gpu -p no:cacheprovider --durations=6 tests/test_train_cli.py > $OUT/t3.log 2>&1
+#
+# call 6, nvidia-h200 (1 x H200), tree 143054f: the verify tool's GPU tests, after its verdict, report and LoRA path
+# line changed
+timeout 185 python3 -m pytest -q -m gpu -p no:cacheprovider --durations=4 tests/test_verify_fp8.py > $OUT/t4.log 2>&1
